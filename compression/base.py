@@ -1,0 +1,164 @@
+"""Codec interface, the payload that travels, and the registry that maps spec strings to codecs.
+
+A codec turns one dense tensor into a `Payload` (raw byte sections plus a few scalars) and back.
+Decoding is stateless given the payload, because the parameter server decodes bytes from many
+peers; encoding may keep state (a warm-started low-rank basis, a random generator).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from netsense.errors import CompressionError
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
+"""Dense dtypes a payload may describe (the wire's allow-list)."""
+
+DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+
+# Fixed per-payload framing on the wire (msgpack map keys, shape ints, codec name): an estimate
+# used only for size accounting; the transport measures real bytes.
+_FRAMING_BYTES = 16
+
+
+@dataclass(frozen=True)
+class Payload:
+    """One encoded tensor as it travels: what the decoder needs and nothing else."""
+
+    codec: str
+    """Canonical spec of the codec that produced it, e.g. ``"fp16"`` or ``"topk:0.01+q8"``."""
+    shape: tuple[int, ...]
+    """Shape of the dense tensor."""
+    dtype: str
+    """Name of the dense tensor's dtype (a key of `DTYPES`)."""
+    parts: tuple[bytes, ...]
+    """Raw byte sections, codec-defined (values, indices, scales ...)."""
+    meta: tuple[float, ...] = ()
+    """Small codec-defined scalars (seed, norm, counts); 8 bytes each on the wire."""
+
+    @property
+    def numel(self) -> int:
+        """Elements of the dense tensor."""
+        return math.prod(self.shape)
+
+    @property
+    def wire_size(self) -> int:
+        """Bytes this payload occupies on the wire, framing included."""
+        return (
+            sum(len(p) for p in self.parts)
+            + 8 * len(self.meta)
+            + 4 * len(self.shape)
+            + len(self.codec)
+            + _FRAMING_BYTES
+        )
+
+
+class Codec(ABC):
+    """Encodes a dense tensor to a `Payload` and decodes it back (same shape and dtype)."""
+
+    spec: str = ""
+    """Canonical spec string; `make_codec(spec)` builds an equivalent codec."""
+    lossless: bool = False
+    """True when decode(encode(x)) == x exactly."""
+
+    @abstractmethod
+    def encode(self, tensor: torch.Tensor) -> Payload:
+        """Encode `tensor` (any shape, a dtype in `DTYPES`, CPU or CUDA)."""
+
+    @abstractmethod
+    def decode(self, payload: Payload, *, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Rebuild the dense tensor on `device`; raise `CompressionError` on malformed input."""
+
+    def nominal_ratio(self, numel: int) -> float:
+        """Expected wire size relative to fp32 dense, for planning before anything is measured."""
+        return 1.0
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.spec}>"
+
+
+CodecFactory = Callable[[str | None], Codec]
+_REGISTRY: dict[str, CodecFactory] = {}
+
+
+def register_codec(name: str, factory: CodecFactory) -> None:
+    """Register `factory(arg)` under `name`; `arg` is the text after ``name:`` or None."""
+    if not name or ":" in name or "+" in name:
+        raise ValueError(f"codec name {name!r} must be non-empty without ':' or '+'")
+    _REGISTRY[name] = factory
+
+
+def codec_names() -> list[str]:
+    """Names of every registered codec."""
+    return sorted(_REGISTRY)
+
+
+def make_codec(spec: str) -> Codec:
+    """Build a codec from its spec string, e.g. ``"fp16"``, ``"qsgd:4"``, ``"topk:0.01+q8"``.
+
+    A ``+suffix`` is handed to the factory together with its argument (``"0.01+q8"``), so
+    composite codecs (sparse values quantized) parse their own suffixes.
+    """
+    if not isinstance(spec, str) or not spec or len(spec) > 64:
+        raise CompressionError(f"codec spec must be a non-empty string of <= 64 chars, got {spec!r}")
+    name, sep, arg = spec.partition(":")
+    if not sep:
+        name, plus, rest = spec.partition("+")
+        arg = f"+{rest}" if plus else ""
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise CompressionError(f"unknown codec {name!r} in {spec!r}; known: {', '.join(codec_names())}")
+    try:
+        return factory(arg or None)
+    except CompressionError:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise CompressionError(f"bad codec spec {spec!r}: {exc}") from exc
+
+
+def check_payload_header(payload: Payload, *, codec: str, parts: int, meta: int) -> torch.dtype:
+    """Common checks every decoder runs first on untrusted input; returns the dense dtype."""
+    if payload.codec != codec:
+        raise CompressionError(f"payload is for codec {payload.codec!r}, not {codec!r}")
+    dtype = DTYPES.get(payload.dtype)
+    if dtype is None:
+        raise CompressionError(f"dtype {payload.dtype!r} not allowed; allowed: {sorted(DTYPES)}")
+    if any((not isinstance(d, int)) or d < 0 for d in payload.shape):
+        raise CompressionError(f"shape {payload.shape!r} must be non-negative ints")
+    if len(payload.parts) != parts or len(payload.meta) != meta:
+        raise CompressionError(
+            f"{codec}: expected {parts} parts and {meta} meta, got {len(payload.parts)} and {len(payload.meta)}"
+        )
+    return dtype
+
+
+def expect_bytes(part: bytes, size: int, what: str) -> None:
+    """Raise unless `part` has exactly `size` bytes (checked before any allocation)."""
+    if len(part) != size:
+        raise CompressionError(f"{what}: expected {size} bytes, got {len(part)}")
+
+
+def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
+    """Contiguous CPU bytes of `tensor` (copies to host once if it lives on a GPU)."""
+    t = tensor.detach().contiguous()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def bytes_to_tensor(data: bytes, dtype: torch.dtype, numel: int, device: torch.device | str) -> torch.Tensor:
+    """Inverse of `tensor_to_bytes` for a flat tensor; the caller has checked the length."""
+    if numel == 0:
+        return torch.empty(0, dtype=dtype, device=device)
+    flat = torch.frombuffer(bytearray(data), dtype=dtype, count=numel)
+    return flat.to(device) if torch.device(device).type != "cpu" else flat
