@@ -1,0 +1,61 @@
+"""The `netsense` command line: one entry point, one module per subcommand (`netsense/cmd_*.py`).
+
+Each subcommand module defines ``register(subparsers) -> None`` that adds its parser and sets
+``func=run`` where ``run(args) -> int`` returns the exit status. Adding a command is adding a module
+to `_COMMANDS`; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from .errors import NetSenseError
+
+_COMMANDS = ("ps", "worker", "launch", "certs", "bench", "emulate", "probe", "plot")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser, with every available subcommand registered."""
+    parser = argparse.ArgumentParser(
+        prog="netsense",
+        description="Parameter-server training over QUIC with network-adaptive gradient compression.",
+        epilog="Example: netsense launch            # 1 PS + 2 workers on digits-cnn, TLS on",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMANDS:
+        try:
+            module = importlib.import_module(f"netsense.cmd_{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"netsense.cmd_{name}":
+                raise
+            continue  # a command not built yet is simply absent
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except NetSenseError as exc:
+        print(f"netsense {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"netsense {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
