@@ -1,0 +1,234 @@
+"""The PS's asyncio shell: authenticates workers and feeds their messages to the `ParameterStore`.
+
+Only I/O and waiting live here. Every decision (validation, the barrier, the update, the downlink
+bytes) is the store's; this module maps messages to store calls and store errors to ERROR replies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aioquic.quic.configuration import QuicConfiguration
+
+from netsense.errors import AuthError, ProtocolError
+from netsense.transport.auth import new_nonce, verify_mac
+from netsense.transport.channel import ServerConnection, server_port, start_server
+from netsense.transport.wire import (
+    Ack,
+    Auth,
+    Bye,
+    Challenge,
+    Hello,
+    Init,
+    Limits,
+    Message,
+    Params,
+    Pull,
+    Push,
+    Welcome,
+    encode_message,
+)
+
+from .store import ParameterStore, StepApplied
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """How the PS listens and how long it waits."""
+
+    host: str = "127.0.0.1"
+    """Address to bind."""
+    port: int = 4433
+    """UDP port (0 picks a free one; the chosen port is reported)."""
+    barrier_timeout_s: float = 30.0
+    """After the first push of a step, workers not done within this are dropped from the step."""
+    pull_timeout_s: float = 600.0
+    """Longest a PULL waits for the next version before answering ERROR."""
+    downlink_codec: str = "fp32"
+    """Codec of the PS -> worker update (same bytes to every worker)."""
+
+
+class PSServer:
+    """One parameter-server shard: a store, its connections and the barrier watchdog."""
+
+    def __init__(self, settings: ServerSettings, *, secret: bytes | None, limits: Limits = Limits()) -> None:
+        self.settings = settings
+        self.secret = secret
+        self.limits = limits
+        self.store = ParameterStore(downlink_codec=settings.downlink_codec)
+        self.sessions: dict[str, WorkerSession] = {}
+        self._changed = asyncio.Condition()
+        self._step_started_at: float | None = None
+        self._params_cache: tuple[tuple[int, bool, int], bytes] | None = None
+        self._server: Any = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self.port = 0
+        self.errors_sent = 0
+        if secret is None:
+            log.warning("INSECURE: worker authentication is OFF (no shared secret); local experiments only")
+
+    async def start(self, configuration: QuicConfiguration, socket_buffer_bytes: int = 8 << 20) -> int:
+        """Listen; returns the bound port."""
+        self._server = await start_server(
+            self.settings.host,
+            self.settings.port,
+            configuration,
+            lambda conn: WorkerSession(self, conn),
+            limits=self.limits,
+            socket_buffer_bytes=socket_buffer_bytes,
+        )
+        self.port = server_port(self._server)
+        self._watchdog = asyncio.get_running_loop().create_task(self._barrier_watchdog())
+        log.info("PS listening on %s:%d", self.settings.host, self.port)
+        return self.port
+
+    def close(self) -> None:
+        """Stop listening and close every connection."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        if self._server is not None:
+            self._server.close()
+
+    # --- shared state transitions -----------------------------------------------------------
+
+    async def applied(self, result: StepApplied | None) -> None:
+        """Wake pullers after an update."""
+        if result is None:
+            return
+        self._step_started_at = None
+        log.info("step -> version %d (%d workers, %d samples)", result.version, len(result.workers), result.samples)
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def wait_version(self, version: int) -> None:
+        async with self._changed:
+            await asyncio.wait_for(
+                self._changed.wait_for(lambda: self.store.initialized and self.store.version >= version), self.settings.pull_timeout_s
+            )
+
+    def params_bytes(self, params: Params) -> bytes:
+        """Encoded PARAMS, cached: the same update goes to every worker, serialize it once."""
+        key = (params.version, params.full, params.base_version)
+        if self._params_cache is None or self._params_cache[0] != key:
+            self._params_cache = (key, encode_message(params))
+        return self._params_cache[1]
+
+    def note_push(self) -> None:
+        if self._step_started_at is None:
+            self._step_started_at = time.monotonic()
+
+    async def _barrier_watchdog(self) -> None:
+        """Drop workers that hold up a step past the barrier timeout (a dead worker never pushes)."""
+        while True:
+            await asyncio.sleep(min(0.25, self.settings.barrier_timeout_s / 4))
+            started = self._step_started_at
+            if started is None or time.monotonic() - started < self.settings.barrier_timeout_s:
+                continue
+            dropped, result = self.store.drop_incomplete()
+            if dropped:
+                log.warning("barrier timeout: continuing without %s", ", ".join(sorted(dropped)))
+            self._step_started_at = None if result or not self.store.step_started else time.monotonic()
+            await self.applied(result)
+
+
+class WorkerSession:
+    """One connection's state: the handshake, then requests from an authenticated worker."""
+
+    def __init__(self, server: PSServer, conn: ServerConnection) -> None:
+        self.server = server
+        self.conn = conn
+        self.worker_id: str | None = None
+        self.peer = "unauthenticated peer"
+        self._hello: Hello | None = None
+        self._server_nonce: bytes | None = None
+        self.authenticated = False
+
+    async def handle(self, msg: Message) -> Message | bytes | None:
+        if isinstance(msg, Hello):
+            return self._on_hello(msg)
+        if isinstance(msg, Auth):
+            return await self._on_auth(msg)
+        if not self.authenticated:
+            raise ProtocolError("auth", f"{type(msg).__name__.upper()} before authentication; send HELLO first")
+        store = self.server.store
+        assert self.worker_id is not None
+        if isinstance(msg, Init):
+            if self._hello is None or self._hello.rank != 0:
+                raise ProtocolError("init", "only rank 0 may initialize the parameters")
+            store.initialize(msg.tensors, msg.optimizer)
+            for wid in self.server.sessions:  # everyone already connected is in the first barrier
+                store.join(wid)
+            await self.server.applied(StepApplied(store.version, (), 0))
+            return Ack(store.version)
+        if isinstance(msg, Push):
+            self.server.note_push()
+            result = store.push(self.worker_id, msg)
+            await self.server.applied(result)
+            return Ack(store.version)
+        if isinstance(msg, Pull):
+            if not store.initialized or store.version < msg.wait_for:
+                try:
+                    await self.server.wait_version(max(msg.wait_for, 0))
+                except asyncio.TimeoutError:
+                    raise ProtocolError("timeout", f"version {msg.wait_for} not reached within the pull timeout") from None
+            return self.server.params_bytes(store.pull(msg.have_version))
+        if isinstance(msg, Bye):
+            self._leave(f"bye: {msg.reason}")
+            return Ack(store.version)
+        raise ProtocolError("type", f"{type(msg).__name__.upper()} is not a request the PS accepts")
+
+    def _on_hello(self, msg: Hello) -> Message:
+        if self.authenticated:
+            raise ProtocolError("auth", "already authenticated on this connection")
+        self._hello = msg
+        self._server_nonce = new_nonce()
+        return Challenge(self._server_nonce)
+
+    async def _on_auth(self, msg: Auth) -> Message:
+        hello, nonce = self._hello, self._server_nonce
+        if hello is None or nonce is None or self.authenticated:
+            raise ProtocolError("auth", "AUTH without a pending challenge")
+        self._server_nonce = None  # one attempt per challenge: no online guessing on one nonce
+        if self.server.secret is not None:
+            try:
+                verify_mac(
+                    self.server.secret, msg.mac, server_nonce=nonce, client_nonce=hello.client_nonce, worker_id=hello.worker_id
+                )
+            except AuthError as exc:
+                log.warning("refused %s: %s", hello.worker_id, exc)
+                self.server.errors_sent += 1
+                raise ProtocolError("auth", str(exc)) from None
+        self.authenticated = True
+        self.worker_id = hello.worker_id
+        self.peer = f"worker {hello.worker_id!r}"
+        previous = self.server.sessions.get(hello.worker_id)
+        if previous is not None and previous is not self:
+            log.info("%s reconnected; replacing its old connection", self.peer)
+        self.server.sessions[hello.worker_id] = self
+        store = self.server.store
+        if store.initialized:
+            store.join(hello.worker_id)
+        log.info("%s (rank %d) authenticated", self.peer, hello.rank)
+        return Welcome(store.version, store.initialized, len(store.live))
+
+    def on_bad_message(self, exc: ProtocolError) -> None:
+        self.server.errors_sent += 1
+
+    def on_close(self, reason: str) -> None:
+        log.info("%s disconnected: %s", self.peer, reason)
+        self._leave(reason)
+
+    def _leave(self, reason: str) -> None:
+        wid = self.worker_id
+        if wid is None or self.server.sessions.get(wid) is not self:
+            return  # a newer connection of the same worker owns its membership
+        del self.server.sessions[wid]
+        result = self.server.store.leave(wid)
+        if result is not None:
+            asyncio.get_event_loop().create_task(self.server.applied(result))

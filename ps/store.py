@@ -1,0 +1,234 @@
+"""`ParameterStore`: the PS's authoritative state as a pure, synchronous state machine.
+
+Inputs are plain calls (`initialize`, `join`, `push`, `leave`, `drop_incomplete`, `pull`); no
+sockets, no event loop, no clock. A step is applied only when every live worker has pushed every
+key, so nothing is ever half-applied: partial pushes of a worker that leaves are discarded whole.
+
+Downlink (DESIGN.md §2): after each update the store encodes ``delta = params - shadow`` once,
+adds the decoded delta to `shadow`, and hands the same payloads to every worker, so every replica
+equals `shadow` bit for bit. With a lossless downlink codec it sends the parameters themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from netsense.compression import DTYPES, Codec, Payload, make_codec
+from netsense.compression.base import DTYPE_NAMES
+from netsense.errors import CompressionError, ProtocolError
+from netsense.transport.wire import Params, Push
+
+from .optim import OptimizerSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    """One worker's contribution to the current step, kept apart until the step applies."""
+
+    samples: int
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepApplied:
+    """Returned by `push` when the push completed the barrier and an update was applied."""
+
+    version: int
+    """New version."""
+    workers: tuple[str, ...]
+    """Workers whose gradients made up the update."""
+    samples: int
+    """Samples in the update."""
+
+
+class ParameterStore:
+    """Authoritative parameters, optimizer state, versions and the synchronous barrier."""
+
+    def __init__(self, *, downlink_codec: str = "fp32") -> None:
+        self.version = 0
+        self.params: dict[str, torch.Tensor] = {}
+        self.shadow: dict[str, torch.Tensor] = {}
+        self.optimizer_settings: OptimizerSettings | None = None
+        self._optimizer: torch.optim.Optimizer | None = None
+        self.live: set[str] = set()
+        self._pending: dict[str, _Pending] = {}
+        self._decoders: dict[str, Codec] = {}
+        self._downlink_spec = downlink_codec
+        self._downlink = {}  # key -> encoder instance (stateful codecs keep per-key state)
+        self._last_update: Params | None = None
+        self.applied_steps = 0
+        self.rejected_messages = 0
+
+    # --- set-up ---------------------------------------------------------------------------
+
+    @property
+    def initialized(self) -> bool:
+        return bool(self.params)
+
+    def initialize(self, tensors: dict[str, Payload], optimizer: dict[str, object]) -> None:
+        """Take rank 0's initial parameters; ignored (not an error) if already initialized."""
+        if self.initialized:
+            return
+        settings = OptimizerSettings.from_dict(dict(optimizer))
+        if not tensors:
+            raise ProtocolError("malformed", "INIT carries no tensors")
+        params = {}
+        for key, payload in tensors.items():
+            t = self._decode(key, payload)
+            if not torch.isfinite(t).all():
+                raise ProtocolError("non-finite", f"initial value of {key!r} has NaN/Inf")
+            params[key] = t.to(torch.float32).clone()
+        self.params = params
+        self.shadow = {k: v.clone() for k, v in params.items()}
+        self.optimizer_settings = settings
+        self._optimizer = settings.build(list(self.params.values()))
+        self._downlink = {k: make_codec(self._downlink_spec) for k in params}
+        log.info("store initialized: %d keys, %d elements, optimizer %s", len(params), self.numel, settings.name)
+
+    @property
+    def numel(self) -> int:
+        return sum(t.numel() for t in self.params.values())
+
+    def layout(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Key -> (shape, dtype name)."""
+        return {k: (tuple(t.shape), DTYPE_NAMES[t.dtype]) for k, t in self.params.items()}
+
+    # --- membership -----------------------------------------------------------------------
+
+    def join(self, worker_id: str) -> None:
+        """Add a worker to the barrier (a rejoin after a crash is a join)."""
+        self.live.add(worker_id)
+
+    def leave(self, worker_id: str) -> StepApplied | None:
+        """Remove a worker and discard its partial step; may complete the barrier for the rest."""
+        self.live.discard(worker_id)
+        self._pending.pop(worker_id, None)
+        return self._maybe_apply()
+
+    def drop_incomplete(self) -> tuple[list[str], StepApplied | None]:
+        """Barrier timeout: remove live workers that have not finished the current step."""
+        if not any(self._complete(w) for w in self._pending):
+            return [], None
+        dropped = [w for w in self.live if not self._complete(w)]
+        for w in dropped:
+            self.live.discard(w)
+            self._pending.pop(w, None)
+        return dropped, self._maybe_apply()
+
+    @property
+    def step_started(self) -> bool:
+        """True once any worker pushed for the current version."""
+        return bool(self._pending)
+
+    # --- the step -------------------------------------------------------------------------
+
+    def push(self, worker_id: str, msg: Push) -> StepApplied | None:
+        """Validate and record one PUSH; apply the update if it completes the barrier."""
+        if not self.initialized:
+            raise ProtocolError("not-initialized", "the store has no parameters yet; rank 0 must send INIT first")
+        if msg.step != self.version:
+            raise ProtocolError("stale", f"push for step {msg.step} but the store is at version {self.version}; pull first")
+        if msg.total_keys != len(self.params):
+            raise ProtocolError("keys", f"worker counts {msg.total_keys} keys, the store has {len(self.params)}")
+        pending = self._pending.get(worker_id)
+        if pending is not None and pending.samples != msg.samples:
+            raise ProtocolError("malformed", f"samples changed within step {msg.step}: {pending.samples} -> {msg.samples}")
+        decoded = {}
+        for key, payload in msg.grads.items():
+            if key not in self.params:
+                raise ProtocolError("key", f"unknown key {key!r}")
+            if pending is not None and key in pending.grads:
+                raise ProtocolError("duplicate", f"key {key!r} already pushed for step {msg.step}")
+            grad = self._decode(key, payload)
+            if grad.shape != self.params[key].shape:
+                raise ProtocolError("shape", f"key {key!r}: shape {tuple(grad.shape)} != {tuple(self.params[key].shape)}")
+            if not torch.isfinite(grad).all():
+                raise ProtocolError("non-finite", f"gradient of {key!r} has NaN/Inf; rejected")
+            decoded[key] = grad
+        # Validation passed for every key: only now does anything change.
+        self.live.add(worker_id)
+        if pending is None:
+            pending = self._pending[worker_id] = _Pending(msg.samples)
+        pending.grads.update(decoded)
+        return self._maybe_apply()
+
+    def _complete(self, worker_id: str) -> bool:
+        p = self._pending.get(worker_id)
+        return p is not None and len(p.grads) == len(self.params)
+
+    def _maybe_apply(self) -> StepApplied | None:
+        ready = [w for w in self._pending if self._complete(w)]
+        if not ready or any(not self._complete(w) for w in self.live):
+            return None
+        total = sum(self._pending[w].samples for w in ready)
+        assert self._optimizer is not None
+        for key, param in self.params.items():
+            acc = torch.zeros_like(param)
+            for w in ready:
+                p = self._pending[w]
+                acc.add_(p.grads[key].to(param.dtype), alpha=p.samples / total)
+            param.grad = acc
+        self._optimizer.step()
+        for param in self.params.values():
+            param.grad = None
+        base = self.version
+        self.version += 1
+        self.applied_steps += 1
+        self._pending.clear()
+        self._last_update = self._encode_update(base)
+        return StepApplied(self.version, tuple(sorted(ready)), total)
+
+    # --- downlink -------------------------------------------------------------------------
+
+    def _encode_update(self, base: int) -> Params:
+        if self._downlink_spec in ("fp32", "none"):
+            self.shadow = {k: v.clone() for k, v in self.params.items()}
+            return self.full_params()
+        tensors = {}
+        for key, param in self.params.items():
+            codec = self._downlink[key]
+            payload = codec.encode(param - self.shadow[key])
+            self.shadow[key] += codec.decode(payload).to(param.dtype)
+            tensors[key] = payload
+        return Params(self.version, False, tensors, base_version=base)
+
+    def full_params(self) -> Params:
+        """The replica every worker must hold (the shadow), lossless."""
+        fp32 = self._decoder("fp32")
+        return Params(self.version, True, {k: fp32.encode(v) for k, v in self.shadow.items()})
+
+    def pull(self, have_version: int) -> Params:
+        """What a worker at `have_version` needs to reach the current version."""
+        if not self.initialized:
+            raise ProtocolError("not-initialized", "nothing to pull yet")
+        last = self._last_update
+        if last is not None and last.version == self.version and have_version == last.base_version and not last.full:
+            return last
+        if last is not None and last.version == self.version and last.full:
+            return last
+        return self.full_params()
+
+    # --- helpers --------------------------------------------------------------------------
+
+    def _decoder(self, spec: str) -> Codec:
+        codec = self._decoders.get(spec)
+        if codec is None:
+            if len(self._decoders) >= 64:
+                self._decoders.clear()  # bound the cache against peers cycling through specs
+            codec = self._decoders[spec] = make_codec(spec)
+        return codec
+
+    def _decode(self, key: str, payload: Payload) -> torch.Tensor:
+        if payload.dtype not in DTYPES:
+            raise ProtocolError("dtype", f"key {key!r}: dtype {payload.dtype!r} not allowed")
+        if self.initialized and payload.shape != tuple(self.params[key].shape):
+            raise ProtocolError("shape", f"key {key!r}: shape {payload.shape} != {tuple(self.params[key].shape)}")
+        try:
+            return self._decoder(payload.codec).decode(payload)
+        except CompressionError as exc:
+            raise ProtocolError("bad-payload", f"key {key!r}: {exc}") from None

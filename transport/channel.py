@@ -1,0 +1,272 @@
+"""QUIC message channel on aioquic: one message per stream, request and response on the same stream.
+
+A client opens a bidirectional stream, writes one encoded message with FIN, and the server answers
+on the same stream with FIN. Keys travel on separate streams, so a lost packet of one tensor does
+not block another (no head-of-line blocking). Everything here only moves bytes; what messages
+mean is decided by the handler (the PS) or the caller (the worker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aioquic.asyncio import QuicConnectionProtocol, connect, serve
+from aioquic.asyncio.server import QuicServer
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.events import ConnectionTerminated, QuicEvent, StreamDataReceived, StreamReset
+
+from netsense.errors import NetSenseError, PeerError, PeerTimeout, ProtocolError
+
+from .wire import Error, Limits, Message, decode_message, encode_message
+
+log = logging.getLogger(__name__)
+
+
+class _HighResLoop:
+    """Loop proxy whose clock is `time.monotonic`.
+
+    uvloop's ``loop.time()`` moves in 1 ms steps and is frozen within an iteration; aioquic takes
+    every timestamp from it, so RTTs quantise and the pacer spins (TRANSPORT-FACTS.md). Both
+    clocks are CLOCK_MONOTONIC, so timers converted through ``call_later`` stay consistent.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def time(self) -> float:
+        return time.monotonic()
+
+    def call_at(self, when: float, callback: Callable[..., Any], *args: Any) -> asyncio.TimerHandle:
+        return self._loop.call_later(max(0.0, when - time.monotonic()), callback, *args)  # type: ignore[return-value]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loop, name)
+
+
+def tune_socket(transport: asyncio.BaseTransport | None, buffer_bytes: int) -> None:
+    """Raise the UDP socket's buffers: losses on loopback were receive-buffer overflows."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return
+    for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, buffer_bytes)
+        except OSError as exc:  # capped by net.core.rmem_max; not fatal
+            log.debug("setsockopt %s=%d failed: %s", opt, buffer_bytes, exc)
+
+
+class MessageProtocol(QuicConnectionProtocol):
+    """Reassembles one message per stream and hands complete messages to `message_received`."""
+
+    limits: Limits = Limits()
+    socket_buffer_bytes: int = 8 * 1024 * 1024
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._loop = _HighResLoop(self._loop)  # type: ignore[assignment]
+        self._buffers: dict[int, bytearray] = {}
+        self._refused: set[int] = set()
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        tune_socket(transport, self.socket_buffer_bytes)
+
+    @property
+    def quic(self) -> Any:
+        """The sans-I/O `QuicConnection` (for the network signal)."""
+        return self._quic
+
+    def quic_event_received(self, event: QuicEvent) -> None:
+        if isinstance(event, StreamDataReceived):
+            self._on_data(event)
+        elif isinstance(event, StreamReset):
+            self._buffers.pop(event.stream_id, None)
+            self.stream_failed(event.stream_id, f"stream reset by peer (code {event.error_code})")
+        elif isinstance(event, ConnectionTerminated):
+            self._buffers.clear()
+            self.terminated(event.reason_phrase or f"error {event.error_code}")
+
+    def _on_data(self, event: StreamDataReceived) -> None:
+        sid = event.stream_id
+        if sid in self._refused:
+            if event.end_stream:
+                self._refused.discard(sid)
+            return
+        buf = self._buffers.setdefault(sid, bytearray())
+        buf += event.data
+        self.bytes_in += len(event.data)
+        if len(buf) > self.limits.max_message_bytes:
+            # Refuse before buffering more: answer, then ask the peer to stop sending.
+            del self._buffers[sid]
+            self._refused.add(sid)
+            self.message_failed(sid, ProtocolError("oversize", f"message exceeds {self.limits.max_message_bytes} bytes"))
+            self._quic.stop_stream(sid, 0)
+            self.transmit()
+            return
+        if event.end_stream:
+            data = bytes(self._buffers.pop(sid))
+            try:
+                msg = decode_message(data, self.limits)
+            except ProtocolError as exc:
+                self.message_failed(sid, exc)
+                return
+            self.message_received(sid, msg)
+
+    def send_message(self, stream_id: int, msg: Message | bytes) -> int:
+        """Write one message on `stream_id` and end the stream; returns bytes written."""
+        data = msg if isinstance(msg, bytes) else encode_message(msg)
+        self._quic.send_stream_data(stream_id, data, end_stream=True)
+        self.bytes_out += len(data)
+        self.transmit()
+        return len(data)
+
+    # hooks -------------------------------------------------------------------------------
+    def message_received(self, stream_id: int, msg: Message) -> None:
+        """A complete, validated message arrived."""
+
+    def message_failed(self, stream_id: int, exc: ProtocolError) -> None:
+        """A message failed validation (it is dropped)."""
+
+    def stream_failed(self, stream_id: int, reason: str) -> None:
+        """The peer reset a stream."""
+
+    def terminated(self, reason: str) -> None:
+        """The connection is gone."""
+
+
+Handler = Callable[["ServerConnection", Message], Awaitable[Message | bytes | None]]
+
+
+class ServerConnection(MessageProtocol):
+    """Server side of one peer: decode, dispatch to the handler, answer on the same stream."""
+
+    handler_factory: Callable[[ServerConnection], Any] | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.session: Any = self.handler_factory(self) if self.handler_factory else None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.max_concurrent = 256
+
+    def message_received(self, stream_id: int, msg: Message) -> None:
+        if len(self._tasks) >= self.max_concurrent:
+            self.send_message(stream_id, Error("busy", f"more than {self.max_concurrent} requests in flight"))
+            return
+        task = asyncio.get_event_loop().create_task(self._serve(stream_id, msg))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, stream_id: int, msg: Message) -> None:
+        try:
+            reply = await self.session.handle(msg)
+        except ProtocolError as exc:
+            reply = Error(exc.code, exc.reason)
+        except NetSenseError as exc:  # e.g. bad optimizer settings in INIT
+            reply = Error("refused", str(exc))
+        except Exception as exc:  # a handler bug must not take the server down
+            log.exception("handler failed on %s", type(msg).__name__)
+            reply = Error("internal", f"{type(exc).__name__}: {exc}")
+        if reply is not None and not self._quic._close_event:
+            self.send_message(stream_id, reply)
+
+    def message_failed(self, stream_id: int, exc: ProtocolError) -> None:
+        log.warning("dropped bad message from %s: %s", self.session and getattr(self.session, "peer", "?"), exc)
+        if self.session is not None and hasattr(self.session, "on_bad_message"):
+            self.session.on_bad_message(exc)
+        self.send_message(stream_id, Error(exc.code, exc.reason))
+
+    def terminated(self, reason: str) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self.session is not None and hasattr(self.session, "on_close"):
+            self.session.on_close(reason)
+
+
+async def start_server(
+    host: str,
+    port: int,
+    configuration: QuicConfiguration,
+    handler_factory: Callable[[ServerConnection], Any],
+    *,
+    limits: Limits = Limits(),
+    socket_buffer_bytes: int = 8 * 1024 * 1024,
+) -> QuicServer:
+    """Listen for QUIC connections; each gets a session from `handler_factory(connection)`."""
+    protocol = type(
+        "BoundServerConnection",
+        (ServerConnection,),
+        {"handler_factory": staticmethod(handler_factory), "limits": limits, "socket_buffer_bytes": socket_buffer_bytes},
+    )
+    server = await serve(host, port, configuration=configuration, create_protocol=protocol)
+    tune_socket(server._transport, socket_buffer_bytes)
+    return server
+
+
+def server_port(server: QuicServer) -> int:
+    """The UDP port a server listens on (useful with port 0)."""
+    return server._transport.get_extra_info("sockname")[1]
+
+
+class ClientConnection(MessageProtocol):
+    """Client side: `request(msg)` sends on a fresh stream and awaits the answer on it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._waiting: dict[int, asyncio.Future[Message]] = {}
+        self.closed_reason: str | None = None
+
+    async def request(self, msg: Message | bytes, timeout: float | None = None) -> Message:
+        """Send `msg`, return the reply; raise `PeerError` for ERROR, `PeerTimeout` on timeout."""
+        if self.closed_reason is not None:
+            raise PeerTimeout(f"connection closed: {self.closed_reason}")
+        sid = self._quic.get_next_available_stream_id()
+        fut: asyncio.Future[Message] = asyncio.get_event_loop().create_future()
+        self._waiting[sid] = fut
+        self.send_message(sid, msg)
+        try:
+            reply = await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise PeerTimeout(f"no answer to {type(msg).__name__} within {timeout} s") from None
+        finally:
+            self._waiting.pop(sid, None)
+        if isinstance(reply, Error):
+            raise PeerError(reply.code, reply.reason)
+        return reply
+
+    def message_received(self, stream_id: int, msg: Message) -> None:
+        fut = self._waiting.get(stream_id)
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+
+    def message_failed(self, stream_id: int, exc: ProtocolError) -> None:
+        fut = self._waiting.get(stream_id)
+        if fut is not None and not fut.done():
+            fut.set_exception(exc)
+
+    def stream_failed(self, stream_id: int, reason: str) -> None:
+        fut = self._waiting.get(stream_id)
+        if fut is not None and not fut.done():
+            fut.set_exception(PeerTimeout(reason))
+
+    def terminated(self, reason: str) -> None:
+        self.closed_reason = reason
+        for fut in self._waiting.values():
+            if not fut.done():
+                fut.set_exception(PeerTimeout(f"connection closed: {reason}"))
+
+
+def open_connection(
+    host: str, port: int, configuration: QuicConfiguration, *, limits: Limits = Limits(), socket_buffer_bytes: int = 8 << 20
+) -> Any:
+    """Async context manager yielding a connected `ClientConnection`."""
+    protocol = type(
+        "BoundClientConnection", (ClientConnection,), {"limits": limits, "socket_buffer_bytes": socket_buffer_bytes}
+    )
+    return connect(host, port, configuration=configuration, create_protocol=protocol)

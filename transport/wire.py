@@ -1,0 +1,329 @@
+"""The wire schema: frozen message dataclasses, msgpack encoding, and strict validation.
+
+One message per QUIC stream. A message is a msgpack map ``{"v": 1, "t": TYPE, ...}``; tensors
+travel as codec payloads whose byte sections are msgpack ``bin`` (never pickle). Decoding never
+trusts the peer: msgpack's own length limits bound every allocation before it happens, then each
+field's type, range and count is checked. Any failure raises `ProtocolError(code, reason)`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import msgpack
+
+from netsense.compression import DTYPES, Payload
+from netsense.errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+ALPN = "netsense/1"
+_KEY_RE = re.compile(r"^[A-Za-z0-9_.\-/#:]{1,200}$")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds applied to every incoming message before its contents are used."""
+
+    max_message_bytes: int = 512 * 1024 * 1024
+    """Largest message accepted; the receiver stops buffering a stream past this."""
+    max_keys: int = 4096
+    """Most tensors one message may carry."""
+    max_elems_per_key: int = 1 << 27
+    """Most dense elements one tensor may claim (checked before decoding allocates)."""
+    max_parts: int = 8
+    """Most byte sections one payload may carry."""
+    max_meta: int = 8
+    """Most scalars one payload may carry."""
+    max_dims: int = 8
+    """Most dimensions a tensor shape may have."""
+
+
+# --- messages -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Message:
+    """Base of every message; `TYPE` is the wire tag."""
+
+    TYPE: ClassVar[str] = ""
+
+
+@dataclass(frozen=True)
+class Hello(Message):
+    """Worker -> PS: who I am, and a fresh nonce for the challenge."""
+
+    TYPE: ClassVar[str] = "hello"
+    worker_id: str
+    """Stable name of the worker (survives restarts, so a rejoin is recognised)."""
+    rank: int
+    """Rank in the job; rank 0 provides the initial parameters."""
+    client_nonce: bytes
+    """32 random bytes chosen by the worker, mixed into the MAC."""
+
+
+@dataclass(frozen=True)
+class Challenge(Message):
+    """PS -> worker: the server's nonce to be signed with the shared secret."""
+
+    TYPE: ClassVar[str] = "challenge"
+    server_nonce: bytes
+    """32 random bytes, fresh per connection, so a recorded AUTH cannot be replayed."""
+
+
+@dataclass(frozen=True)
+class Auth(Message):
+    """Worker -> PS: HMAC-SHA256 over both nonces and the worker id."""
+
+    TYPE: ClassVar[str] = "auth"
+    mac: bytes
+    """The MAC (32 bytes)."""
+
+
+@dataclass(frozen=True)
+class Welcome(Message):
+    """PS -> worker: accepted; the state of the store."""
+
+    TYPE: ClassVar[str] = "welcome"
+    version: int
+    """Current parameter version (number of applied updates)."""
+    initialized: bool
+    """False until rank 0 has sent INIT."""
+    live_workers: int
+    """Workers currently in the sync barrier."""
+
+
+@dataclass(frozen=True)
+class Init(Message):
+    """Rank 0 -> PS: the initial parameters (lossless), one payload per key, in key order."""
+
+    TYPE: ClassVar[str] = "init"
+    tensors: dict[str, Payload]
+    """Key -> lossless payload."""
+    optimizer: dict[str, Any] = field(default_factory=dict)
+    """Optimizer settings the PS should use (name, lr, ...); validated by the store."""
+
+
+@dataclass(frozen=True)
+class Push(Message):
+    """Worker -> PS: gradients of step `step` for some keys (one bucket)."""
+
+    TYPE: ClassVar[str] = "push"
+    step: int
+    """Parameter version the gradients were computed on."""
+    samples: int
+    """Samples in the worker's batch: weights the average so it equals one big batch."""
+    total_keys: int
+    """Keys the worker pushes for this step in all buckets (lets the PS know when it is done)."""
+    grads: dict[str, Payload]
+    """Key -> encoded gradient."""
+
+
+@dataclass(frozen=True)
+class Pull(Message):
+    """Worker -> PS: send parameters once the version reaches `wait_for`."""
+
+    TYPE: ClassVar[str] = "pull"
+    have_version: int
+    """Version of the worker's replica, or -1 for a full download."""
+    wait_for: int
+    """Block until the PS version is at least this."""
+
+
+@dataclass(frozen=True)
+class Params(Message):
+    """PS -> worker: parameters; `full` is a replacement, otherwise a delta to add."""
+
+    TYPE: ClassVar[str] = "params"
+    version: int
+    """Version these parameters correspond to."""
+    full: bool
+    """True: replace the replica; False: add the decoded deltas to it."""
+    tensors: dict[str, Payload]
+    """Key -> payload."""
+    base_version: int = -1
+    """For a delta: the version it applies to."""
+
+
+@dataclass(frozen=True)
+class Ack(Message):
+    """PS -> worker: request handled."""
+
+    TYPE: ClassVar[str] = "ack"
+    version: int
+    """PS version when handled."""
+
+
+@dataclass(frozen=True)
+class Error(Message):
+    """Either way: the request was refused; nothing was applied."""
+
+    TYPE: ClassVar[str] = "error"
+    code: str
+    """Machine-readable code (``malformed``, ``auth``, ``shape`` ...)."""
+    reason: str
+    """What was wrong, with the value."""
+
+
+@dataclass(frozen=True)
+class Bye(Message):
+    """Worker -> PS: leaving on purpose (removed from the barrier at once)."""
+
+    TYPE: ClassVar[str] = "bye"
+    reason: str = ""
+    """Why, for the log."""
+
+
+MESSAGE_TYPES: dict[str, type[Message]] = {
+    cls.TYPE: cls for cls in (Hello, Challenge, Auth, Welcome, Init, Push, Pull, Params, Ack, Error, Bye)
+}
+
+# --- encoding -------------------------------------------------------------------------------
+
+
+def _payload_to_wire(p: Payload) -> dict[str, Any]:
+    return {"c": p.codec, "s": list(p.shape), "d": p.dtype, "p": list(p.parts), "m": list(p.meta)}
+
+
+def encode_message(msg: Message) -> bytes:
+    """Serialize `msg` to bytes (msgpack; tensors as bin)."""
+    body: dict[str, Any] = {"v": PROTOCOL_VERSION, "t": msg.TYPE}
+    for name in msg.__dataclass_fields__:
+        value = getattr(msg, name)
+        if name in ("tensors", "grads"):
+            value = {k: _payload_to_wire(p) for k, p in value.items()}
+        body[name] = value
+    return msgpack.packb(body, use_bin_type=True)
+
+
+# --- decoding -------------------------------------------------------------------------------
+
+
+def _fail(code: str, reason: str) -> ProtocolError:
+    return ProtocolError(code, reason)
+
+
+def _int(body: dict[str, Any], name: str, lo: int = -1, hi: int = 1 << 62) -> int:
+    v = body.get(name)
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise _fail("malformed", f"field {name!r} must be an int in [{lo}, {hi}], got {v!r}")
+    return v
+
+
+def _str(body: dict[str, Any], name: str, max_len: int = 4096) -> str:
+    v = body.get(name)
+    if not isinstance(v, str) or len(v) > max_len:
+        raise _fail("malformed", f"field {name!r} must be a string of <= {max_len} chars, got {type(v).__name__}")
+    return v
+
+
+def _bin(body: dict[str, Any], name: str, size: int) -> bytes:
+    v = body.get(name)
+    if not isinstance(v, bytes) or len(v) != size:
+        raise _fail("malformed", f"field {name!r} must be {size} bytes")
+    return v
+
+
+def _bool(body: dict[str, Any], name: str) -> bool:
+    v = body.get(name)
+    if not isinstance(v, bool):
+        raise _fail("malformed", f"field {name!r} must be a bool, got {v!r}")
+    return v
+
+
+def _payload(key: str, raw: Any, limits: Limits) -> Payload:
+    if not isinstance(raw, dict) or set(raw) != {"c", "s", "d", "p", "m"}:
+        raise _fail("malformed", f"tensor {key!r}: payload must be a map with keys c,s,d,p,m")
+    codec, shape, dtype, parts, meta = raw["c"], raw["s"], raw["d"], raw["p"], raw["m"]
+    if not isinstance(codec, str) or not 0 < len(codec) <= 64:
+        raise _fail("malformed", f"tensor {key!r}: codec must be a short string, got {codec!r}")
+    if dtype not in DTYPES:
+        raise _fail("dtype", f"tensor {key!r}: dtype {dtype!r} not allowed; allowed: {sorted(DTYPES)}")
+    if (
+        not isinstance(shape, list)
+        or len(shape) > limits.max_dims
+        or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < (1 << 40) for d in shape)
+    ):
+        raise _fail("shape", f"tensor {key!r}: shape {shape!r} must be <= {limits.max_dims} non-negative ints")
+    numel = math.prod(shape)
+    if numel > limits.max_elems_per_key:
+        raise _fail("oversize", f"tensor {key!r}: {numel} elements > limit {limits.max_elems_per_key}")
+    if not isinstance(parts, list) or len(parts) > limits.max_parts or not all(isinstance(b, bytes) for b in parts):
+        raise _fail("malformed", f"tensor {key!r}: parts must be a list of <= {limits.max_parts} bin")
+    if (
+        not isinstance(meta, list)
+        or len(meta) > limits.max_meta
+        or not all(isinstance(m, (int, float)) and not isinstance(m, bool) for m in meta)
+    ):
+        raise _fail("malformed", f"tensor {key!r}: meta must be a list of <= {limits.max_meta} numbers")
+    return Payload(codec, tuple(shape), dtype, tuple(parts), tuple(float(m) for m in meta))
+
+
+def _tensors(body: dict[str, Any], name: str, limits: Limits) -> dict[str, Payload]:
+    raw = body.get(name)
+    if not isinstance(raw, dict):
+        raise _fail("malformed", f"field {name!r} must be a map of key -> payload")
+    if len(raw) > limits.max_keys:
+        raise _fail("oversize", f"{len(raw)} keys > limit {limits.max_keys}")
+    out: dict[str, Payload] = {}
+    for key, p in raw.items():
+        if not isinstance(key, str) or not _KEY_RE.match(key):
+            raise _fail("key", f"bad key name {key!r}: use 1-200 chars of [A-Za-z0-9_.-/#:]")
+        out[key] = _payload(key, p, limits)
+    return out
+
+
+def decode_message(data: bytes, limits: Limits = Limits()) -> Message:
+    """Parse and validate one message; raise `ProtocolError` with a code and reason on any defect."""
+    if len(data) > limits.max_message_bytes:
+        raise _fail("oversize", f"message of {len(data)} bytes > limit {limits.max_message_bytes}")
+    try:
+        body = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            max_bin_len=limits.max_message_bytes,
+            max_str_len=1 << 16,
+            max_array_len=max(limits.max_parts, limits.max_meta, limits.max_dims, 64),
+            max_map_len=max(limits.max_keys, 16),
+            max_ext_len=0,
+        )
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, TypeError) as exc:
+        raise _fail("malformed", f"not a valid msgpack message: {exc}") from None
+    if not isinstance(body, dict):
+        raise _fail("malformed", f"message must be a map, got {type(body).__name__}")
+    if body.get("v") != PROTOCOL_VERSION:
+        raise _fail("version", f"protocol version {body.get('v')!r} not supported; this side speaks {PROTOCOL_VERSION}")
+    kind = body.get("t")
+    cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise _fail("type", f"unknown message type {kind!r}")
+    return _PARSERS[kind](body, limits)
+
+
+def _opt_map(body: dict[str, Any], name: str) -> dict[str, Any]:
+    v = body.get(name, {})
+    if not isinstance(v, dict) or len(v) > 32 or not all(isinstance(x, (int, float, str, bool)) for x in v.values()):
+        raise _fail("malformed", f"field {name!r} must be a small map of scalars")
+    return v
+
+
+_PARSERS: dict[str, Any] = {
+    "hello": lambda b, lim: Hello(_str(b, "worker_id", 128), _int(b, "rank", 0, 1 << 20), _bin(b, "client_nonce", 32)),
+    "challenge": lambda b, lim: Challenge(_bin(b, "server_nonce", 32)),
+    "auth": lambda b, lim: Auth(_bin(b, "mac", 32)),
+    "welcome": lambda b, lim: Welcome(_int(b, "version", 0), _bool(b, "initialized"), _int(b, "live_workers", 0)),
+    "init": lambda b, lim: Init(_tensors(b, "tensors", lim), _opt_map(b, "optimizer")),
+    "push": lambda b, lim: Push(
+        _int(b, "step", 0), _int(b, "samples", 1, 1 << 30), _int(b, "total_keys", 1, lim.max_keys), _tensors(b, "grads", lim)
+    ),
+    "pull": lambda b, lim: Pull(_int(b, "have_version", -1), _int(b, "wait_for", 0)),
+    "params": lambda b, lim: Params(
+        _int(b, "version", 0), _bool(b, "full"), _tensors(b, "tensors", lim), _int(b, "base_version", -1)
+    ),
+    "ack": lambda b, lim: Ack(_int(b, "version", 0)),
+    "error": lambda b, lim: Error(_str(b, "code", 64), _str(b, "reason")),
+    "bye": lambda b, lim: Bye(_str(b, "reason")),
+}

@@ -1,0 +1,126 @@
+"""`PSClient`: the worker's connection to one PS shard (handshake, init, push, pull).
+
+Async and byte-level only; it knows messages, not models. Training code lives in `sync.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from aioquic.quic.configuration import QuicConfiguration
+
+from netsense.compression import Payload
+from netsense.errors import AuthError, PeerError, ProtocolError
+from netsense.transport.auth import auth_mac, new_nonce
+from netsense.transport.channel import ClientConnection, open_connection
+from netsense.transport.wire import Ack, Auth, Bye, Challenge, Hello, Init, Limits, Params, Pull, Push, Welcome
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a worker is and how it proves it."""
+
+    worker_id: str
+    """Stable name (a restarted worker reuses it, so the PS sees a rejoin)."""
+    rank: int
+    """Rank; 0 provides the initial parameters."""
+    secret: bytes | None
+    """Shared secret for the HMAC challenge; None only against an --insecure PS."""
+
+
+class PSClient:
+    """A connected, authenticated channel to one PS."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        configuration: QuicConfiguration,
+        identity: Identity,
+        *,
+        limits: Limits = Limits(),
+        request_timeout_s: float = 600.0,
+        socket_buffer_bytes: int = 8 << 20,
+    ) -> None:
+        self.host, self.port = host, port
+        self.configuration = configuration
+        self.identity = identity
+        self.limits = limits
+        self.timeout = request_timeout_s
+        self.socket_buffer_bytes = socket_buffer_bytes
+        self._stack = contextlib.AsyncExitStack()
+        self.conn: ClientConnection | None = None
+        self.welcome: Welcome | None = None
+
+    async def connect(self, connect_timeout_s: float = 10.0) -> Welcome:
+        """Open the QUIC connection (TLS verified per the configuration) and authenticate."""
+        try:
+            cm = open_connection(
+                self.host, self.port, self.configuration, limits=self.limits, socket_buffer_bytes=self.socket_buffer_bytes
+            )
+            self.conn = await asyncio.wait_for(self._stack.enter_async_context(cm), connect_timeout_s)
+        except ConnectionError as exc:
+            await self._stack.aclose()
+            raise AuthError(f"QUIC/TLS handshake with {self.host}:{self.port} failed: {exc}") from None
+        except asyncio.TimeoutError:
+            await self._stack.aclose()
+            raise AuthError(
+                f"no QUIC handshake with {self.host}:{self.port} within {connect_timeout_s} s "
+                "(server down, wrong port, or TLS verification failed)"
+            ) from None
+        ident = self.identity
+        nonce = new_nonce()
+        challenge = await self._request(Hello(ident.worker_id, ident.rank, nonce), Challenge)
+        mac = (
+            auth_mac(ident.secret, server_nonce=challenge.server_nonce, client_nonce=nonce, worker_id=ident.worker_id)
+            if ident.secret is not None
+            else bytes(32)
+        )
+        try:
+            self.welcome = await self._request(Auth(mac), Welcome)
+        except PeerError as exc:
+            if exc.code == "auth":
+                raise AuthError(f"PS refused worker {ident.worker_id!r}: {exc.reason}") from None
+            raise
+        return self.welcome
+
+    async def _request(self, msg: Any, expect: type) -> Any:
+        assert self.conn is not None, "connect() first"
+        reply = await self.conn.request(msg, self.timeout)
+        if not isinstance(reply, expect):
+            raise ProtocolError("type", f"expected {expect.__name__.upper()}, got {type(reply).__name__.upper()}")
+        return reply
+
+    async def init(self, tensors: dict[str, Payload], optimizer: dict[str, Any]) -> int:
+        """Rank 0: hand the PS its initial parameters; returns the PS version."""
+        return (await self._request(Init(tensors, optimizer), Ack)).version
+
+    async def push(self, step: int, samples: int, total_keys: int, grads: dict[str, Payload]) -> int:
+        """Send one bucket of gradients for `step`; returns the PS version after it."""
+        return (await self._request(Push(step, samples, total_keys, grads), Ack)).version
+
+    async def pull(self, have_version: int, wait_for: int) -> Params:
+        """Parameters at version >= `wait_for` (a delta when `have_version` allows it)."""
+        return await self._request(Pull(have_version, wait_for), Params)
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.conn.bytes_out if self.conn else 0
+
+    @property
+    def bytes_received(self) -> int:
+        return self.conn.bytes_in if self.conn else 0
+
+    async def close(self, reason: str = "done") -> None:
+        """Say BYE (best effort) and close the connection."""
+        if self.conn is not None and self.conn.closed_reason is None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._request(Bye(reason), Ack), 2.0)
+        await self._stack.aclose()
+        self.conn = None

@@ -1,0 +1,256 @@
+"""`NetSenseOptimizer`: the PyTorch-native API. ``loss.backward(); opt.step()`` trains through the PS.
+
+`step()` encodes each key's gradient (with error feedback for lossy codecs), pushes the buckets
+on parallel QUIC streams, waits for the next version, and writes it into the model in place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from netsense.compression import Codec, Payload, make_codec
+from netsense.errors import ConfigError, PeerError, ProtocolError
+from netsense.transport.auth import load_secret
+from netsense.transport.tls import TransportSettings, client_configuration
+from netsense.transport.wire import Params
+
+from .client import Identity, PSClient
+from .layout import DEFAULT_CHUNK_ELEMS, KeySlot, key_layout
+from .netthread import NetThread
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ConnectSettings:
+    """Where the PS is and how to trust it / be trusted by it."""
+
+    host: str = "127.0.0.1"
+    """PS address."""
+    port: int = 4433
+    """PS UDP port."""
+    ca: str | None = None
+    """CA certificate to verify the PS against (from `netsense certs`)."""
+    secret_file: str | None = None
+    """Shared secret for the HMAC challenge."""
+    insecure: bool = False
+    """Skip TLS verification and authentication: local experiments only."""
+    server_name: str | None = None
+    """Name to verify in the PS certificate (default: `host`)."""
+    transport: TransportSettings = field(default_factory=TransportSettings)
+    """QUIC knobs."""
+    connect_timeout_s: float = 10.0
+    """Give up connecting after this long."""
+
+
+@dataclass
+class StepStats:
+    """What one `step()` cost, for progress and benchmarks."""
+
+    version: int = 0
+    encode_s: float = 0.0
+    wire_s: float = 0.0
+    apply_s: float = 0.0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    codec: str = ""
+
+
+class NetSenseOptimizer:
+    """Drop-in for ``torch.optim.Optimizer.step`` in data-parallel training via a NetSense PS.
+
+    The PS holds the optimizer (``optimizer`` settings are sent by rank 0 at start); this object
+    only moves gradients up and parameters down. Rank 0's initial parameters win: other ranks
+    are overwritten with them at construction.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        connect: ConnectSettings,
+        rank: int = 0,
+        worker_id: str | None = None,
+        optimizer: dict[str, object] | None = None,
+        codec: str = "fp32",
+        chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+        bucket_bytes: int = 4 << 20,
+    ) -> None:
+        self.model = model
+        self.slots: list[KeySlot] = key_layout(model, chunk_elems)
+        self.rank = rank
+        self.codec_spec = codec
+        self._codecs: dict[str, Codec] = {}
+        self._codec(codec)  # fail fast on a bad spec
+        self.feedback = None  # created on first lossy step (lossless codecs need no residuals)
+        self.bucket_bytes = bucket_bytes
+        self.version = -1
+        self.last = StepStats()
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self._net = NetThread()
+        try:
+            self.client = PSClient(
+                connect.host,
+                connect.port,
+                _client_config(connect),
+                Identity(worker_id or f"{socket.gethostname()}-{os.getpid()}-r{rank}", rank, _secret(connect)),
+                socket_buffer_bytes=connect.transport.socket_buffer_bytes,
+            )
+            self._net.run(self._start(optimizer or {}, connect.connect_timeout_s))
+        except BaseException:
+            self._net.close()
+            raise
+
+    # --- public ----------------------------------------------------------------------------
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.model.zero_grad(set_to_none=set_to_none)
+
+    @torch.no_grad()
+    def step(self, samples: int = 1, codec: str | None = None) -> StepStats:
+        """Push this worker's gradients (from `samples` samples), pull and apply the next version."""
+        spec = codec or self.codec_spec
+        stats = StepStats(codec=spec)
+        t0 = time.perf_counter()
+        payloads: dict[str, Payload] = {}
+        for slot in self.slots:
+            grad = slot.param.grad
+            g = slot.view(grad) if grad is not None else torch.zeros(slot.shape, dtype=slot.param.dtype)
+            payloads[slot.key] = self._encode(slot.key, g, self._codec_for(slot.key, spec))
+        buckets = _buckets(payloads, self.bucket_bytes)
+        t1 = time.perf_counter()
+        params = self._net.run(self._exchange(buckets, samples))
+        t2 = time.perf_counter()
+        self._apply(params)
+        t3 = time.perf_counter()
+        stats.version = self.version
+        stats.encode_s, stats.wire_s, stats.apply_s = t1 - t0, t2 - t1, t3 - t2
+        stats.bytes_up = self.client.bytes_sent - self.bytes_up
+        stats.bytes_down = self.client.bytes_received - self.bytes_down
+        self.bytes_up, self.bytes_down = self.client.bytes_sent, self.client.bytes_received
+        self.last = stats
+        return stats
+
+    def close(self) -> None:
+        """Leave the job (BYE) and stop the network thread."""
+        if self._net.loop.is_closed():
+            return
+        try:
+            self._net.run(self.client.close(), timeout=10)
+        finally:
+            self._net.close()
+
+    def __enter__(self) -> NetSenseOptimizer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- internals -------------------------------------------------------------------------
+
+    def _encode(self, key: str, grad: torch.Tensor, codec: Codec) -> Payload:
+        if codec.lossless:
+            return codec.encode(grad)
+        if self.feedback is None:
+            from netsense.compression.feedback import ErrorFeedback
+
+            self.feedback = ErrorFeedback()
+        return self.feedback.compress(key, grad, codec)[0]
+
+    def _codec(self, spec: str) -> Codec:
+        return make_codec(spec)
+
+    def _codec_for(self, key: str, spec: str) -> Codec:
+        """Per-key encoder instances: stateful codecs (warm starts) keep state per key."""
+        codec = self._codecs.get(f"{key}|{spec}")
+        if codec is None:
+            codec = self._codecs[f"{key}|{spec}"] = make_codec(spec)
+        return codec
+
+    async def _start(self, optimizer: dict[str, object], timeout: float) -> None:
+        welcome = await self.client.connect(timeout)
+        fp32 = make_codec("fp32")
+        if not welcome.initialized and self.rank == 0:
+            tensors = {s.key: fp32.encode(s.view(s.param.detach())) for s in self.slots}
+            await self.client.init(tensors, optimizer)
+        self._apply(await self.client.pull(-1, 0))
+
+    async def _exchange(self, buckets: list[dict[str, Payload]], samples: int) -> Params:
+        step = self.version
+        pushes = [asyncio.ensure_future(self.client.push(step, samples, len(self.slots), b)) for b in buckets]
+        pull = asyncio.ensure_future(self.client.pull(step, step + 1))
+        try:
+            await asyncio.gather(*pushes)
+        except PeerError as exc:
+            pull.cancel()
+            for p in pushes:
+                p.cancel()
+            if exc.code != "stale":
+                raise
+            # The barrier moved on without us (we were too slow): resync and skip this step.
+            log.warning("step %d dropped by the PS (%s); resyncing", step, exc.reason)
+            return await self.client.pull(-1, 0)
+        return await pull
+
+    def _apply(self, params: Params) -> None:
+        """Write a PARAMS message into the model; validates it against the key layout."""
+        if not params.full and params.base_version != self.version:
+            raise ProtocolError("version", f"delta for version {params.base_version}, replica is at {self.version}")
+        if params.full and len(params.tensors) != len(self.slots):
+            raise ProtocolError("keys", f"PS has {len(params.tensors)} keys, this model has {len(self.slots)}")
+        for slot in self.slots:
+            payload = params.tensors.get(slot.key)
+            if payload is None:
+                if params.full:
+                    raise ProtocolError("key", f"PS parameters lack key {slot.key!r}: is it the same model?")
+                continue
+            if tuple(payload.shape) != slot.shape:
+                raise ProtocolError("shape", f"key {slot.key!r}: PS shape {payload.shape} != model shape {slot.shape}")
+            value = self._codec(payload.codec).decode(payload, device=slot.param.device)
+            target = slot.view(slot.param.data)
+            if params.full:
+                target.copy_(value)
+            else:
+                target.add_(value.to(target.dtype))
+        self.version = params.version
+
+
+def _buckets(payloads: dict[str, Payload], bucket_bytes: int) -> list[dict[str, Payload]]:
+    """Group small keys into messages of about `bucket_bytes` (one stream each); large keys alone."""
+    buckets: list[dict[str, Payload]] = []
+    current: dict[str, Payload] = {}
+    size = 0
+    for key, p in payloads.items():
+        if current and size + p.wire_size > bucket_bytes:
+            buckets.append(current)
+            current, size = {}, 0
+        current[key] = p
+        size += p.wire_size
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def _secret(connect: ConnectSettings) -> bytes | None:
+    if connect.secret_file:
+        return load_secret(connect.secret_file)
+    if connect.insecure:
+        return None
+    raise ConfigError("no shared secret: pass --secret FILE (from `netsense certs`) or --insecure for local experiments")
+
+
+def _client_config(connect: ConnectSettings):  # type: ignore[no-untyped-def]
+    if connect.ca is not None and not Path(connect.ca).exists():
+        raise ConfigError(f"CA file {connect.ca} does not exist; create it with `netsense certs --out DIR`")
+    return client_configuration(
+        connect.transport, ca=connect.ca, server_name=connect.server_name or connect.host, insecure=connect.insecure
+    )
