@@ -1,0 +1,331 @@
+"""transport/quic_state.py: the private aioquic paths still exist, and the estimator's rules hold.
+
+The connection tests drive a real client/server `QuicConnection` pair in memory (sans-I/O, a
+simulated clock): deterministic, no sockets. The estimator tests feed synthetic packets.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ssl
+from types import SimpleNamespace
+
+import pytest
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.congestion.base import create_congestion_control
+from aioquic.quic.connection import QuicConnection
+from aioquic.quic.packet_builder import QuicSentPacket
+from aioquic.quic.packet import QuicPacketType
+from aioquic.tls import Epoch
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from netsense.errors import ConfigError
+from netsense.transport import quic_state
+from netsense.transport.quic_state import (
+    PRIVATE_PATHS,
+    SENSING_CC,
+    SENSING_CUBIC_CC,
+    QuicInternalsError,
+    SensingConfig,
+    SensingCubic,
+    SensingReno,
+    SensingState,
+    WindowedMax,
+)
+
+CLIENT_ADDR = ("10.0.0.1", 1234)
+SERVER_ADDR = ("10.0.0.2", 4433)
+MDS = 1200
+
+
+def _self_signed() -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    return cert, key
+
+
+class Pair:
+    """A client and a server connection exchanging datagrams over a 5 ms one-way simulated link."""
+
+    DELAY = 0.005
+
+    def __init__(self, cc: str = SENSING_CC) -> None:
+        cert, key = _self_signed()
+        server_cfg = QuicConfiguration(is_client=False, congestion_control_algorithm=cc)
+        server_cfg.certificate, server_cfg.private_key = cert, key
+        client_cfg = QuicConfiguration(
+            is_client=True, congestion_control_algorithm=cc, verify_mode=ssl.CERT_NONE,
+            max_data=1 << 26, max_stream_data=1 << 26,
+        )
+        server_cfg.max_data = server_cfg.max_stream_data = 1 << 26
+        self.now = 1000.0
+        self.client = QuicConnection(configuration=client_cfg)
+        self.server = QuicConnection(
+            configuration=server_cfg,
+            original_destination_connection_id=self.client.original_destination_connection_id,
+        )
+        self.client.connect(SERVER_ADDR, now=self.now)
+        self.exchange(rounds=6)
+
+    def exchange(self, rounds: int) -> None:
+        """Deliver every pending datagram each way, `rounds` times, one link delay per hop."""
+        for _ in range(rounds):
+            for data, _ in self.client.datagrams_to_send(now=self.now):
+                self.server.receive_datagram(data, CLIENT_ADDR, now=self.now + self.DELAY)
+            self.now += self.DELAY
+            for data, _ in self.server.datagrams_to_send(now=self.now):
+                self.client.receive_datagram(data, SERVER_ADDR, now=self.now + self.DELAY)
+            self.now += self.DELAY
+
+
+@pytest.fixture
+def pair() -> Pair:
+    p = Pair()
+    stream = p.client.get_next_available_stream_id()
+    p.client.send_stream_data(stream, b"x" * 200_000)
+    p.exchange(rounds=20)
+    return p
+
+
+def test_private_paths_exist_on_a_real_connection(pair: Pair) -> None:
+    """Fails naming the attribute if an aioquic upgrade moved any private path we read."""
+    for quic in (pair.client, pair.server):
+        for path in PRIVATE_PATHS:
+            try:
+                quic_state._resolve(quic, path)
+            except QuicInternalsError as exc:
+                pytest.fail(f"aioquic internals moved: {exc}")
+        quic_state.check_internals(quic)
+
+
+def test_recovery_state_has_plausible_values(pair: Pair) -> None:
+    rec = quic_state.read_recovery(pair.client)
+    assert rec.congestion_window >= 2 * MDS
+    assert rec.bytes_in_flight >= 0
+    assert rec.srtt_s == pytest.approx(2 * Pair.DELAY, rel=0.5)
+    assert rec.min_rtt_s == pytest.approx(2 * Pair.DELAY, rel=0.2)
+    assert rec.latest_rtt_s is not None and rec.rttvar_s is not None
+    assert rec.pto_count == 0
+    assert rec.pacing_rate_Bps and rec.pacing_rate_Bps > 0
+    assert rec.bytes_sent > 200_000
+    assert rec.max_datagram_size == MDS
+    assert type(pair.client._loss._cc) is SensingReno
+
+
+def test_sensing_counts_deliveries_on_a_real_connection(pair: Pair) -> None:
+    state = quic_state.sensing_state(pair.client)
+    state.flush()
+    assert state.delivered >= 200_000
+    assert state.sent_packets >= 200_000 // MDS
+    assert state.rate_samples > 0 and state.bandwidth.value is not None
+    assert state.lost_packets == 0
+    assert state.min_rtt_s == pytest.approx(2 * Pair.DELAY, rel=0.2)
+
+
+def test_missing_private_attribute_is_named() -> None:
+    loss = SimpleNamespace(_cc=SimpleNamespace(congestion_window=1, bytes_in_flight=0, ssthresh=None))
+    fake = SimpleNamespace(_loss=loss)
+    with pytest.raises(QuicInternalsError, match=r"QuicConnection\._loss\._rtt_smoothed does not exist"):
+        quic_state.check_internals(fake)  # type: ignore[arg-type]
+
+
+def test_plain_reno_connection_is_refused_with_the_fix_in_the_message() -> None:
+    p = Pair(cc="reno")
+    with pytest.raises(ConfigError, match=SENSING_CC):
+        quic_state.sensing_state(p.client)
+
+
+def test_both_controllers_are_registered() -> None:
+    quic_state.ensure_registered()
+    assert type(create_congestion_control(SENSING_CC, max_datagram_size=MDS)) is SensingReno
+    assert type(create_congestion_control(SENSING_CUBIC_CC, max_datagram_size=MDS)) is SensingCubic
+    p = Pair(cc=SENSING_CUBIC_CC)
+    assert type(p.client._loss._cc) is SensingCubic
+
+
+def test_sensing_config_rejects_bad_windows() -> None:
+    with pytest.raises(ConfigError, match="loss_window_s"):
+        SensingConfig(loss_window_s=0)
+
+
+# ---- synthetic packets ------------------------------------------------------------------------
+
+
+def _packet(number: int, sent_time: float, size: int = MDS) -> QuicSentPacket:
+    return QuicSentPacket(
+        epoch=Epoch.ONE_RTT, in_flight=True, is_ack_eliciting=True, is_crypto_packet=False,
+        packet_number=number, packet_type=QuicPacketType.ONE_RTT, sent_time=sent_time,
+        sent_bytes=size,
+    )
+
+
+class Flow:
+    """Drives a sensing controller with synthetic packets: a sender and a fixed-rate, fixed-RTT path."""
+
+    def __init__(self, cc: SensingReno | None = None) -> None:
+        self.cc = cc or SensingReno(max_datagram_size=MDS)
+        self.cc.sensing.pacing_limited = lambda: False  # as if attached, pacer never in the way
+        self.number = 0
+
+    def send(self, count: int, at: float) -> list[QuicSentPacket]:
+        packets = []
+        for _ in range(count):
+            packet = _packet(self.number, at)
+            self.number += 1
+            self.cc.on_packet_sent(packet=packet)
+            packets.append(packet)
+        return packets
+
+    def fill(self, at: float) -> list[QuicSentPacket]:
+        """Send as many packets as the congestion window allows (a bulk sender)."""
+        room = (self.cc.congestion_window - self.cc.bytes_in_flight) // MDS
+        return self.send(max(room, 0), at)
+
+    def run(self, start: float, seconds: float, rate_Bps: float, rtt: float) -> float:
+        """Bulk transfer over a path of `rate_Bps` with a FIFO queue and base RTT `rtt`; returns the end."""
+        spacing = MDS / rate_Bps
+        inflight = self.fill(start)
+        last_ack = start
+        while last_ack < start + seconds:
+            packet = inflight.pop(0)
+            last_ack = max(last_ack + spacing, packet.sent_time + rtt)
+            self.cc.on_packet_acked(now=last_ack, packet=packet)
+            self.cc.on_rtt_measurement(now=last_ack, rtt=last_ack - packet.sent_time)
+            inflight += self.fill(last_ack)
+        for packet in inflight:  # the application stops: drain what is in flight
+            last_ack = max(last_ack + spacing, packet.sent_time + rtt)
+            self.cc.on_packet_acked(now=last_ack, packet=packet)
+        self.cc.sensing.flush()
+        return last_ack
+
+
+def test_delivery_rate_matches_a_synthetic_bottleneck() -> None:
+    flow = Flow()
+    flow.run(start=0.0, seconds=2.0, rate_Bps=1e6, rtt=0.02)
+    state = flow.cc.sensing
+    assert state.bandwidth.value == pytest.approx(1e6, rel=0.05)
+    assert state.rate_samples > 1000
+    assert state.app_limited_samples < 0.05 * state.rate_samples  # only the final drain
+
+
+def test_app_limited_samples_never_lower_the_estimate() -> None:
+    flow = Flow()
+    t = flow.run(start=0.0, seconds=1.0, rate_Bps=1e6, rtt=0.02)
+    estimate = flow.cc.sensing.bandwidth.value
+    assert estimate == pytest.approx(1e6, rel=0.05)
+    # Now the application sends one packet per 50 ms (compressed gradients): far below the window.
+    for _ in range(200):  # 10 s, well past the bandwidth window
+        t += 0.05
+        (packet,) = flow.send(1, t)
+        flow.cc.on_packet_acked(now=t + 0.025, packet=packet)
+        flow.cc.on_rtt_measurement(now=t + 0.025, rtt=0.025)
+    state = flow.cc.sensing
+    state.flush()
+    assert state.latest_sample is not None and state.latest_sample.app_limited
+    assert state.latest_sample.delivery_rate_Bps < estimate / 10
+    assert state.app_limited_samples >= 190
+    assert state.bandwidth.value == estimate
+
+
+def test_app_limited_sample_may_raise_the_estimate() -> None:
+    state = SensingState(MDS)
+    state.bandwidth.update(0.0, 1e6)
+    state.min_rtt_s = 0.01
+    tx = quic_state._TxState(delivered=0, delivered_time=0.0, first_sent_time=0.0, app_limited=True)
+    state.delivered = 50_000
+    state._pending = (0.02, tx, 0.01)  # 50 kB over 20 ms = 2.5 MB/s, app-limited
+    state.flush()
+    assert state.bandwidth.value == pytest.approx(2.5e6)
+
+
+def test_bubble_marks_packets_until_in_flight_data_is_delivered() -> None:
+    flow = Flow()
+    first = flow.send(3, at=0.0)  # window 12000 bytes, 3600 in flight, nothing more to send
+    (second,) = flow.send(1, at=0.001)  # next burst: the first one ended with window to spare
+    assert not any(p.netsense_tx.app_limited for p in first)
+    assert second.netsense_tx.app_limited
+    for p in first + [second]:
+        flow.cc.on_packet_acked(now=0.02, packet=p)
+    bulk = flow.fill(at=0.02)  # sent before anything after the bubble was delivered: still marked
+    assert bulk and all(p.netsense_tx.app_limited for p in bulk)
+    flow.cc.on_packet_acked(now=0.04, packet=bulk[0])
+    assert not flow.cc.sensing.app_limited  # data sent after the bubble got through
+    (nxt,) = flow.send(1, at=0.04)  # the bulk burst filled the window: not app-limited
+    assert not nxt.netsense_tx.app_limited
+
+
+def test_window_full_burst_is_not_app_limited() -> None:
+    flow = Flow()
+    first = flow.send(10, at=0.0)  # initial window is 10 packets: cwnd-limited, not app-limited
+    flow.cc.on_packet_acked(now=0.02, packet=first[0])
+    (nxt,) = flow.send(1, at=0.02)
+    assert not nxt.netsense_tx.app_limited
+
+
+def test_paced_burst_is_not_app_limited() -> None:
+    flow = Flow()
+    flow.cc.sensing.pacing_limited = lambda: True
+    flow.send(2, at=0.0)
+    (nxt,) = flow.send(1, at=0.001)
+    assert not nxt.netsense_tx.app_limited
+
+
+def test_windowed_max_expires_old_samples() -> None:
+    filt = WindowedMax(window_s=2.0)
+    filt.update(0.0, 10.0)
+    filt.update(1.0, 4.0)
+    filt.update(1.5, 6.0)
+    assert filt.value == 10.0
+    filt.update(2.5, 1.0)  # 10.0 at t=0 is now older than the window
+    assert filt.value == 6.0
+    filt.update(3.6, 2.0)  # 6.0 at t=1.5 expired too
+    assert filt.value == 2.0
+    assert filt.latest_time == 3.6
+
+
+def test_bandwidth_window_follows_srtt() -> None:
+    state = SensingState(MDS, SensingConfig(bandwidth_window_s=1.0, bandwidth_window_rtts=10))
+    state.on_rtt(0.5)
+    assert state.bandwidth.window_s == pytest.approx(5.0)
+    state.configure(SensingConfig(bandwidth_window_s=8.0))
+    assert state.bandwidth.window_s == pytest.approx(8.0)
+
+
+def test_losses_are_counted_from_synthetic_packets() -> None:
+    flow = Flow()
+    packets = flow.send(10, at=0.001)
+    for p in packets[:6]:
+        flow.cc.on_packet_acked(now=0.02, packet=p)
+    window_before = flow.cc.congestion_window
+    flow.cc.on_packets_lost(now=0.03, packets=iter(packets[6:9]))  # an iterator: consumed twice inside
+    state = flow.cc.sensing
+    assert state.lost_packets == 3 and state.lost_bytes == 3 * MDS
+    assert state.losses.rate == pytest.approx(3 / 9)
+    assert flow.cc.congestion_window < window_before  # Reno still reacts to the loss
+    assert flow.cc.bytes_in_flight == MDS
+    flow.cc.on_packets_expired(packets=[packets[9]])  # a PTO retransmission is not a loss
+    assert state.lost_packets == 3 and flow.cc.bytes_in_flight == 0
+
+
+def test_loss_rate_window_forgets_old_losses() -> None:
+    state = SensingState(MDS, SensingConfig(loss_window_s=1.0))
+    state.losses.on_lost(0.0, 5)
+    state.losses.on_acked(0.1, 5)
+    assert state.losses.rate == pytest.approx(0.5)
+    for i in range(20):
+        state.losses.on_acked(1.5 + i * 0.01)
+    assert state.losses.rate == 0.0

@@ -1,0 +1,587 @@
+"""The one module that reads aioquic's private congestion state, and the sensing congestion control.
+
+aioquic exposes neither loss counters nor delivery-rate samples, and its RTT / window state sits in
+private attributes (TRANSPORT-FACTS.md). Everything that depends on those internals lives here, so
+an aioquic upgrade breaks one module and one test (`tests/transport/test_quic_state.py`), not the
+system. The dotted paths we rely on are listed in `PRIVATE_PATHS` and checked by `check_internals`.
+
+The sensing congestion control wraps Reno or Cubic (their window logic is untouched) and records,
+per connection, what a bottleneck-bandwidth estimator needs: BBR-style delivery-rate samples
+(draft-cheng-iccrg-delivery-rate-estimation), an app-limited flag per sample, loss counters and a
+windowed maximum of the delivery rate.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import aioquic
+from aioquic.quic.congestion.base import QuicCongestionControl, register_congestion_control
+from aioquic.quic.congestion.cubic import CubicCongestionControl
+from aioquic.quic.congestion.reno import RenoCongestionControl
+from aioquic.quic.packet_builder import QuicSentPacket
+
+from netsense.errors import ConfigError, NetSenseError
+
+if TYPE_CHECKING:
+    from aioquic.asyncio.protocol import QuicConnectionProtocol
+    from aioquic.quic.connection import QuicConnection
+
+SENSING_CC = "netsense-reno"
+"""Name of Reno with delivery-rate sensing, for `QuicConfiguration(congestion_control_algorithm=)`."""
+SENSING_CUBIC_CC = "netsense-cubic"
+"""Name of Cubic with delivery-rate sensing."""
+
+PRIVATE_PATHS: tuple[str, ...] = (
+    "_loss",
+    "_loss._cc",
+    "_loss._cc.congestion_window",
+    "_loss._cc.bytes_in_flight",
+    "_loss._cc.ssthresh",
+    "_loss._rtt_smoothed",
+    "_loss._rtt_min",
+    "_loss._rtt_variance",
+    "_loss._rtt_latest",
+    "_loss._rtt_initialized",
+    "_loss._pto_count",
+    "_loss._pacer",
+    "_loss._pacer.packet_time",
+    "_network_paths",
+    "_network_paths[0].bytes_sent",
+    "_max_datagram_size",
+    "_pacing_at",
+)
+"""Every private attribute path of `QuicConnection` this module reads (checked by `check_internals`)."""
+
+
+class QuicInternalsError(NetSenseError):
+    """aioquic no longer has a private attribute NetSense reads: the pinned version was changed."""
+
+
+def _resolve(obj: Any, path: str) -> Any:
+    """Follow a dotted path such as `_network_paths[0].bytes_sent`; raise naming the first missing step."""
+    walked = "QuicConnection"
+    for part in path.split("."):
+        name, _, index = part.partition("[")
+        try:
+            obj = getattr(obj, name)
+        except AttributeError:
+            raise QuicInternalsError(
+                f"aioquic {aioquic.__version__}: {walked}.{name} does not exist (needed for "
+                f"{path!r}); update transport/quic_state.py for this aioquic version or pin 1.7.2"
+            ) from None
+        walked += f".{name}"
+        if index:
+            obj = obj[int(index.rstrip("]"))]
+            walked += f"[{index}"
+    return obj
+
+
+def check_internals(quic: QuicConnection) -> None:
+    """Raise `QuicInternalsError` naming the attribute if any path in `PRIVATE_PATHS` is gone."""
+    for path in PRIVATE_PATHS:
+        _resolve(quic, path)
+
+
+def connection_of(protocol: QuicConnectionProtocol) -> QuicConnection:
+    """The `QuicConnection` behind an asyncio protocol (client or server side)."""
+    quic = getattr(protocol, "_quic", None)
+    if quic is None:
+        raise QuicInternalsError(
+            f"aioquic {aioquic.__version__}: QuicConnectionProtocol._quic does not exist"
+        )
+    return quic
+
+
+@dataclass(frozen=True)
+class RecoveryState:
+    """What aioquic's recovery object knows of one connection, read at one instant."""
+
+    congestion_window: int
+    """Congestion window, bytes."""
+    bytes_in_flight: int
+    """Unacknowledged bytes counted against the window."""
+    ssthresh: int | None
+    """Slow-start threshold, bytes; None while still in the first slow start."""
+    srtt_s: float | None
+    """Smoothed RTT, seconds; None before the first RTT sample."""
+    min_rtt_s: float | None
+    """Minimum RTT, seconds (floored at 1 ms by aioquic); None before the first RTT sample."""
+    latest_rtt_s: float | None
+    """Latest RTT sample, seconds (floored at 1 ms, ack delay removed); None before the first."""
+    rttvar_s: float | None
+    """RTT variance as aioquic computes it (from |min_rtt - latest|), seconds."""
+    pto_count: int
+    """Consecutive probe timeouts without an ack (reset on ack)."""
+    pacing_rate_Bps: float | None
+    """Pacer rate, bytes/s (cwnd / srtt); None before the first RTT sample."""
+    bytes_sent: int
+    """UDP payload bytes sent on the active path. (aioquic's `bytes_received` on a path stops counting
+    once the path is validated -- it serves only the anti-amplification limit -- so it is not read.)"""
+    max_datagram_size: int
+    """Largest UDP payload the connection builds, bytes."""
+
+
+def read_recovery(quic: QuicConnection) -> RecoveryState:
+    """Snapshot the private recovery / path state of `quic` (one place for every private read)."""
+    loss = quic._loss
+    cc = loss._cc
+    path = quic._network_paths[0]
+    initialized = bool(loss._rtt_initialized)
+    packet_time = loss._pacer.packet_time
+    mds = int(quic._max_datagram_size)
+    return RecoveryState(
+        congestion_window=int(cc.congestion_window),
+        bytes_in_flight=int(cc.bytes_in_flight),
+        ssthresh=cc.ssthresh,
+        srtt_s=loss._rtt_smoothed if initialized else None,
+        min_rtt_s=loss._rtt_min if math.isfinite(loss._rtt_min) else None,
+        latest_rtt_s=loss._rtt_latest if initialized else None,
+        rttvar_s=loss._rtt_variance if initialized else None,
+        pto_count=int(loss._pto_count),
+        pacing_rate_Bps=mds / packet_time if packet_time else None,
+        bytes_sent=int(path.bytes_sent),
+        max_datagram_size=mds,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Estimator state kept by the sensing congestion control (pure: plain numbers and times).
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SensingConfig:
+    """How long the estimators remember; defaults follow BBR (10 round trips) with a floor in seconds."""
+
+    bandwidth_window_s: float = 2.0
+    """Shortest bandwidth-max window, seconds (the floor under `bandwidth_window_rtts` * srtt)."""
+    bandwidth_window_rtts: float = 10.0
+    """Bandwidth-max window in smoothed RTTs, as BBR's 10-round filter."""
+    loss_window_s: float = 2.0
+    """Window over which `loss_rate` counts acked and lost packets, seconds."""
+
+    def __post_init__(self) -> None:
+        for name in ("bandwidth_window_s", "bandwidth_window_rtts", "loss_window_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ConfigError(f"SensingConfig.{name} must be > 0, got {value!r}")
+
+
+class WindowedMax:
+    """Running maximum over a sliding time window (monotone deque: O(1) amortised per update).
+
+    The window slides with the newest sample, not the wall clock: when nothing is sampled (an idle
+    parameter-server round, or only app-limited samples that are not admitted) the estimate is held,
+    as Linux's minmax filter does; old samples expire only as newer ones arrive.
+    """
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        """Window length, seconds; may be changed between updates (RTT-scaled windows)."""
+        self._samples: deque[tuple[float, float]] = deque()
+
+    def update(self, time: float, value: float) -> None:
+        """Admit `value` measured at `time` (times must not decrease) and expire old samples."""
+        samples = self._samples
+        while samples and samples[-1][1] <= value:
+            samples.pop()
+        samples.append((time, value))
+        horizon = time - self.window_s
+        while samples[0][0] < horizon:
+            samples.popleft()
+
+    @property
+    def value(self) -> float | None:
+        """The maximum over the window, or None before the first sample."""
+        return self._samples[0][1] if self._samples else None
+
+    @property
+    def latest_time(self) -> float | None:
+        """Time of the newest admitted sample."""
+        return self._samples[-1][0] if self._samples else None
+
+
+class LossWindow:
+    """Fraction of packets declared lost among those whose fate was decided in a recent window.
+
+    Counts live in buckets of window/8 so memory stays constant; like `WindowedMax` the window slides
+    with events, so an idle connection keeps reporting the loss rate it last saw.
+    """
+
+    _BUCKETS = 8
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        """Window length, seconds."""
+        self._buckets: deque[list[float]] = deque()  # [start_time, acked, lost]
+        self._acked = 0
+        self._lost = 0
+
+    def _add(self, time: float, acked: int, lost: int) -> None:
+        width = self.window_s / self._BUCKETS
+        buckets = self._buckets
+        if not buckets or time >= buckets[-1][0] + width:
+            buckets.append([time, 0, 0])
+        bucket = buckets[-1]
+        bucket[1] += acked
+        bucket[2] += lost
+        self._acked += acked
+        self._lost += lost
+        horizon = time - self.window_s
+        while buckets[0][0] + width <= horizon:
+            _, old_acked, old_lost = buckets.popleft()
+            self._acked -= int(old_acked)
+            self._lost -= int(old_lost)
+
+    def on_acked(self, time: float, packets: int = 1) -> None:
+        """Count `packets` acknowledged at `time`."""
+        self._add(time, packets, 0)
+
+    def on_lost(self, time: float, packets: int) -> None:
+        """Count `packets` declared lost at `time`."""
+        self._add(time, 0, packets)
+
+    @property
+    def rate(self) -> float:
+        """lost / (acked + lost) in the window; 0 with no decided packets."""
+        decided = self._acked + self._lost
+        return self._lost / decided if decided else 0.0
+
+
+@dataclass(frozen=True)
+class RateSample:
+    """One delivery-rate sample: bytes newly delivered over the interval they took (BBR)."""
+
+    time: float
+    """Ack time the sample was taken at, connection clock seconds."""
+    delivery_rate_Bps: float
+    """Delivered bytes / max(send interval, ack interval), bytes/s (UDP payload, headers included)."""
+    delivered_bytes: int
+    """Bytes delivered over the sample's interval."""
+    interval_s: float
+    """The interval, seconds: the longer of the send and ack intervals (guards against ack bursts)."""
+    app_limited: bool
+    """The packet was sent while the sender had too little to send: the rate is only a lower bound."""
+
+
+@dataclass
+class _TxState:
+    """Delivery state stamped on a sent packet (attribute `netsense_tx` of `QuicSentPacket`)."""
+
+    delivered: int
+    delivered_time: float
+    first_sent_time: float
+    app_limited: bool
+
+
+class SensingState:
+    """Per-connection estimator fed by the sensing congestion control's hooks.
+
+    Delivery-rate samples follow draft-cheng-iccrg-delivery-rate-estimation: each sent packet is
+    stamped with the connection's delivered count and times; when it is acked the rate is the bytes
+    delivered since, over max(send interval, ack interval). One sample is produced per ack batch
+    (aioquic acks packets one by one with the same `now`), from the most recently sent packet acked.
+
+    App-limited criterion (what a congestion controller can see from aioquic): aioquic sends a burst
+    of packets in one `datagrams_to_send` call, all with the same `sent_time`, and stops when the
+    window is full, when the pacer holds it back, or when there is nothing (allowed) to send. At the
+    next event we judge the finished burst: if a full-size packet still fitted in the window and the
+    pacer did not stop it (`pacing_limited`, wired to the connection by `attach`), the sender ran out
+    of data (or of peer flow-control credit, which limits us just the same) -> app-limited. Without
+    `attach` we also mark a burst app-limited when it starts after an idle gap longer than the
+    smoothed RTT with window to spare. Like BBR, once app-limited, every packet sent until the data
+    then in flight is delivered is marked, since its sample interval spans the idle bubble.
+    """
+
+    def __init__(self, max_datagram_size: int, config: SensingConfig | None = None) -> None:
+        self.config = config or SensingConfig()
+        """Window lengths."""
+        self.max_datagram_size = max_datagram_size
+        """Full packet size, bytes: a window with less room than this counts as full."""
+        self.pacing_limited: Callable[[], bool] | None = None
+        """Returns True when the pacer stopped the last send attempt; set by `attach`."""
+
+        self.delivered = 0
+        """Bytes acknowledged so far (in-flight packets only)."""
+        self.sent_packets = 0
+        """In-flight packets handed to the congestion controller."""
+        self.sent_bytes = 0
+        """Bytes of those packets."""
+        self.acked_packets = 0
+        """Packets acknowledged."""
+        self.lost_packets = 0
+        """Packets declared lost (congestion events only; PTO retransmissions are not losses)."""
+        self.lost_bytes = 0
+        """Bytes of those packets."""
+        self.app_limited_samples = 0
+        """Rate samples flagged app-limited."""
+        self.rate_samples = 0
+        """Valid rate samples produced."""
+        self.latest_sample: RateSample | None = None
+        """The newest valid rate sample."""
+        self.min_rtt_s: float | None = None
+        """Minimum raw RTT sample seen by the controller (no 1 ms floor), seconds."""
+        self.srtt_s: float | None = None
+        """Smoothed RTT (7/8 EWMA of raw samples) used to size windows, seconds."""
+
+        self.bandwidth = WindowedMax(self.config.bandwidth_window_s)
+        """Windowed max of admitted delivery rates, bytes/s (app-limited ones only if they raise it)."""
+        self.inflight_peak = WindowedMax(self.config.bandwidth_window_s)
+        """Windowed max of bytes in flight after a send: caps the cwnd fallback when app-limited."""
+        self.losses = LossWindow(self.config.loss_window_s)
+        """Recent loss fraction."""
+
+        self._delivered_time = 0.0
+        self._first_sent_time = 0.0
+        self._app_limited_until = 0  # delivered count that ends the app-limited bubble; 0 = none
+        self._last_event_time: float | None = None
+        # the open burst: its send time, whether the pacer stopped it
+        self._burst_time: float | None = None
+        self._burst_paced = False
+        # the pending sample of the current ack batch: (ack time, packet state, packet sent time)
+        self._pending: tuple[float, _TxState, float] | None = None
+
+    def configure(self, config: SensingConfig) -> None:
+        """Change window lengths (keeps history)."""
+        self.config = config
+        self.losses.window_s = config.loss_window_s
+        self._resize_windows()
+
+    def _resize_windows(self) -> None:
+        window = self.config.bandwidth_window_s
+        if self.srtt_s is not None:
+            window = max(window, self.config.bandwidth_window_rtts * self.srtt_s)
+        self.bandwidth.window_s = window
+        self.inflight_peak.window_s = window
+
+    @property
+    def app_limited(self) -> bool:
+        """True while the app-limited bubble is open (packets sent now are marked)."""
+        return self._app_limited_until != 0
+
+    def _mark_app_limited(self, bytes_in_flight: int) -> None:
+        # max(.., 1): with nothing in flight the bubble still covers the next packet sent
+        self._app_limited_until = max(self.delivered + bytes_in_flight, 1)
+
+    def _close_burst(self, congestion_window: int, bytes_in_flight: int) -> None:
+        """Judge the burst sent last: window room left and the pacer did not stop it -> app-limited."""
+        if self._burst_time is None:
+            return
+        room = congestion_window - bytes_in_flight
+        if self.pacing_limited is not None and room >= self.max_datagram_size and not self._burst_paced:
+            self._mark_app_limited(bytes_in_flight)
+        self._burst_time = None
+
+    # hooks, called by the congestion controller -----------------------------------------------
+
+    def on_sent(
+        self, packet: QuicSentPacket, congestion_window: int, bytes_in_flight: int
+    ) -> None:
+        """Stamp `packet` (before it is added to `bytes_in_flight`)."""
+        self.flush()
+        now = float(packet.sent_time or 0.0)
+        if now != self._burst_time:
+            self._close_burst(congestion_window, bytes_in_flight)
+            idle = (
+                self._last_event_time is not None
+                and self.srtt_s is not None
+                and now - self._last_event_time > self.srtt_s
+            )
+            if idle and bytes_in_flight and congestion_window - bytes_in_flight >= self.max_datagram_size:
+                self._mark_app_limited(bytes_in_flight)
+            self._burst_time = now
+        if self.pacing_limited is not None:
+            self._burst_paced = self.pacing_limited()
+        if bytes_in_flight == 0:
+            # nothing in flight: start sampling afresh so the idle time is not in any interval
+            self._first_sent_time = now
+            self._delivered_time = now
+        packet.netsense_tx = _TxState(  # type: ignore[attr-defined]
+            delivered=self.delivered,
+            delivered_time=self._delivered_time,
+            first_sent_time=self._first_sent_time,
+            app_limited=self._app_limited_until != 0,
+        )
+        self.sent_packets += 1
+        self.sent_bytes += packet.sent_bytes
+        self.inflight_peak.update(now, bytes_in_flight + packet.sent_bytes)
+        self._last_event_time = now
+
+    def on_acked(
+        self, packet: QuicSentPacket, now: float, congestion_window: int, bytes_in_flight: int
+    ) -> None:
+        """Count the delivery and keep the most recently sent packet of this ack batch."""
+        self._close_burst(congestion_window, bytes_in_flight)
+        if self._pending is not None and self._pending[0] != now:
+            self.flush()
+        self.delivered += packet.sent_bytes
+        self._delivered_time = now
+        self.acked_packets += 1
+        self.losses.on_acked(now)
+        if self._app_limited_until and self.delivered > self._app_limited_until:
+            self._app_limited_until = 0
+        tx: _TxState | None = getattr(packet, "netsense_tx", None)
+        if tx is None:  # sent before this controller saw it (cannot happen once installed)
+            return
+        if self._pending is None or tx.delivered >= self._pending[1].delivered:
+            self._pending = (now, tx, float(packet.sent_time or 0.0))
+            # the next packets' send interval starts at this packet's send time (draft §3.3)
+            self._first_sent_time = float(packet.sent_time or 0.0)
+        self._last_event_time = now
+
+    def on_lost(
+        self, packets: Iterable[QuicSentPacket], now: float, congestion_window: int, bytes_in_flight: int
+    ) -> None:
+        """Count lost packets (aioquic only reports congestion-event losses here)."""
+        self._close_burst(congestion_window, bytes_in_flight)
+        self.flush()
+        count = 0
+        for packet in packets:
+            count += 1
+            self.lost_bytes += packet.sent_bytes
+        self.lost_packets += count
+        if count:
+            self.losses.on_lost(now, count)
+
+    def on_other(self, congestion_window: int, bytes_in_flight: int) -> None:
+        """Any other hook (expiry, persistent congestion): close the open burst and ack batch."""
+        self._close_burst(congestion_window, bytes_in_flight)
+        self.flush()
+
+    def on_rtt(self, rtt: float) -> None:
+        """Track raw RTT samples: they bound sample intervals and size the windows."""
+        if self.min_rtt_s is None or rtt < self.min_rtt_s:
+            self.min_rtt_s = rtt
+        self.srtt_s = rtt if self.srtt_s is None else 0.875 * self.srtt_s + 0.125 * rtt
+        self._resize_windows()
+
+    def flush(self) -> None:
+        """Turn the pending ack batch into a rate sample and feed the bandwidth filter."""
+        if self._pending is None:
+            return
+        now, tx, sent_time = self._pending
+        self._pending = None
+        send_elapsed = sent_time - tx.first_sent_time
+        ack_elapsed = now - tx.delivered_time
+        interval = max(send_elapsed, ack_elapsed)
+        delivered = self.delivered - tx.delivered
+        # Intervals shorter than min RTT come from ack compression or stretch acks and overstate the
+        # rate (draft §3.3); loopback RTTs are sub-millisecond, so also require a measurable interval.
+        floor = max(self.min_rtt_s or 0.0, 1e-4)
+        if delivered <= 0 or interval < floor:
+            return
+        sample = RateSample(
+            time=now,
+            delivery_rate_Bps=delivered / interval,
+            delivered_bytes=delivered,
+            interval_s=interval,
+            app_limited=tx.app_limited,
+        )
+        self.latest_sample = sample
+        self.rate_samples += 1
+        if sample.app_limited:
+            self.app_limited_samples += 1
+        current = self.bandwidth.value
+        # BBR's rule: an app-limited sample may raise the estimate, never lower it.
+        if not sample.app_limited or current is None or sample.delivery_rate_Bps >= current:
+            self.bandwidth.update(now, sample.delivery_rate_Bps)
+
+
+# --------------------------------------------------------------------------------------------
+# The congestion-control classes
+# --------------------------------------------------------------------------------------------
+
+
+class _SensingMixin(QuicCongestionControl):
+    """Feeds `SensingState` from aioquic's congestion-control hooks; the wrapped CC sets the window."""
+
+    sensing: SensingState
+
+    def __init__(self, *, max_datagram_size: int) -> None:
+        super().__init__(max_datagram_size=max_datagram_size)
+        self.sensing = SensingState(max_datagram_size)
+
+    def on_packet_sent(self, *, packet: QuicSentPacket) -> None:
+        self.sensing.on_sent(packet, self.congestion_window, self.bytes_in_flight)
+        super().on_packet_sent(packet=packet)
+
+    def on_packet_acked(self, *, now: float, packet: QuicSentPacket) -> None:
+        self.sensing.on_acked(packet, now, self.congestion_window, self.bytes_in_flight)
+        super().on_packet_acked(now=now, packet=packet)
+
+    def on_packets_lost(self, *, now: float, packets: Iterable[QuicSentPacket]) -> None:
+        packets = list(packets)  # iterated twice
+        self.sensing.on_lost(packets, now, self.congestion_window, self.bytes_in_flight)
+        super().on_packets_lost(now=now, packets=packets)
+
+    def on_packets_expired(self, *, packets: Iterable[QuicSentPacket]) -> None:
+        self.sensing.on_other(self.congestion_window, self.bytes_in_flight)
+        super().on_packets_expired(packets=packets)
+
+    def on_persistent_congestion(self) -> None:
+        self.sensing.on_other(self.congestion_window, self.bytes_in_flight)
+        super().on_persistent_congestion()
+
+    def on_rtt_measurement(self, *, now: float, rtt: float) -> None:
+        self.sensing.on_rtt(rtt)
+        super().on_rtt_measurement(now=now, rtt=rtt)
+
+
+class SensingReno(_SensingMixin, RenoCongestionControl):
+    """aioquic's New Reno, plus delivery-rate and loss sensing."""
+
+
+class SensingCubic(_SensingMixin, CubicCongestionControl):
+    """aioquic's Cubic, plus delivery-rate and loss sensing."""
+
+
+SensingCongestionControl = SensingReno | SensingCubic
+"""Either sensing controller."""
+
+
+def ensure_registered() -> None:
+    """Register `SENSING_CC` and `SENSING_CUBIC_CC` with aioquic (idempotent)."""
+    register_congestion_control(SENSING_CC, SensingReno)
+    register_congestion_control(SENSING_CUBIC_CC, SensingCubic)
+
+
+def sensing_state(quic: QuicConnection) -> SensingState:
+    """The estimator of `quic`; `ConfigError` if the connection does not use a sensing controller."""
+    cc = quic._loss._cc
+    if not isinstance(cc, _SensingMixin):
+        raise ConfigError(
+            f"connection uses congestion control {type(cc).__name__}, which records no delivery "
+            f"samples; set QuicConfiguration(congestion_control_algorithm={SENSING_CC!r}) "
+            f"(or {SENSING_CUBIC_CC!r}) after importing netsense.transport.quic_state"
+        )
+    return cc.sensing
+
+
+def attach(quic: QuicConnection, config: SensingConfig | None = None) -> SensingState:
+    """Wire the estimator of `quic` to the connection's pacer state; optionally set its windows.
+
+    With this the app-limited check can tell "the pacer held the burst back" from "nothing to send".
+    A weak reference avoids a cycle connection -> recovery -> controller -> connection.
+    """
+    state = sensing_state(quic)
+    ref = weakref.ref(quic)
+
+    def pacing_limited() -> bool:
+        conn = ref()
+        return conn is not None and conn._pacing_at is not None
+
+    state.pacing_limited = pacing_limited
+    if config is not None:
+        state.configure(config)
+    return state
+
+
+# Registered on import, as aioquic registers "reno" and "cubic": a configuration naming SENSING_CC
+# then works wherever this module has been imported (netsense.transport.signal imports it).
+ensure_registered()

@@ -1,0 +1,140 @@
+"""The network signal: an immutable snapshot of what one QUIC connection knows about its path.
+
+`SignalReader` combines aioquic's recovery state (window, RTTs, PTO count, bytes per path, read in
+`quic_state`) with the sensing congestion control's estimator (delivery-rate samples, windowed
+bandwidth max, loss counters). `NetworkSignal.to_link_state()` narrows it to the `LinkState` the
+adaptive policies consume (DESIGN.md §1, §4).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from aioquic.quic.connection import QuicConnection
+
+from netsense.compression.link import LinkState
+from netsense.transport import quic_state
+from netsense.transport.quic_state import SensingConfig, SensingState
+
+
+@dataclass(frozen=True)
+class NetworkSignal:
+    """One connection's path as the sender sees it, at `timestamp`. Bandwidths are in bytes/s."""
+
+    timestamp: float
+    """Time of the snapshot, connection clock (event-loop time), seconds."""
+    cwnd: int
+    """Congestion window, bytes."""
+    bytes_in_flight: int
+    """Unacknowledged bytes counted against the window."""
+    srtt: float | None
+    """Smoothed RTT, seconds; None before the first RTT sample."""
+    min_rtt: float | None
+    """Minimum RTT (aioquic floors samples at 1 ms), seconds; None before the first RTT sample."""
+    latest_rtt: float | None
+    """Latest RTT sample, seconds."""
+    rttvar: float | None
+    """RTT variance as aioquic computes it, seconds."""
+    lost_packets: int
+    """Packets declared lost since the connection started (monotone)."""
+    lost_bytes: int
+    """Bytes of those packets (monotone)."""
+    sent_packets: int
+    """In-flight (ack-eliciting or padded) packets sent since the connection started (monotone)."""
+    pto_count: int
+    """Consecutive probe timeouts without an ack."""
+    delivery_rate: float | None
+    """Latest delivery-rate sample, bytes/s; None before the first."""
+    bandwidth: float | None
+    """Bottleneck bandwidth estimate, bytes/s: windowed max of delivery-rate samples, app-limited
+    samples admitted only when they raise it (BBR). None before the first sample."""
+    fallback_bandwidth: float | None
+    """min(cwnd, recent peak bytes in flight) / srtt, bytes/s: the rate the window allows, capped by
+    what was really in flight because cwnd grows without bound while app-limited. None before srtt."""
+    loss_rate: float
+    """Lost / (acked + lost) packets over the recent loss window."""
+    app_limited: bool
+    """The latest delivery sample was taken while the sender had too little to send."""
+    bytes_sent: int
+    """UDP payload bytes sent on the active path (monotone)."""
+    delivered_bytes: int
+    """Bytes of in-flight packets the peer acknowledged (monotone). aioquic counts received bytes only
+    until the path is validated (anti-amplification), so this is the reliable "got through" counter."""
+    rate_samples: int
+    """Valid delivery-rate samples taken so far (monotone)."""
+
+    @property
+    def best_bandwidth(self) -> float | None:
+        """The delivery-rate estimate when there is one, else the cwnd/srtt fallback, bytes/s."""
+        return self.bandwidth if self.bandwidth is not None else self.fallback_bandwidth
+
+    def to_link_state(self) -> LinkState:
+        """The narrow view the adaptive policies consume (bandwidth in bytes/s)."""
+        return LinkState(
+            time_s=self.timestamp,
+            bandwidth_Bps=self.best_bandwidth,
+            min_rtt_s=self.min_rtt,
+            srtt_s=self.srtt,
+            loss_rate=self.loss_rate,
+            app_limited=self.app_limited,
+            cwnd_bytes=self.cwnd,
+            bytes_in_flight=self.bytes_in_flight,
+        )
+
+
+class SignalReader:
+    """Produces `NetworkSignal` snapshots of one connection.
+
+    The estimator history lives in the connection's congestion controller, so any number of readers
+    (or a reader created late) see the same per-connection state. Creating a reader wires the
+    controller to the connection's pacer (`quic_state.attach`) for the app-limited check.
+    """
+
+    def __init__(self, quic: QuicConnection, config: SensingConfig | None = None) -> None:
+        quic_state.check_internals(quic)
+        self._quic = quic
+        self._state: SensingState = quic_state.attach(quic, config)
+
+    @property
+    def state(self) -> SensingState:
+        """The connection's estimator (for counters not in the snapshot)."""
+        return self._state
+
+    def read(self, now: float | None = None) -> NetworkSignal:
+        """Snapshot now; `now` defaults to `time.monotonic()` (asyncio's loop clock)."""
+        state = self._state
+        state.flush()
+        rec = quic_state.read_recovery(self._quic)
+        sample = state.latest_sample
+        fallback = None
+        if rec.srtt_s:
+            peak = state.inflight_peak.value
+            window = rec.congestion_window if peak is None else min(rec.congestion_window, peak)
+            fallback = window / rec.srtt_s
+        return NetworkSignal(
+            timestamp=time.monotonic() if now is None else now,
+            cwnd=rec.congestion_window,
+            bytes_in_flight=rec.bytes_in_flight,
+            srtt=rec.srtt_s,
+            min_rtt=rec.min_rtt_s,
+            latest_rtt=rec.latest_rtt_s,
+            rttvar=rec.rttvar_s,
+            lost_packets=state.lost_packets,
+            lost_bytes=state.lost_bytes,
+            sent_packets=state.sent_packets,
+            pto_count=rec.pto_count,
+            delivery_rate=sample.delivery_rate_Bps if sample else None,
+            bandwidth=state.bandwidth.value,
+            fallback_bandwidth=fallback,
+            loss_rate=state.losses.rate,
+            app_limited=sample.app_limited if sample else state.app_limited,
+            bytes_sent=rec.bytes_sent,
+            delivered_bytes=state.delivered,
+            rate_samples=state.rate_samples,
+        )
+
+
+def read_signal(quic: QuicConnection, now: float | None = None) -> NetworkSignal:
+    """One-off snapshot of `quic` (a `SignalReader` is cheaper when reading repeatedly)."""
+    return SignalReader(quic).read(now)
