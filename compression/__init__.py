@@ -7,3 +7,11 @@ from .base import DTYPES, Codec, Payload, codec_names, make_codec, register_code
 from .link import LinkState
 
 __all__ = ["DTYPES", "Codec", "LinkState", "Payload", "codec_names", "make_codec", "register_codec"]
+
+# Lossy codecs register themselves on import (qsgd, topk, topka, randk, threshold, powersgd).
+from . import lowrank as _lowrank  # noqa: E402, F401
+from . import quantize as _quantize  # noqa: E402, F401
+from . import sparse as _sparse  # noqa: E402, F401
+from .feedback import ErrorFeedback  # noqa: E402
+
+__all__ += ["ErrorFeedback"]

@@ -1,0 +1,62 @@
+"""Bounds and small parsers shared by the lossy codecs.
+
+Decoders read untrusted bytes; every size they allocate is checked against these bounds first.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from netsense.errors import CompressionError
+
+from .base import Payload
+
+MAX_DECODE_NUMEL = 1 << 28
+"""Largest dense tensor a decoder rebuilds (1 GiB in fp32). A sparse or low-rank payload can claim
+a huge shape with tiny parts, so this bound, not the part sizes, limits the output allocation. The
+transport's per-key element limit is normally far lower; large tensors travel as chunked keys."""
+
+
+def checked_numel(payload: Payload, what: str) -> int:
+    """`payload.numel` after refusing shapes that would allocate more than `MAX_DECODE_NUMEL`."""
+    if len(payload.shape) > 8:
+        raise CompressionError(f"{what}: shape {payload.shape!r} has more than 8 dimensions")
+    n = payload.numel
+    if n > MAX_DECODE_NUMEL:
+        raise CompressionError(
+            f"{what}: shape {payload.shape!r} has {n} elements, above the decode limit {MAX_DECODE_NUMEL}"
+        )
+    return n
+
+
+def parse_density(text: str, name: str) -> float:
+    """A density in (0, 1] from a spec argument such as ``"0.01"``."""
+    density = float(text)
+    if not (0.0 < density <= 1.0):
+        raise ValueError(f"{name} density must be in (0, 1], got {text!r}")
+    return density
+
+
+def k_for(numel: int, density: float) -> int:
+    """Elements a sparsifier of `density` sends for `numel` (at least one of a non-empty tensor)."""
+    if numel == 0:
+        return 0
+    return min(numel, max(1, math.ceil(density * numel - 1e-9)))
+
+
+def split_suffix(arg: str | None, name: str) -> tuple[str, str | None]:
+    """Split ``"0.01+q8"`` into ``("0.01", "q8")``; the argument itself is required."""
+    if not arg:
+        raise ValueError(f"{name} needs an argument, e.g. {name}:0.01")
+    main, plus, suffix = arg.partition("+")
+    if plus and not suffix:
+        raise ValueError(f"{name}: empty '+' suffix in {arg!r}")
+    return main, (suffix if plus else None)
+
+
+def require_finite(tensor: torch.Tensor, what: str) -> None:
+    """Raise `CompressionError` unless every element is finite (NaN / inf never enter the sum)."""
+    if tensor.numel() and not bool(torch.isfinite(tensor).all()):
+        raise CompressionError(f"{what}: contains NaN or infinity")

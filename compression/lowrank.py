@@ -1,0 +1,128 @@
+"""PowerSGD-style low-rank codec: rank-r factors from one warm-started power iteration.
+
+The tensor is viewed as a matrix [shape[0], rest]. The encoder keeps its right factor Q between
+calls (one codec instance per key), so the single power iteration per step keeps refining the same
+subspace; with error feedback this converges to the best rank-r approximation over steps
+(Vogels et al., 2019). The decoder needs only the payload: P @ Q.T.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from netsense.errors import CompressionError
+
+from .base import (
+    DTYPE_NAMES,
+    Codec,
+    Payload,
+    bytes_to_tensor,
+    check_payload_header,
+    expect_bytes,
+    register_codec,
+    tensor_to_bytes,
+)
+from .limits import checked_numel, require_finite, split_suffix
+from .sparse import meta_int
+
+DENSE = 0
+"""Meta mode: the tensor travels dense in its own dtype (1-D, or too small for factors to pay)."""
+FACTORS = 1
+"""Meta mode: parts are P [rows, r] and Q [cols, r]."""
+MAX_RANK = 256
+
+
+def matrix_dims(shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """(rows, cols) of the matrix view, or None for tensors that are not matrices."""
+    if len(shape) < 2 or shape[0] == 0:
+        return None
+    return shape[0], math.prod(shape[1:])
+
+
+def factors_pay(rows: int, cols: int, rank: int) -> bool:
+    """True when rank-`rank` factors are strictly smaller than the dense matrix."""
+    return min(rows, cols) > rank and (rows + cols) * rank < rows * cols
+
+
+class PowerSGD(Codec):
+    """Rank-r factors P, Q with M ~= P @ Q.T; 1-D and tiny tensors fall back to dense."""
+
+    lossless = False
+
+    def __init__(self, spec: str, rank: int, factor_dtype: torch.dtype) -> None:
+        if not 1 <= rank <= MAX_RANK:
+            raise ValueError(f"powersgd rank must be in [1, {MAX_RANK}], got {rank}")
+        self.spec = spec
+        self.rank = rank
+        self.factor_dtype = factor_dtype
+        self.generator = torch.Generator().manual_seed(0)
+        """Seeds the first Q; fixed so runs repeat."""
+        self._q: torch.Tensor | None = None
+
+    def encode(self, tensor: torch.Tensor) -> Payload:
+        shape = tuple(tensor.shape)
+        dims = matrix_dims(shape)
+        dtype = DTYPE_NAMES[tensor.dtype]
+        if dims is None or not factors_pay(*dims, self.rank):
+            return Payload(self.spec, shape, dtype, (tensor_to_bytes(tensor),), (float(DENSE),))
+        rows, cols = dims
+        m = tensor.detach().reshape(rows, cols).float()
+        require_finite(m, self.spec)
+        q = self._q
+        if q is None or q.shape != (cols, self.rank) or q.device != m.device:
+            q = torch.randn(cols, self.rank, generator=self.generator).to(m.device)
+        p = torch.linalg.qr(m @ q).Q
+        q = m.T @ p
+        self._q = q
+        # Flatten: a [rows, 1] QR factor is "contiguous" with a non-unit last stride.
+        parts = tuple(tensor_to_bytes(f.to(self.factor_dtype).contiguous().reshape(-1)) for f in (p, q))
+        return Payload(self.spec, shape, dtype, parts, (float(FACTORS),))
+
+    def decode(self, payload: Payload, *, device: torch.device | str = "cpu") -> torch.Tensor:
+        if len(payload.meta) != 1:
+            raise CompressionError(f"{self.spec}: expected 1 meta value, got {len(payload.meta)}")
+        mode = meta_int(payload.meta[0], DENSE, FACTORS, f"{self.spec} mode")
+        dtype = check_payload_header(payload, codec=self.spec, parts=1 if mode == DENSE else 2, meta=1)
+        n = checked_numel(payload, self.spec)
+        if mode == DENSE:
+            expect_bytes(payload.parts[0], n * dtype.itemsize, f"{self.spec} dense values")
+            return bytes_to_tensor(payload.parts[0], dtype, n, device).reshape(payload.shape)
+        dims = matrix_dims(payload.shape)
+        if dims is None or not factors_pay(*dims, self.rank):
+            raise CompressionError(f"{self.spec}: shape {payload.shape!r} does not take rank-{self.rank} factors")
+        rows, cols = dims
+        size = self.factor_dtype.itemsize * self.rank
+        expect_bytes(payload.parts[0], rows * size, f"{self.spec} P")
+        expect_bytes(payload.parts[1], cols * size, f"{self.spec} Q")
+        p = bytes_to_tensor(payload.parts[0], self.factor_dtype, rows * self.rank, device)
+        q = bytes_to_tensor(payload.parts[1], self.factor_dtype, cols * self.rank, device)
+        require_finite(p, f"{self.spec} P")
+        require_finite(q, f"{self.spec} Q")
+        m = p.float().view(rows, self.rank) @ q.float().view(cols, self.rank).T
+        return m.to(dtype).reshape(payload.shape)
+
+    def reset(self) -> None:
+        """Forget the warm-start basis (e.g. after the key's tensor was reinitialized)."""
+        self._q = None
+
+    def nominal_ratio(self, numel: int) -> float:
+        # Planning without a shape: assume a square matrix.
+        side = math.isqrt(max(numel, 1))
+        if not factors_pay(side, side, self.rank):
+            return 1.0
+        return min(1.0, 2 * side * self.rank * self.factor_dtype.itemsize / (4 * numel))
+
+
+def _powersgd(arg: str | None) -> Codec:
+    text, suffix = split_suffix(arg, "powersgd")
+    if not text.isdigit():
+        raise ValueError(f"powersgd rank must be a positive integer, got {text!r}")
+    if suffix not in (None, "fp16"):
+        raise ValueError(f"powersgd factors are fp32 or +fp16, got +{suffix}")
+    factor_dtype = torch.float16 if suffix == "fp16" else torch.float32
+    return PowerSGD(f"powersgd:{arg}", int(text), factor_dtype)
+
+
+register_codec("powersgd", _powersgd)

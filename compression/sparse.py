@@ -1,0 +1,317 @@
+"""Sparsifying codecs: exact and approximate top-k, random-k with a shared seed, threshold.
+
+All send (index part, value parts) with meta ``(count,)`` (random-k: ``(seed, count)`` and no
+index part, because the receiver regenerates the indices from the seed). Values travel in the
+dense dtype, or as fp16 (``+fp16``), or 8-bit QSGD-quantized (``+q8``). Unsent mass is meant to be
+carried by `ErrorFeedback`, so values are not rescaled.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+
+from netsense.errors import CompressionError
+
+from .base import (
+    DTYPE_NAMES,
+    Codec,
+    Payload,
+    bytes_to_tensor,
+    check_payload_header,
+    expect_bytes,
+    register_codec,
+    tensor_to_bytes,
+)
+from .indexcoding import decode_indices, encode_indices
+from .limits import checked_numel, k_for, parse_density, require_finite, split_suffix
+from .quantize import decode_quantized, quantize, quantized_wire_size
+
+VALUE_MODES = ("raw", "fp16", "q8")
+"""How sparse values travel: the dense dtype, fp16, or 8-bit stochastic quantization."""
+_FP16_MAX = 65504.0
+_SEED_LIMIT = 1 << 48  # seeds travel as float64 meta: keep them exactly representable
+
+
+def _value_mode(suffix: str | None) -> str:
+    if suffix is None:
+        return "raw"
+    if suffix not in ("fp16", "q8"):
+        raise ValueError(f"value suffix must be +fp16 or +q8, got +{suffix}")
+    return suffix
+
+
+def encode_values(values: torch.Tensor, mode: str) -> tuple[bytes, ...]:
+    """Byte parts of the sent values under `mode`."""
+    if mode == "fp16":
+        # Clamp rather than overflow to inf: error feedback carries what the clamp cut off.
+        return (tensor_to_bytes(values.float().clamp_(-_FP16_MAX, _FP16_MAX).to(torch.float16)),)
+    if mode == "q8":
+        codes, scales = quantize(values, 8)
+        return (tensor_to_bytes(codes), tensor_to_bytes(scales))
+    return (tensor_to_bytes(values),)
+
+
+def value_part_count(mode: str) -> int:
+    """Number of byte parts `encode_values` produces."""
+    return 2 if mode == "q8" else 1
+
+
+def value_bytes_per_element(mode: str, dtype: torch.dtype = torch.float32) -> float:
+    """Approximate wire bytes per sent value, for nominal ratios."""
+    return {"fp16": 2.0, "q8": 1.0 + 4 / 512}.get(mode, float(dtype.itemsize))
+
+
+def decode_values(
+    parts: tuple[bytes, ...], mode: str, count: int, dtype: torch.dtype, device: torch.device | str, what: str
+) -> torch.Tensor:
+    """Validate untrusted value parts (sizes first) and return `count` finite values in `dtype`."""
+    if mode == "q8":
+        values = decode_quantized(parts[0], parts[1], 8, count, device, f"{what} values")
+    else:
+        wire = torch.float16 if mode == "fp16" else dtype
+        expect_bytes(parts[0], count * wire.itemsize, f"{what} values")
+        values = bytes_to_tensor(parts[0], wire, count, device)
+    require_finite(values, f"{what} values")
+    return values.to(dtype)
+
+
+def check_values_size(parts: tuple[bytes, ...], mode: str, count: int, dtype: torch.dtype, what: str) -> None:
+    """Reject value parts whose length does not match `count` before anything is allocated."""
+    if mode == "q8":
+        expect_bytes(parts[0] + parts[1], quantized_wire_size(count, 8), f"{what} values")
+    else:
+        wire = torch.float16 if mode == "fp16" else dtype
+        expect_bytes(parts[0], count * wire.itemsize, f"{what} values")
+
+
+def meta_int(value: float, low: int, high: int, what: str) -> int:
+    """An integer carried in float meta, checked to be integral and in [low, high]."""
+    if not (math.isfinite(value) and float(value).is_integer() and low <= value <= high):
+        raise CompressionError(f"{what} must be an integer in [{low}, {high}], got {value!r}")
+    return int(value)
+
+
+def expected_index_bytes(density: float) -> float:
+    """Expected bytes per index of the smaller index coding for uniformly spread indices."""
+    # Geometric gaps: a varint needs byte j+1 when the gap is >= 2**(7j).
+    varint = 1.0 + sum((1.0 - density) ** (1 << (7 * j)) for j in range(1, 5))
+    return min(varint, 2.0)
+
+
+_SCAN_CHUNK = 1 << 20
+
+
+def indices_at_or_above(flat: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """Sorted indices of entries with |x| >= t, in one pass over `flat`.
+
+    Two compares beat abs() + compare because no magnitude tensor is written; on CPU, scanning
+    1M-element chunks keeps the mask in cache (measured ~20% faster on 11M floats).
+    """
+    if flat.device.type != "cpu" or flat.numel() <= _SCAN_CHUNK:
+        return torch.nonzero((flat >= t).logical_or_(flat <= -t)).squeeze(1)
+    found = [
+        torch.nonzero((c >= t).logical_or_(c <= -t)).squeeze(1).add_(i * _SCAN_CHUNK)
+        for i, c in enumerate(flat.split(_SCAN_CHUNK))
+    ]
+    return torch.cat(found)
+
+
+class SparseCodec(Codec):
+    """Sends the values at a chosen index set; subclasses choose the set."""
+
+    lossless = False
+    name = ""
+
+    def __init__(self, spec: str, value_mode: str) -> None:
+        self.spec = spec
+        self.value_mode = value_mode
+
+    def select(self, flat: torch.Tensor) -> torch.Tensor:
+        """Sorted unique int64 indices of the entries to send."""
+        raise NotImplementedError
+
+    def count_bounds(self, numel: int) -> tuple[int, int]:
+        """Inclusive range of index counts this codec can produce for `numel` elements."""
+        return 0, numel
+
+    def encode(self, tensor: torch.Tensor) -> Payload:
+        flat = tensor.detach().reshape(-1)
+        idx = self.select(flat)
+        parts = (encode_indices(idx, flat.numel()), *encode_values(flat[idx], self.value_mode))
+        meta = (float(idx.numel()),)
+        return Payload(self.spec, tuple(tensor.shape), DTYPE_NAMES[tensor.dtype], parts, meta)
+
+    def decode(self, payload: Payload, *, device: torch.device | str = "cpu") -> torch.Tensor:
+        nv = value_part_count(self.value_mode)
+        dtype = check_payload_header(payload, codec=self.spec, parts=1 + nv, meta=1)
+        n = checked_numel(payload, self.spec)
+        lo, hi = self.count_bounds(n)
+        count = meta_int(payload.meta[0], lo, hi, f"{self.spec} index count")
+        check_values_size(payload.parts[1:], self.value_mode, count, dtype, self.spec)
+        idx = decode_indices(payload.parts[0], count, n, device)
+        values = decode_values(payload.parts[1:], self.value_mode, count, dtype, device, self.spec)
+        out = torch.zeros(n, dtype=dtype, device=device)
+        out[idx] = values
+        return out.reshape(payload.shape)
+
+
+class TopK(SparseCodec):
+    """Exact top-k by magnitude (`torch.topk`): the reference, about 10x one memory pass."""
+
+    name = "topk"
+
+    def __init__(self, spec: str, density: float, value_mode: str) -> None:
+        super().__init__(spec, value_mode)
+        self.density = density
+
+    def count_bounds(self, numel: int) -> tuple[int, int]:
+        k = k_for(numel, self.density)
+        return k, k
+
+    def select(self, flat: torch.Tensor) -> torch.Tensor:
+        k = k_for(flat.numel(), self.density)
+        if k == flat.numel():
+            return torch.arange(k, device=flat.device)
+        return torch.topk(flat.abs(), k, sorted=False).indices.sort().values
+
+    def nominal_ratio(self, numel: int) -> float:
+        per = value_bytes_per_element(self.value_mode) + expected_index_bytes(self.density)
+        return min(1.0, self.density * per / 4)
+
+
+class TopKApprox(TopK):
+    """Top-k through a threshold estimated from a random sample of magnitudes.
+
+    One compare pass and one `nonzero` replace the partial sort. The count lands within
+    `TOLERANCE` of k: above it, the candidates (a superset of the true top-k) are trimmed with an
+    exact top-k over them alone; below it, a lower threshold is tried, then exact top-k.
+    """
+
+    name = "topka"
+    TOLERANCE = 0.2
+    MIN_SAMPLE_HITS = 400
+    """Sample enough magnitudes that ~400 fall above the threshold: ~5% error on the count."""
+    EXACT_BELOW = 4096
+    """Tensors this small go straight to exact top-k: sampling would not pay."""
+
+    def __init__(self, spec: str, density: float, value_mode: str) -> None:
+        super().__init__(spec, density, value_mode)
+        self.generator: torch.Generator | None = None
+
+    def count_bounds(self, numel: int) -> tuple[int, int]:
+        k = k_for(numel, self.density)
+        return math.floor(k * (1 - self.TOLERANCE)), math.ceil(k * (1 + self.TOLERANCE))
+
+    def select(self, flat: torch.Tensor) -> torch.Tensor:
+        n = flat.numel()
+        k = k_for(n, self.density)
+        if n < self.EXACT_BELOW or k * 4 > n:
+            return super().select(flat)
+        lo, hi = self.count_bounds(n)
+        s = min(n, max(n // 100, math.ceil(self.MIN_SAMPLE_HITS / self.density)))
+        pick = torch.randint(n, (s,), device=flat.device, generator=self._generator(flat.device))
+        sample = flat[pick].float().abs_()
+        for widen in (1, 2):
+            hits = min(s, max(1, round(widen * k * s / n)))
+            t = sample.kthvalue(s - hits + 1).values.to(flat.dtype)
+            idx = indices_at_or_above(flat, t)
+            if idx.numel() > hi:
+                keep = torch.topk(flat[idx].abs(), k, sorted=False).indices
+                return idx[keep].sort().values
+            if idx.numel() >= lo:
+                return idx
+        return super().select(flat)
+
+    def _generator(self, device: torch.device) -> torch.Generator | None:
+        if self.generator is not None and self.generator.device == device:
+            return self.generator
+        return None
+
+
+class Threshold(SparseCodec):
+    """Sends every entry with magnitude >= tau: the count follows the data."""
+
+    name = "threshold"
+
+    def __init__(self, spec: str, tau: float, value_mode: str) -> None:
+        super().__init__(spec, value_mode)
+        self.tau = tau
+
+    def select(self, flat: torch.Tensor) -> torch.Tensor:
+        return indices_at_or_above(flat, torch.tensor(self.tau, dtype=flat.dtype, device=flat.device))
+
+
+class RandomK(SparseCodec):
+    """k uniformly random entries; the receiver regenerates their indices from a shared seed.
+
+    Indices are drawn with replacement on a seeded CPU generator and deduplicated: O(k) work,
+    where a permutation would cost O(numel). The count is therefore slightly below k.
+    """
+
+    name = "randk"
+
+    def __init__(self, spec: str, density: float, value_mode: str) -> None:
+        super().__init__(spec, value_mode)
+        self.density = density
+        self.seeds = random.Random()
+        """Seed source; reseed it for reproducible runs."""
+
+    @staticmethod
+    def indices(seed: int, numel: int, k: int) -> torch.Tensor:
+        """The sorted index set of `seed` (CPU, deterministic for a given torch version)."""
+        if k == 0:
+            return torch.zeros(0, dtype=torch.int64)
+        gen = torch.Generator().manual_seed(seed)
+        return torch.unique(torch.randint(numel, (k,), generator=gen))
+
+    def encode(self, tensor: torch.Tensor) -> Payload:
+        flat = tensor.detach().reshape(-1)
+        seed = self.seeds.getrandbits(48)
+        idx = self.indices(seed, flat.numel(), k_for(flat.numel(), self.density)).to(flat.device)
+        parts = encode_values(flat[idx], self.value_mode)
+        meta = (float(seed), float(idx.numel()))
+        return Payload(self.spec, tuple(tensor.shape), DTYPE_NAMES[tensor.dtype], parts, meta)
+
+    def decode(self, payload: Payload, *, device: torch.device | str = "cpu") -> torch.Tensor:
+        dtype = check_payload_header(payload, codec=self.spec, parts=value_part_count(self.value_mode), meta=2)
+        n = checked_numel(payload, self.spec)
+        k = k_for(n, self.density)
+        seed = meta_int(payload.meta[0], 0, _SEED_LIMIT - 1, f"{self.spec} seed")
+        count = meta_int(payload.meta[1], min(1, k), k, f"{self.spec} index count")
+        check_values_size(payload.parts, self.value_mode, count, dtype, self.spec)
+        idx = self.indices(seed, n, k)
+        if idx.numel() != count:
+            raise CompressionError(f"{self.spec}: seed {seed} yields {idx.numel()} indices, payload has {count}")
+        values = decode_values(payload.parts, self.value_mode, count, dtype, device, self.spec)
+        out = torch.zeros(n, dtype=dtype, device=device)
+        out[idx.to(device)] = values
+        return out.reshape(payload.shape)
+
+    def nominal_ratio(self, numel: int) -> float:
+        return min(1.0, self.density * value_bytes_per_element(self.value_mode) / 4)
+
+
+def _density_factory(cls: type[TopK] | type[RandomK]) -> object:
+    def factory(arg: str | None) -> Codec:
+        text, suffix = split_suffix(arg, cls.name)
+        density = parse_density(text, cls.name)
+        return cls(f"{cls.name}:{arg}", density, _value_mode(suffix))
+
+    return factory
+
+
+def _threshold(arg: str | None) -> Codec:
+    text, suffix = split_suffix(arg, "threshold")
+    tau = float(text)
+    if not (math.isfinite(tau) and tau >= 0):
+        raise ValueError(f"threshold tau must be finite and >= 0, got {text!r}")
+    return Threshold(f"threshold:{arg}", tau, _value_mode(suffix))
+
+
+register_codec("topk", _density_factory(TopK))  # type: ignore[arg-type]
+register_codec("topka", _density_factory(TopKApprox))  # type: ignore[arg-type]
+register_codec("randk", _density_factory(RandomK))  # type: ignore[arg-type]
+register_codec("threshold", _threshold)
