@@ -83,6 +83,18 @@ class NetworkSignal:
         )
 
 
+def fallback_bandwidth(cwnd: int, srtt: float | None, inflight_peak: float | None) -> float | None:
+    """min(cwnd, recent peak bytes in flight) / srtt, bytes/s; None before the first RTT sample.
+
+    While app-limited, Reno/Cubic grow cwnd without bound (12 MB windows were seen on loopback), so
+    cwnd / srtt alone would claim any rate; what was really in flight bounds what the path carried.
+    """
+    if not srtt:
+        return None
+    window = cwnd if inflight_peak is None else min(cwnd, inflight_peak)
+    return window / srtt
+
+
 class SignalReader:
     """Produces `NetworkSignal` snapshots of one connection.
 
@@ -107,11 +119,7 @@ class SignalReader:
         state.flush()
         rec = quic_state.read_recovery(self._quic)
         sample = state.latest_sample
-        fallback = None
-        if rec.srtt_s:
-            peak = state.inflight_peak.value
-            window = rec.congestion_window if peak is None else min(rec.congestion_window, peak)
-            fallback = window / rec.srtt_s
+        fallback = fallback_bandwidth(rec.congestion_window, rec.srtt_s, state.inflight_peak.value)
         return NetworkSignal(
             timestamp=time.monotonic() if now is None else now,
             cwnd=rec.congestion_window,

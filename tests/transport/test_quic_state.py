@@ -155,6 +155,12 @@ def test_both_controllers_are_registered() -> None:
     assert type(create_congestion_control(SENSING_CUBIC_CC, max_datagram_size=MDS)) is SensingCubic
     p = Pair(cc=SENSING_CUBIC_CC)
     assert type(p.client._loss._cc) is SensingCubic
+    p.client.send_stream_data(p.client.get_next_available_stream_id(), b"x" * 100_000)
+    p.exchange(rounds=20)
+    state = quic_state.attach(p.client)
+    state.flush()
+    assert state.delivered >= 100_000 and state.rate_samples > 0
+    assert state.inflight_peak.value is not None and state.inflight_peak.value > 10 * MDS
 
 
 def test_sensing_config_rejects_bad_windows() -> None:

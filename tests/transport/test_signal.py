@@ -1,0 +1,264 @@
+"""transport/signal.py: snapshots of a real aioquic client/server pair over loopback.
+
+A bulk transfer runs client -> server; the client's sensing controller must see delivery samples,
+a plausible bandwidth estimate, RTTs and monotone counters. With the link emulator in between, the
+estimate must find the emulated rate and propagation delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import socket
+import ssl
+import time
+from dataclasses import dataclass, field
+
+import pytest
+from aioquic.asyncio import QuicConnectionProtocol, connect, serve
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.events import QuicEvent, StreamDataReceived
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from netsense.compression.link import LinkState
+from netsense.errors import ConfigError
+from netsense.transport.quic_state import SENSING_CC, connection_of
+from netsense.transport.signal import NetworkSignal, SignalReader, fallback_bandwidth, read_signal
+
+MONOTONE = ("lost_packets", "lost_bytes", "sent_packets", "bytes_sent", "delivered_bytes", "rate_samples")
+CHUNK = 256 * 1024
+
+
+def _self_signed() -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    return cert, key
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Sink:
+    """Bytes the server received, and when the first and last arrived."""
+
+    received: int = 0
+    first: float | None = None
+    last: float = 0.0
+    marks: list[tuple[float, int]] = field(default_factory=list)
+
+    def add(self, size: int) -> None:
+        now = time.monotonic()
+        if self.first is None:
+            self.first = now
+        self.last = now
+        self.received += size
+
+
+def _sink_protocol(sink: Sink) -> type[QuicConnectionProtocol]:
+    class SinkProtocol(QuicConnectionProtocol):
+        def quic_event_received(self, event: QuicEvent) -> None:
+            if isinstance(event, StreamDataReceived):
+                sink.add(len(event.data))
+
+    return SinkProtocol
+
+
+@dataclass
+class BulkResult:
+    """What one bulk transfer produced."""
+
+    signals: list[NetworkSignal]
+    """Snapshots every 50 ms, bulk phase then trickle phase."""
+    goodput_Bps: float
+    """Stream bytes the server received per second during the bulk phase."""
+    bulk_signals: int
+    """How many of `signals` were read during the bulk phase."""
+    app_limited_samples: int
+    """Delivery samples flagged app-limited, over the whole run."""
+
+
+async def bulk_transfer(
+    seconds: float, *, via_emulator: str | None = None, trickle_s: float = 0.0
+) -> BulkResult:
+    """Send as fast as the connection allows for `seconds`, then 12 kB every 20 ms for `trickle_s`
+    (an application sending compressed steps); read a signal every 50 ms."""
+    cert, key = _self_signed()
+    server_cfg = QuicConfiguration(is_client=False, max_data=1 << 26, max_stream_data=1 << 26)
+    server_cfg.certificate, server_cfg.private_key = cert, key
+    client_cfg = QuicConfiguration(
+        is_client=True, verify_mode=ssl.CERT_NONE, congestion_control_algorithm=SENSING_CC,
+    )
+    sink = Sink()
+    port = _free_udp_port()
+    server = await serve("127.0.0.1", port, configuration=server_cfg, create_protocol=_sink_protocol(sink))
+    emulator = None
+    try:
+        host, target = "127.0.0.1", port
+        if via_emulator is not None:
+            from netsense.transport.emulator import LinkEmulator
+
+            emulator = LinkEmulator(upstream=("127.0.0.1", port), spec=via_emulator)
+            await emulator.start()
+            host, target = emulator.address
+        async with connect(host, target, configuration=client_cfg) as client:
+            quic = connection_of(client)
+            reader = SignalReader(quic)
+            loop = asyncio.get_running_loop()
+            stream_id = quic.get_next_available_stream_id()
+            chunk = b"\0" * CHUNK
+            written = 0
+            signals = []
+            start = loop.time()
+            next_read = start
+            while loop.time() < start + seconds:
+                # aioquic has no backpressure: keep ~2 MB queued ahead of what went out, no more
+                while written - reader.state.delivered < 2 * 1024 * 1024:
+                    quic.send_stream_data(stream_id, chunk)
+                    written += CHUNK
+                client.transmit()
+                await asyncio.sleep(0.002)
+                if loop.time() >= next_read:
+                    signals.append(reader.read(now=loop.time()))
+                    next_read += 0.05
+            signals.append(reader.read(now=loop.time()))
+            bulk_signals = len(signals)
+            assert sink.first is not None
+            goodput = sink.received / max(sink.last - sink.first, 1e-3)
+            end = loop.time() + trickle_s
+            while loop.time() < end:
+                quic.send_stream_data(stream_id, chunk[:12_000])
+                client.transmit()
+                await asyncio.sleep(0.02)
+                signals.append(reader.read(now=loop.time()))
+            client.close()
+        return BulkResult(signals, goodput, bulk_signals, reader.state.app_limited_samples)
+    finally:
+        if emulator is not None:
+            await emulator.close()
+        server.close()
+
+
+def _assert_monotone(signals: list[NetworkSignal]) -> None:
+    for before, after in zip(signals, signals[1:]):
+        assert after.timestamp >= before.timestamp
+        for name in MONOTONE:
+            assert getattr(after, name) >= getattr(before, name), name
+
+
+async def test_bulk_transfer_on_loopback_gives_a_plausible_signal() -> None:
+    result = await bulk_transfer(1.5, trickle_s=1.0)
+    _assert_monotone(result.signals)
+    last = result.signals[result.bulk_signals - 1]
+    assert last.rate_samples > 100 and last.delivery_rate is not None
+    assert last.bandwidth is not None and last.bandwidth > 0
+    # Unshaped loopback: the receiver's CPU is the bottleneck, so the best delivery rate over the
+    # window and the measured goodput are the same order (headers and peaks put the estimate above).
+    ratio = last.bandwidth / result.goodput_Bps
+    print(f"loopback goodput {result.goodput_Bps / 1e6:.1f} MB/s, estimate {last.bandwidth / 1e6:.1f} MB/s, "
+          f"ratio {ratio:.2f}, srtt {last.srtt}, min_rtt {last.min_rtt}, cwnd {last.cwnd}, "
+          f"lost {last.lost_packets}/{last.sent_packets}, app-limited samples {result.app_limited_samples}")
+    assert 0.5 <= ratio <= 2.0
+    assert not last.app_limited  # a bulk sender fills its window or is held by the pacer
+    assert last.min_rtt is not None and last.min_rtt > 0
+    assert last.srtt is not None and last.srtt >= last.min_rtt
+    assert 0.0 <= last.loss_rate <= 1.0
+    assert last.sent_packets > 1000 and last.delivered_bytes > 1_000_000
+    link = last.to_link_state()
+    assert isinstance(link, LinkState)
+    assert link.bandwidth_Bps == last.bandwidth
+    assert link.min_rtt_s == last.min_rtt and link.cwnd_bytes == last.cwnd
+
+    # Then the application sends ~0.6 MB/s: its samples are app-limited and must not drag the
+    # estimate down, however long it lasts (BBR's rule).
+    trickle = result.signals[result.bulk_signals:]
+    final = trickle[-1]
+    assert final.app_limited
+    assert final.delivery_rate is not None and final.delivery_rate < last.bandwidth
+    assert all(s.bandwidth is not None and s.bandwidth >= last.bandwidth for s in trickle)
+
+
+async def test_reading_before_any_traffic_gives_empty_estimates() -> None:
+    """A fresh connection: no samples yet, so bandwidth is None and the link state falls back."""
+    cert, key = _self_signed()
+    server_cfg = QuicConfiguration(is_client=False)
+    server_cfg.certificate, server_cfg.private_key = cert, key
+    client_cfg = QuicConfiguration(is_client=True, verify_mode=ssl.CERT_NONE, congestion_control_algorithm=SENSING_CC)
+    port = _free_udp_port()
+    server = await serve("127.0.0.1", port, configuration=server_cfg)
+    try:
+        async with connect("127.0.0.1", port, configuration=client_cfg) as client:
+            signal = read_signal(connection_of(client))
+            assert signal.lost_packets == 0 and signal.pto_count == 0
+            assert signal.min_rtt is not None and signal.min_rtt > 0  # the handshake was timed
+            if signal.bandwidth is None:
+                assert signal.to_link_state().bandwidth_Bps == signal.fallback_bandwidth
+            assert signal.fallback_bandwidth is not None and signal.fallback_bandwidth > 0
+            client.close()
+    finally:
+        server.close()
+
+
+def test_fallback_is_capped_by_what_was_in_flight() -> None:
+    """An app-limited sender's cwnd is no rate: the fallback uses min(cwnd, peak in flight) / srtt."""
+    assert fallback_bandwidth(10_000_000, 0.01, 12_000) == pytest.approx(1.2e6)
+    assert fallback_bandwidth(60_000, 0.01, 120_000) == pytest.approx(6e6)
+    assert fallback_bandwidth(60_000, 0.01, None) == pytest.approx(6e6)
+    assert fallback_bandwidth(60_000, None, None) is None
+    signal = NetworkSignal(
+        timestamp=0.0, cwnd=10_000_000, bytes_in_flight=1200, srtt=0.01, min_rtt=0.01, latest_rtt=0.01,
+        rttvar=0.0, lost_packets=0, lost_bytes=0, sent_packets=10, pto_count=0, delivery_rate=None,
+        bandwidth=None, fallback_bandwidth=120_000.0, loss_rate=0.0, app_limited=True, bytes_sent=12_000,
+        delivered_bytes=12_000, rate_samples=0,
+    )
+    assert signal.to_link_state().bandwidth_Bps == 120_000.0
+    assert signal.to_link_state().app_limited
+
+
+async def test_reader_refuses_a_connection_without_the_sensing_controller() -> None:
+    cert, key = _self_signed()
+    server_cfg = QuicConfiguration(is_client=False)
+    server_cfg.certificate, server_cfg.private_key = cert, key
+    port = _free_udp_port()
+    server = await serve("127.0.0.1", port, configuration=server_cfg)
+    try:
+        async with connect("127.0.0.1", port, configuration=QuicConfiguration(
+            is_client=True, verify_mode=ssl.CERT_NONE)) as client:
+            with pytest.raises(ConfigError, match="congestion_control_algorithm"):
+                SignalReader(connection_of(client))
+            client.close()
+    finally:
+        server.close()
+
+
+@pytest.mark.slow
+async def test_estimate_finds_an_emulated_20mbit_10ms_link() -> None:
+    pytest.importorskip("netsense.transport.emulator")
+    result = await bulk_transfer(3.0, via_emulator="rate=20mbit,delay=10ms")
+    last = result.signals[-1]
+    _assert_monotone(result.signals)
+    link_Bps = 20e6 / 8
+    print(f"emulated 20 mbit: estimate {last.bandwidth / 1e6:.3f} MB/s (link {link_Bps / 1e6:.3f}), goodput "
+          f"{result.goodput_Bps / 1e6:.3f} MB/s, min_rtt {last.min_rtt}, srtt {last.srtt}, "
+          f"lost {last.lost_packets}/{last.sent_packets}, loss_rate {last.loss_rate:.4f}")
+    assert last.bandwidth == pytest.approx(link_Bps, rel=0.15)
+    one_way = 0.010
+    assert last.min_rtt is not None
+    assert abs(last.min_rtt - 2 * one_way) <= 0.25 * 2 * one_way + 0.001
