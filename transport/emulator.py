@@ -290,7 +290,7 @@ class LinkEmulator:
         self._down = Bottleneck(self._spec.down, now=now, rng=random.Random(2 * self._spec.seed + 1))
         loop.add_reader(sock.fileno(), self._on_client_readable)
         self._sweeper = loop.call_later(self._idle_timeout_s / 4, self._sweep)
-        log.info("link emulator on %s -> %s, %s", self.address, self._upstream, self._spec)
+        log.info("link emulator on %s -> %s, %s", self.address, self._upstream, self._spec.describe())
 
     async def close(self) -> None:
         """Stop relaying and close every socket; packets still in the link are discarded."""
@@ -325,7 +325,7 @@ class LinkEmulator:
         self._down.set_spec(self._spec.down, now)
         self._cancel_timer()
         self._service()
-        log.info("link emulator spec now %s", self._spec)
+        log.info("link emulator spec now %s", self._spec.describe())
 
     def stats(self) -> EmulatorStats:
         """Counters of both directions now."""

@@ -218,6 +218,17 @@ class LinkSpec:
         # Never below two full packets: a smaller queue would drop every back-to-back pair.
         return max(int(seconds * self.rate.mean_bps / 8.0), 2 * MAHIMAHI_PACKET_BYTES)
 
+    def describe(self) -> str:
+        """A one-line human summary, for logs and the CLI."""
+        if self.rate is None:
+            rate = "unlimited"
+        elif isinstance(self.rate, ConstantRate):
+            rate = f"{self.rate.bps / 1e6:g} Mbit/s"
+        else:
+            rate = f"{type(self.rate).__name__} (mean {self.rate.mean_bps / 1e6:.3g} Mbit/s)"
+        queue = "" if self.queue_limit_bytes is None else f", queue {self.queue_limit_bytes} B"
+        return f"{rate}, delay {self.delay_s * 1000:g} ms{queue}, loss {self.loss:g}"
+
 
 @dataclass(frozen=True)
 class DuplexSpec:
@@ -229,6 +240,10 @@ class DuplexSpec:
     """Upstream server -> client (the parameter pull)."""
     seed: int = 0
     """Seed of the random-loss generator, so a lossy run repeats exactly."""
+
+    def describe(self) -> str:
+        """A one-line human summary of both directions."""
+        return f"up: {self.up.describe()}; down: {self.down.describe()}"
 
 
 _DIRECTION_FIELDS = ("rate", "delay", "queue", "loss", "burst", "trace")

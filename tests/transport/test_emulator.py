@@ -6,12 +6,17 @@ for (rate +-10 %, added RTT +-2 ms, loss within a 4-sigma binomial bound).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import datetime
 import math
 import random
+import signal
+import socket
 import ssl
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -377,3 +382,61 @@ async def test_quic_transfer_through_emulator(tmp_path: Path) -> None:
     assert srtt >= 0.020  # the 2 x 10 ms the emulator adds is visible to QUIC
     assert elapsed >= len(payload) * 8 / 20e6  # cannot beat the bottleneck
     assert stats.up.bytes_forwarded > len(payload)
+
+
+# -- the `netsense emulate` command ---------------------------------------------------------------
+
+_CLI = (
+    "import argparse, sys; from netsense import cmd_emulate; "
+    "p = argparse.ArgumentParser(); cmd_emulate.register(p.add_subparsers()); "
+    "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))"
+)
+
+
+def _emulate_parser() -> argparse.ArgumentParser:
+    from netsense import cmd_emulate
+
+    parser = argparse.ArgumentParser(prog="netsense")
+    cmd_emulate.register(parser.add_subparsers())
+    return parser
+
+
+def test_cli_help_has_an_example_and_checks_addresses(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = _emulate_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["emulate", "--help"])
+    assert "Example" in capsys.readouterr().out
+    args = parser.parse_args(["emulate", "--upstream", "10.0.0.1:4433", "--link", "rate=1mbit"])
+    assert (args.upstream, args.listen) == (("10.0.0.1", 4433), ("127.0.0.1", 0))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["emulate", "--upstream", "nowhere"])
+
+
+def test_cli_relays_prints_counters_and_stops_on_ctrl_c() -> None:
+    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    server.bind(("127.0.0.1", 0))
+    server.settimeout(2.0)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CLI, "emulate", "--upstream", f"127.0.0.1:{server.getsockname()[1]}",
+         "--link", "rate=1mbit,delay=5ms", "--stats-every", "0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("emulating up: 1 Mbit/s, delay 5 ms")
+        listen = proc.stdout.readline().split()[2]
+        host, port = listen.rsplit(":", 1)
+        client.sendto(b"hello", (host, int(port)))
+        assert server.recv(100) == b"hello"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        client.close()
+        server.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "final" in out and "clients 1" in out and "fwd 1 pkt 5 B" in out
