@@ -13,6 +13,7 @@ from .errors import (
     NetSenseError,
     PeerError,
     PeerTimeout,
+    ProcessFailed,
     ProtocolError,
 )
 
@@ -25,6 +26,7 @@ __all__ = [
     "NetSenseError",
     "PeerError",
     "PeerTimeout",
+    "ProcessFailed",
     "ProtocolError",
     "__version__",
 ]

@@ -45,3 +45,7 @@ class PeerError(NetSenseError):
         super().__init__(f"peer refused: {code}: {reason}")
         self.code = code
         self.reason = reason
+
+
+class ProcessFailed(NetSenseError):
+    """A process started by the launcher exited with an error; the others were stopped."""

@@ -1,0 +1,92 @@
+"""Flags shared by several subcommands, and turning them into a `JobConfig`.
+
+Precedence: defaults < ``--config FILE`` < flags. A flag left unset never overrides the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from netsense.config import JobConfig, load_config, override
+from netsense.errors import ConfigError
+from netsense.transport.tls import CertPaths, make_dev_certs
+
+
+def add_config_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="TOML (or JSON) job config; flags override it")
+
+
+def add_security_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--certs", metavar="DIR", help="folder from `netsense certs` (default: a per-user cache dir)")
+    p.add_argument("--insecure", action="store_true", default=None, help="no TLS verification, no worker auth (local experiments only)")
+
+
+def add_train_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="registered model (digits-cnn) or package.module:factory")
+    p.add_argument("--steps", type=int, help="synchronous steps")
+    p.add_argument("--batch-size", type=int, help="samples per worker per step")
+    p.add_argument("--seed", type=int, help="seed of the model init and the batch order")
+    p.add_argument("--codec", help="uplink codec: fp32, fp16, bf16, qsgd:8, topk:0.01+fp16, ...")
+    p.add_argument("--downlink-codec", help="PS -> worker codec (default fp32)")
+    p.add_argument("--eval-every", type=int, help="rank 0 evaluates every N steps")
+    p.add_argument("--lr", type=float, help="PS optimizer learning rate")
+    p.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], help="PS optimizer")
+
+
+def add_transport_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-datagram-size", type=int, help="QUIC packet payload bytes (path MTU - 28; large on loopback)")
+    p.add_argument("--barrier-timeout", type=float, help="seconds the PS waits for a slow worker before dropping it from a step")
+
+
+def resolve_config(args: argparse.Namespace) -> JobConfig:
+    """The job config from --config and the flags present on `args`."""
+    config = load_config(getattr(args, "config", None))
+    a: dict[str, Any] = vars(args)
+    opt = dict(config.optimizer)
+    for flag, name in (("lr", "lr"), ("optimizer", "name")):
+        if a.get(flag) is not None:
+            opt[name] = a[flag]
+    return override(
+        config,
+        model=a.get("model"),
+        workers=a.get("workers"),
+        optimizer=opt,
+        train__steps=a.get("steps"),
+        train__batch_size=a.get("batch_size"),
+        train__seed=a.get("seed"),
+        train__codec=a.get("codec"),
+        train__eval_every=a.get("eval_every"),
+        server__downlink_codec=a.get("downlink_codec"),
+        server__barrier_timeout_s=a.get("barrier_timeout"),
+        transport__max_datagram_size=a.get("max_datagram_size"),
+        security__certs_dir=a.get("certs"),
+        security__insecure=a.get("insecure"),
+    )
+
+
+def default_certs_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "netsense" / "dev-certs"
+
+
+def ensure_certs(certs_dir: str | None, *, create: bool) -> CertPaths:
+    """Cert paths in `certs_dir` (or the cache dir); create dev certs there if allowed and missing."""
+    d = Path(certs_dir) if certs_dir else default_certs_dir()
+    paths = CertPaths.in_dir(d)
+    missing = [p for p in (paths.ca, paths.cert, paths.key, paths.secret) if not p.exists()]
+    if missing:
+        if not create:
+            raise ConfigError(f"missing {', '.join(map(str, missing))}; create them with `netsense certs --out {d}`")
+        make_dev_certs(d)
+    return paths
+
+
+def parse_hostport(value: str) -> tuple[str, int]:
+    """``host:port`` (IPv6 as ``[::1]:4433``)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"address {value!r} must be HOST:PORT with a port in 1..65535")
+    return host.strip("[]") or "127.0.0.1", int(port)

@@ -1,0 +1,61 @@
+"""`netsense ps`: run one parameter server until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+
+from netsense.cliargs import add_config_flag, add_security_flags, add_transport_flags, ensure_certs, resolve_config
+from netsense.config import override
+from netsense.ps.server import PSServer
+from netsense.transport.auth import load_secret
+from netsense.transport.loop import run as run_loop
+from netsense.transport.tls import server_configuration
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "ps",
+        help="run a parameter server",
+        description="Run one parameter server. It prints one JSON line {\"event\": \"ready\", \"port\": N} "
+        "on stdout once it listens, then serves until SIGINT/SIGTERM.",
+        epilog="Example: netsense ps --host 0.0.0.0 --port 4433 --certs ./certs",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_config_flag(p)
+    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="UDP port (0 = pick a free one; default 4433)")
+    p.add_argument("--downlink-codec", help="PS -> worker codec (default fp32)")
+    add_transport_flags(p)
+    add_security_flags(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = resolve_config(args)
+    config = override(config, server__host=args.host, server__port=args.port)
+    certs = ensure_certs(config.security.certs_dir, create=config.security.certs_dir is None or config.security.insecure)
+    secret = None if config.security.insecure else load_secret(certs.secret)
+    quic_config = server_configuration(certs.cert, certs.key, config.transport)
+    return run_loop(_serve(PSServer(config.server, secret=secret), quic_config, config.transport.socket_buffer_bytes))
+
+
+async def _serve(server: PSServer, quic_config, socket_buffer_bytes: int) -> int:  # type: ignore[no-untyped-def]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    port = await server.start(quic_config, socket_buffer_bytes)
+    print(json.dumps({"event": "ready", "port": port}), flush=True)
+    await stop.wait()
+    log.info("stopping at version %d", server.store.version)
+    server.close()
+    print(json.dumps({"event": "stopped", "version": server.store.version, "errors_sent": server.errors_sent}), flush=True)
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,95 @@
+"""`netsense worker`: train as one worker of a job against a running PS."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from netsense.cliargs import (
+    add_config_flag,
+    add_security_flags,
+    add_train_flags,
+    add_transport_flags,
+    ensure_certs,
+    parse_hostport,
+    resolve_config,
+)
+from netsense.config import JobConfig
+from netsense.models import load_task
+from netsense.worker.optimizer import ConnectSettings, NetSenseOptimizer
+from netsense.worker.trainer import build_model, train
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "worker",
+        help="run one training worker",
+        description="Run one worker: connect to the PS over QUIC (TLS verified against the pinned CA, "
+        "HMAC-authenticated), train the model synchronously, print a summary.",
+        epilog="Example: netsense worker --ps 10.0.0.5:4433 --rank 1 --world-size 2 --certs ./certs --model digits-cnn",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_config_flag(p)
+    p.add_argument("--ps", default="127.0.0.1:4433", help="PS address HOST:PORT")
+    p.add_argument("--rank", type=int, default=0, help="this worker's rank (0 initializes the parameters)")
+    p.add_argument("--world-size", type=int, help="number of workers (default: config `workers`)")
+    p.add_argument("--worker-id", help="stable worker name (default host-rank)")
+    p.add_argument("--server-name", help="name to verify in the PS certificate (default: the PS host)")
+    p.add_argument("--events", action="store_true", help="print progress as JSON lines on stdout")
+    p.add_argument("--summary-json", metavar="PATH", help="write the worker's summary here")
+    add_train_flags(p)
+    add_transport_flags(p)
+    add_security_flags(p)
+    p.set_defaults(func=run)
+
+
+def connect_settings(config: JobConfig, host: str, port: int, server_name: str | None = None) -> ConnectSettings:
+    """How a worker reaches and trusts the PS, from the job config."""
+    sec = config.security
+    if sec.insecure:
+        return ConnectSettings(host, port, insecure=True, transport=config.transport)
+    certs = ensure_certs(sec.certs_dir, create=False)
+    return ConnectSettings(
+        host, port, ca=str(certs.ca), secret_file=str(certs.secret), server_name=server_name, transport=config.transport
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    config = resolve_config(args)
+    host, port = parse_hostport(args.ps)
+    world = args.world_size or config.workers
+    task = load_task(config.model)
+    model = build_model(task, config.train.seed)
+    optimizer = {**task.optimizer, **config.optimizer}
+
+    def emit(event: dict[str, Any]) -> None:
+        if args.events:
+            print(json.dumps({"rank": args.rank, **event}), flush=True)
+
+    worker_id = args.worker_id or f"{socket.gethostname()}-r{args.rank}"
+    with NetSenseOptimizer(
+        model,
+        connect=connect_settings(config, host, port, args.server_name),
+        rank=args.rank,
+        worker_id=worker_id,
+        optimizer=optimizer,
+        codec=config.train.codec,
+    ) as opt:
+        summary = train(task, model, opt, rank=args.rank, world_size=world, settings=config.train, emit=emit)
+    summary["rank"] = args.rank
+    emit({"event": "done", **summary})
+    if args.summary_json:
+        Path(args.summary_json).write_text(json.dumps(summary, indent=2))
+    if not args.events:
+        print(json.dumps(summary, indent=2))
+    log.info("worker %s (pid %d) finished", worker_id, os.getpid())
+    sys.stdout.flush()
+    return 0

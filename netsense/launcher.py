@@ -1,0 +1,167 @@
+"""Local launcher: 1 PS + N workers as separate processes on loopback, supervised.
+
+Any child that fails stops the whole job (others are terminated, then killed after a grace
+period); Ctrl-C does the same. Workers report progress as JSON lines on stdout, which drive the
+progress bar and the summary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from netsense.cliargs import ensure_certs
+from netsense.config import JobConfig, override, to_dict
+from netsense.errors import ProcessFailed
+
+log = logging.getLogger(__name__)
+_GRACE_S = 5.0
+
+
+def _reader(rank: int, stream: IO[str], out: queue.Queue[tuple[int, dict[str, Any]]]) -> None:
+    for line in stream:
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                out.put((rank, json.loads(line)))
+            except json.JSONDecodeError:
+                log.debug("rank %d printed non-JSON: %s", rank, line)
+
+
+def stop_processes(procs: list[subprocess.Popen[str]], grace_s: float = _GRACE_S) -> None:
+    """SIGTERM every live process, wait up to `grace_s`, then SIGKILL what is left."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+class Launcher:
+    """Runs one job locally; `run()` returns the summary dict."""
+
+    def __init__(
+        self,
+        config: JobConfig,
+        *,
+        verbose: int = 0,
+        on_event: Callable[[int, dict[str, Any]], None] | None = None,
+        run_dir: str | Path | None = None,
+        worker_args: list[str] | None = None,
+    ) -> None:
+        self.config = config
+        self.verbose = verbose
+        self.on_event = on_event or (lambda rank, e: None)
+        self.run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="netsense-launch-"))
+        self.worker_args = worker_args or []
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def _cmd(self, *args: str) -> list[str]:
+        flags = ["-v"] * self.verbose
+        return [sys.executable, "-m", "netsense", *flags, *args]
+
+    def _spawn(self, cmd: list[str]) -> subprocess.Popen[str]:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+        self.procs.append(p)
+        return p
+
+    def run(self) -> dict[str, Any]:
+        config = self.config
+        if not config.security.insecure:
+            certs = ensure_certs(config.security.certs_dir, create=True)
+            config = override(config, security__certs_dir=str(certs.ca.parent))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        cfg_path = self.run_dir / "config.json"
+        cfg_path.write_text(json.dumps(to_dict(override(config, server__host="127.0.0.1", server__port=0)), indent=2))
+        try:
+            return self._supervise(cfg_path, config.workers)
+        finally:
+            stop_processes(self.procs)
+
+    def _supervise(self, cfg_path: Path, n: int) -> dict[str, Any]:
+        ps = self._spawn(self._cmd("ps", "--config", str(cfg_path)))
+        port = self._wait_ready(ps)
+        events: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
+        workers = []
+        for rank in range(n):
+            w = self._spawn(
+                self._cmd(
+                    "worker", "--config", str(cfg_path), "--ps", f"127.0.0.1:{port}", "--rank", str(rank),
+                    "--world-size", str(n), "--worker-id", f"worker-{rank}", "--events", *self.worker_args,
+                )
+            )  # fmt: skip
+            threading.Thread(target=_reader, args=(rank, w.stdout, events), daemon=True).start()
+            workers.append(w)
+        done: dict[int, dict[str, Any]] = {}
+        while True:
+            try:
+                rank, event = events.get(timeout=0.2)
+                if event.get("event") == "done":
+                    done[rank] = event
+                self.on_event(rank, event)
+            except queue.Empty:
+                pass
+            if ps.poll() is not None:
+                raise ProcessFailed(f"the parameter server exited early with status {ps.returncode}")
+            codes = [w.poll() for w in workers]
+            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                raise ProcessFailed(f"worker {failed[0][0]} exited with status {failed[0][1]}; stopped the job")
+            if all(c == 0 for c in codes) and events.empty():
+                break
+        missing = [r for r in range(n) if r not in done]
+        if missing:
+            raise ProcessFailed(f"workers {missing} exited without a summary")
+        first = done[0]
+        return {
+            "test_accuracy": first["test_accuracy"],
+            "final_loss": first["final_loss"],
+            "wall_s": first["wall_s"],
+            "steps": first["steps"],
+            "samples_per_s": first["samples_per_s"],
+            "bytes_up": sum(d["bytes_up"] for d in done.values()),
+            "bytes_down": sum(d["bytes_down"] for d in done.values()),
+            "workers": n,
+        }
+
+    def _wait_ready(self, ps: subprocess.Popen[str], timeout_s: float = 60.0) -> int:
+        box: queue.Queue[dict[str, Any]] = queue.Queue()
+        threading.Thread(target=_reader, args=(-1, ps.stdout, _Adapter(box)), daemon=True).start()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                event = box.get(timeout=0.2)
+            except queue.Empty:
+                if ps.poll() is not None:
+                    raise ProcessFailed(f"the parameter server exited with status {ps.returncode} before listening")
+                continue
+            if event.get("event") == "ready":
+                return int(event["port"])
+        raise ProcessFailed(f"the parameter server did not report ready within {timeout_s} s")
+
+
+class _Adapter:
+    """Lets `_reader` feed a queue of bare events (the PS has no rank)."""
+
+    def __init__(self, box: queue.Queue[dict[str, Any]]) -> None:
+        self.box = box
+
+    def put(self, item: tuple[int, dict[str, Any]]) -> None:
+        self.box.put(item[1])

@@ -1,0 +1,134 @@
+"""The training loop the CLI runs: deterministic data split, BSP steps, periodic evaluation.
+
+Every worker draws the same global batch for a step (seeded by seed and step) and takes its own
+slice, so the union over workers is one large batch: NetSense training then follows the same
+trajectory as single-process training on that batch (tested).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .optimizer import NetSenseOptimizer
+from .task import TrainTask
+
+log = logging.getLogger(__name__)
+Emit = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """How long and how to train; None means the task's default."""
+
+    steps: int | None = None
+    """Synchronous steps (every worker runs the same number)."""
+    batch_size: int | None = None
+    """Samples per worker per step."""
+    seed: int = 0
+    """Seeds the model initialisation and the batch order."""
+    eval_every: int = 50
+    """Rank 0 evaluates the test set every this many steps (0: only at the end)."""
+    codec: str = "fp32"
+    """Uplink codec (a spec of `netsense.compression.make_codec`)."""
+
+
+def global_batch(step: int, *, seed: int, n: int, size: int) -> torch.Tensor:
+    """Indices of the global batch of `step` (the same on every worker)."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    if size <= n:
+        return torch.randperm(n, generator=g)[:size]
+    return torch.randint(0, n, (size,), generator=g)
+
+
+def worker_batch(step: int, *, rank: int, world_size: int, batch_size: int, seed: int, n: int) -> torch.Tensor:
+    """This worker's slice of the global batch."""
+    idx = global_batch(step, seed=seed, n=n, size=batch_size * world_size)
+    return idx[rank * batch_size : (rank + 1) * batch_size]
+
+
+@torch.no_grad()
+def evaluate(task: TrainTask, model: torch.nn.Module, batch: int = 1024) -> tuple[float, float]:
+    """(test accuracy, test loss) of `model` on the held-out split."""
+    model.eval()
+    acc = loss = 0.0
+    n = len(task.test_inputs)
+    for start in range(0, n, batch):
+        x, y = task.test_inputs[start : start + batch], task.test_targets[start : start + batch]
+        out = model(x)
+        acc += task.accuracy(out, y) * len(x)
+        loss += task.loss(out, y).item() * len(x)
+    model.train()
+    return acc / n, loss / n
+
+
+def build_model(task: TrainTask, seed: int) -> torch.nn.Module:
+    """The task's model, seeded so every worker starts identical."""
+    torch.manual_seed(seed)
+    return task.build_model()
+
+
+def train(
+    task: TrainTask,
+    model: torch.nn.Module,
+    opt: NetSenseOptimizer,
+    *,
+    rank: int,
+    world_size: int,
+    settings: TrainSettings,
+    emit: Emit = lambda e: None,
+) -> dict[str, Any]:
+    """Run the loop; returns the summary (test accuracy from rank 0's replica, which equals the PS's)."""
+    steps = settings.steps if settings.steps is not None else task.steps
+    b = settings.batch_size or task.batch_size
+    n = len(task.train_inputs)
+    t_start = time.perf_counter()
+    loss_value = float("nan")
+    samples = 0
+    for step in range(steps):
+        idx = worker_batch(step, rank=rank, world_size=world_size, batch_size=b, seed=settings.seed, n=n)
+        out = model(task.train_inputs[idx])
+        loss = task.loss(out, task.train_targets[idx])
+        opt.zero_grad()
+        loss.backward()
+        stats = opt.step(samples=len(idx))
+        loss_value = loss.item()
+        samples += len(idx)
+        elapsed = time.perf_counter() - t_start
+        emit(
+            {
+                "event": "step",
+                "step": step + 1,
+                "steps": steps,
+                "loss": loss_value,
+                "samples_per_s": samples * world_size / elapsed,
+                "bytes_up": opt.bytes_up,
+                "bytes_down": opt.bytes_down,
+                "codec": stats.codec,
+                "wall_s": elapsed,
+            }
+        )
+        if rank == 0 and settings.eval_every and (step + 1) % settings.eval_every == 0 and step + 1 < steps:
+            acc, _ = evaluate(task, model)
+            emit({"event": "eval", "step": step + 1, "test_accuracy": acc, "wall_s": time.perf_counter() - t_start})
+    wall = time.perf_counter() - t_start
+    summary: dict[str, Any] = {
+        "final_loss": loss_value,
+        "wall_s": wall,
+        "steps": steps,
+        "samples_per_s": samples * world_size / wall if wall > 0 else 0.0,
+        "bytes_up": opt.bytes_up,
+        "bytes_down": opt.bytes_down,
+        "workers": world_size,
+    }
+    if rank == 0:
+        acc, test_loss = evaluate(task, model)
+        summary["test_accuracy"] = acc
+        summary["test_loss"] = test_loss
+        emit({"event": "eval", "step": steps, "test_accuracy": acc, "wall_s": wall})
+    return summary
