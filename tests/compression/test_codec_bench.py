@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+from netsense.compression.bench import DEFAULT_SPECS, matrix_shape, run_codec_bench
+from netsense.compression import make_codec
+
+
+def test_result_has_exactly_the_promised_keys() -> None:
+    result = run_codec_bench(numel=20_000, specs=["fp32", "topk:0.01+fp16"], repeats=1)
+    assert set(result) == {"numel", "clone_s", "codecs"}
+    assert result["numel"] == 20_000 and result["clone_s"] > 0
+    assert list(result["codecs"]) == ["fp32", "topk:0.01+fp16"]
+    for figures in result["codecs"].values():
+        assert set(figures) == {"encode_s", "decode_s", "ratio"}
+    assert 1.0 < result["codecs"]["fp32"]["ratio"] < 1.01
+    assert result["codecs"]["topk:0.01+fp16"]["ratio"] < 0.0125
+
+
+def test_default_specs_cover_every_codec_family() -> None:
+    families = {spec.partition(":")[0].partition("+")[0] for spec in DEFAULT_SPECS}
+    assert families == {"fp32", "fp16", "bf16", "qsgd", "topk", "topka", "randk", "threshold", "powersgd"}
+    for spec in DEFAULT_SPECS:
+        make_codec(spec)
+
+
+def test_matrix_shape_is_near_square() -> None:
+    assert matrix_shape(11_000_000) == (3125, 3520)
+    assert matrix_shape(13) == (1, 13)
