@@ -230,6 +230,22 @@ async def test_added_rtt_matches_delay(one_way_ms: int, pings: int) -> None:
     assert added_ms == pytest.approx(2 * one_way_ms, abs=2.0)
 
 
+def test_delay_holds_on_uvloop() -> None:
+    """uvloop's clock moves in 1 ms steps; the emulator's own clock must not inherit that."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def added_rtt() -> float:
+        server, _ = await _udp(_Sink(echo=True))
+        try:
+            base = await _median_rtt(_port(server), 10)
+            async with LinkEmulator(upstream=_port(server), spec="delay=5ms,rate=50mbit") as emu:
+                return await _median_rtt(emu.address, 20) - base
+        finally:
+            server.close()
+
+    assert uvloop.run(added_rtt()) * 1000 == pytest.approx(10.0, abs=2.0)
+
+
 async def test_random_loss_within_binomial_bound(sink: tuple[asyncio.DatagramTransport, _Sink]) -> None:
     server, received = sink
     n, p = 3000, 0.1
