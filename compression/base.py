@@ -153,7 +153,7 @@ def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
     t = tensor.detach().contiguous()
     if t.device.type != "cpu":
         t = t.cpu()
-    return t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
 
 def bytes_to_tensor(data: bytes, dtype: torch.dtype, numel: int, device: torch.device | str) -> torch.Tensor:
