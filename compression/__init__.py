@@ -15,3 +15,26 @@ from . import sparse as _sparse  # noqa: E402, F401
 from .feedback import ErrorFeedback  # noqa: E402
 
 __all__ += ["ErrorFeedback"]
+
+# The level ladder and the adaptive policies (DESIGN.md §5).
+from .ladder import DEFAULT_LADDER, Ladder, Level  # noqa: E402
+from .policy import (  # noqa: E402
+    Decision,
+    NetsensePolicySettings,
+    Policy,
+    make_policy,
+    policy_names,
+    register_policy,
+)
+
+__all__ += [
+    "DEFAULT_LADDER",
+    "Decision",
+    "Ladder",
+    "Level",
+    "NetsensePolicySettings",
+    "Policy",
+    "make_policy",
+    "policy_names",
+    "register_policy",
+]
