@@ -1,0 +1,746 @@
+"""Adaptive data-reduction policies: which codec level to send this step (DESIGN.md §5).
+
+Every policy is a small synchronous state machine behind one interface: `choose()` takes the
+link snapshot, the dense payload size and the measured compute time and returns a `Decision`;
+`observe()` feeds back what the send really cost. No clocks are read here (time arrives in
+`LinkState.time_s` or as an argument), so policies run on synthetic sequences in tests.
+
+Policies register by name like codecs do; `make_policy("netsense", ladder, eps=0.2)` or
+`make_policy("fixed:topk:0.01+fp16", ladder)` build them. docs/POLICIES.md states every law.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from abc import ABC, abstractmethod
+from collections import deque
+from dataclasses import dataclass, fields
+from typing import Any, Protocol, TypeVar
+
+from netsense.errors import ConfigError
+
+from .ladder import Ladder, Level, level_for
+from .link import LinkState
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decision:
+    """What a policy chose for one step, with the prediction it was based on."""
+
+    level: int | None
+    """Index into the policy's ladder, or None when `spec` is not a ladder level (paper law, fixed)."""
+    spec: str
+    """Codec spec to encode this step with; `make_codec(spec)` builds it."""
+    predicted_comm_s: float | None
+    """Predicted communication time T_l (s), None while bandwidth is unknown."""
+    predicted_step_s: float | None
+    """Predicted step time P_l (s): compute plus or overlapped with T_l; None while unknown."""
+    reason: str
+    """Why: a leading keyword (``law``, ``heavier``, ``relax``, ``hold``, ``probe``, ``warm-up``,
+    ``unknown-bandwidth``, ``fixed``, ``paper``, ``dc2``) and short details."""
+    step: int
+    """Training step the decision is for."""
+    payload_bytes: int
+    """Dense fp32 bytes the decision was made for (S)."""
+    predicted_bytes: int
+    """Predicted wire bytes at the chosen level (r_l * S)."""
+    compute_s: float
+    """Compute time (Tc) the prediction used."""
+    overlap: bool
+    """Whether communication was assumed to overlap compute."""
+    bandwidth_Bps: float | None = None
+    """Effective bandwidth (bytes/s) the prediction used, after queue and loss shrinkage."""
+    policy: str = ""
+    """Spec of the policy that decided, e.g. ``"netsense"``."""
+
+    def to_record(
+        self, link: LinkState, *, bytes_sent: int | None = None, comm_s: float | None = None
+    ) -> dict[str, Any]:
+        """One JSON-safe decision-log line (non-finite floats become null), for JSONL files.
+
+        `bytes_sent` and `comm_s` are what the send really cost, when the caller logs after it.
+        """
+        rec: dict[str, Any] = {
+            "t": link.time_s,
+            "step": self.step,
+            "policy": self.policy,
+            "level": self.level,
+            "spec": self.spec,
+            "reason": self.reason,
+            "payload_bytes": self.payload_bytes,
+            "predicted_bytes": self.predicted_bytes,
+            "bytes_sent": bytes_sent,
+            "compute_s": self.compute_s,
+            "overlap": self.overlap,
+            "predicted_comm_s": self.predicted_comm_s,
+            "predicted_step_s": self.predicted_step_s,
+            "comm_s": comm_s,
+            "bw_used_Bps": self.bandwidth_Bps,
+            "bw_Bps": link.bandwidth_Bps,
+            "min_rtt_s": link.min_rtt_s,
+            "srtt_s": link.srtt_s,
+            "queue_s": link.queue_delay_s,
+            "loss_rate": link.loss_rate,
+            "app_limited": link.app_limited,
+            "cwnd_bytes": link.cwnd_bytes,
+            "bytes_in_flight": link.bytes_in_flight,
+        }
+        return {k: _json_safe(v) for k, v in rec.items()}
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted cost of sending one level this step (DESIGN.md §5)."""
+
+    comm_s: float
+    """T_l = r_l * S / B + min_rtt + e_l."""
+    step_s: float
+    """P_l = Tc + T_l, or max(Tc, T_l) when communication overlaps compute."""
+
+
+def predict(
+    level: Level, *, payload_bytes: int, bandwidth_Bps: float, min_rtt_s: float, compute_s: float, overlap: bool
+) -> Prediction:
+    """The §5 step-time model for one level."""
+    comm = level.wire_bytes(payload_bytes) / bandwidth_Bps + min_rtt_s + level.codec_s(payload_bytes)
+    return Prediction(comm, max(compute_s, comm) if overlap else compute_s + comm)
+
+
+class Policy(ABC):
+    """Picks a codec level per step from the link state; learns from `observe` feedback."""
+
+    def __init__(self, ladder: Ladder, *, name: str) -> None:
+        self.ladder = ladder
+        """The levels this policy chooses among."""
+        self.name = name
+        """The spec this policy was made from (goes into every decision)."""
+        self._levels: dict[str, Level] = {}
+
+    @abstractmethod
+    def choose(
+        self, *, link: LinkState, payload_bytes: int, compute_s: float, overlap: bool = False, step: int
+    ) -> Decision:
+        """Decide the level for `step`; `payload_bytes` is the dense fp32 size S, `compute_s` Tc."""
+
+    def observe(
+        self,
+        *,
+        step: int,
+        level: int | None,
+        bytes_sent: int,
+        comm_s: float,
+        time_s: float | None = None,
+        rtt_s: float | None = None,
+        app_limited: bool | None = None,
+    ) -> None:
+        """Feedback after a send: `bytes_sent` wire bytes took `comm_s` (first byte to ack, codec
+        time excluded). `time_s` defaults to the last link snapshot's time; `rtt_s` is an optional
+        application-measured RTT sample; `app_limited` marks a send known not to fill the pipe.
+        The default ignores feedback; adaptive policies override."""
+
+    def level_of(self, spec: str, payload_bytes: int) -> tuple[int | None, Level]:
+        """Ladder index and level for `spec`; an off-ladder spec gets nominal, uncalibrated figures."""
+        index = self.ladder.find(spec)
+        if index is not None:
+            return index, self.ladder[index]
+        level = self._levels.get(spec)
+        if level is None:
+            level = self._levels[spec] = level_for(spec, numel=max(1, payload_bytes // 4))
+        return None, level
+
+    def _decision(
+        self,
+        *,
+        level_index: int | None,
+        level: Level,
+        reason: str,
+        link: LinkState,
+        bandwidth_Bps: float | None,
+        payload_bytes: int,
+        compute_s: float,
+        overlap: bool,
+        step: int,
+    ) -> Decision:
+        comm = step_s = None
+        if bandwidth_Bps is not None and bandwidth_Bps > 0:
+            pred = predict(
+                level,
+                payload_bytes=payload_bytes,
+                bandwidth_Bps=bandwidth_Bps,
+                min_rtt_s=link.min_rtt_s or 0.0,
+                compute_s=compute_s,
+                overlap=overlap,
+            )
+            comm, step_s = pred.comm_s, pred.step_s
+        return Decision(
+            level=level_index,
+            spec=level.spec,
+            predicted_comm_s=comm,
+            predicted_step_s=step_s,
+            reason=reason,
+            step=step,
+            payload_bytes=payload_bytes,
+            predicted_bytes=round(level.wire_bytes(payload_bytes)),
+            compute_s=compute_s,
+            overlap=overlap,
+            bandwidth_Bps=bandwidth_Bps,
+            policy=self.name,
+        )
+
+
+def _check_inputs(payload_bytes: int, compute_s: float) -> None:
+    if payload_bytes < 0:
+        raise ValueError(f"payload_bytes must be >= 0, got {payload_bytes}")
+    if not (math.isfinite(compute_s) and compute_s >= 0):
+        raise ValueError(f"compute_s must be finite and >= 0, got {compute_s}")
+
+
+class PolicyFactory(Protocol):
+    """Builds a policy from the text after ``name:`` (or None), the ladder and keyword settings."""
+
+    def __call__(self, arg: str | None, ladder: Ladder, /, **settings: Any) -> Policy: ...
+
+
+_REGISTRY: dict[str, PolicyFactory] = {}
+
+
+def register_policy(name: str, factory: PolicyFactory) -> None:
+    """Register `factory` under `name` so that ``make_policy(name[:arg], ...)`` finds it."""
+    if not name or ":" in name:
+        raise ValueError(f"policy name {name!r} must be non-empty without ':'")
+    _REGISTRY[name] = factory
+
+
+def policy_names() -> list[str]:
+    """Names of every registered policy."""
+    return sorted(_REGISTRY)
+
+
+def make_policy(spec: str, ladder: Ladder, **settings: Any) -> Policy:
+    """Build the policy `spec` names (``"netsense"``, ``"fixed:qsgd:4"``) over `ladder`.
+
+    Raises `ConfigError` for an unknown name, a missing or unexpected argument, or a bad setting.
+    """
+    if not isinstance(spec, str) or not spec:
+        raise ConfigError(f"policy spec must be a non-empty string, got {spec!r}")
+    name, sep, arg = spec.partition(":")
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise ConfigError(f"unknown policy {name!r} in {spec!r}; known: {', '.join(policy_names())}")
+    return factory(arg if sep else None, ladder, **settings)
+
+
+_S = TypeVar("_S")
+
+
+def build_settings(cls: type[_S], policy: str, settings: dict[str, Any]) -> _S:
+    """`cls(**settings)`, with unknown or ill-typed keys reported as `ConfigError`."""
+    known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise ConfigError(f"policy {policy!r} has no setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    try:
+        return cls(**settings)
+    except TypeError as exc:
+        raise ConfigError(f"policy {policy!r}: bad settings {settings!r}: {exc}") from exc
+
+
+def _require(ok: bool, policy: str, field: str, value: Any, rule: str) -> None:
+    if not ok:
+        raise ConfigError(f"policy {policy!r}: setting {field}={value!r} must be {rule}")
+
+
+# --- fixed levels: none, fp16, fixed:<spec> ---------------------------------------------------
+
+
+class FixedPolicy(Policy):
+    """Always the same codec: the baselines `none`, `fp16` and ``fixed:<spec>``."""
+
+    def __init__(self, ladder: Ladder, spec: str, *, name: str) -> None:
+        super().__init__(ladder, name=name)
+        self.index, self.level = self.level_of(spec, 1 << 20)  # validates the spec now, not mid-run
+
+    def choose(
+        self, *, link: LinkState, payload_bytes: int, compute_s: float, overlap: bool = False, step: int
+    ) -> Decision:
+        _check_inputs(payload_bytes, compute_s)
+        return self._decision(
+            level_index=self.index,
+            level=self.level,
+            reason="fixed",
+            link=link,
+            bandwidth_Bps=link.bandwidth_Bps,
+            payload_bytes=payload_bytes,
+            compute_s=compute_s,
+            overlap=overlap,
+            step=step,
+        )
+
+
+def _fixed_factory(preset: str | None, name: str) -> PolicyFactory:
+    def factory(arg: str | None, ladder: Ladder, /, **settings: Any) -> Policy:
+        if settings:
+            raise ConfigError(f"policy {name!r} takes no settings, got {', '.join(sorted(settings))}")
+        if preset is not None:
+            if arg is not None:
+                raise ConfigError(f"policy {name!r} takes no argument, got {arg!r}")
+            return FixedPolicy(ladder, preset, name=name)
+        if not arg:
+            raise ConfigError("policy 'fixed' needs a codec spec, e.g. 'fixed:topk:0.01+fp16'")
+        return FixedPolicy(ladder, arg, name=f"fixed:{arg}")
+
+    return factory
+
+
+register_policy("none", _fixed_factory("fp32", "none"))
+register_policy("fp16", _fixed_factory("fp16", "fp16"))
+register_policy("fixed", _fixed_factory(None, "fixed"))
+
+
+# --- dc2: compression scaled with measured queueing delay ------------------------------------
+
+
+@dataclass(frozen=True)
+class Dc2Settings:
+    """Settings of the delay-aware baseline."""
+
+    target_delay_s: float = 0.005
+    """Queueing delay (srtt - min_rtt) tolerated before compressing at all."""
+    alpha: float = 0.5
+    """EWMA weight of the newest delay sample (1.0: no smoothing)."""
+
+
+class Dc2Policy(Policy):
+    """Delay-aware baseline after DC2 (Abdelmoniem & Canini, INFOCOM'21): the wire size allowed
+    shrinks in proportion to how far the smoothed queueing delay d exceeds a target:
+    ratio budget = min(1, target / d); send the least lossy level within it."""
+
+    def __init__(self, ladder: Ladder, settings: Dc2Settings) -> None:
+        super().__init__(ladder, name="dc2")
+        _require(settings.target_delay_s > 0, "dc2", "target_delay_s", settings.target_delay_s, "> 0")
+        _require(0 < settings.alpha <= 1, "dc2", "alpha", settings.alpha, "in (0, 1]")
+        self.settings = settings
+        self.delay_s: float | None = None
+        """Smoothed queueing delay, None before the first RTT sample."""
+
+    def choose(
+        self, *, link: LinkState, payload_bytes: int, compute_s: float, overlap: bool = False, step: int
+    ) -> Decision:
+        _check_inputs(payload_bytes, compute_s)
+        if link.srtt_s is not None and link.min_rtt_s is not None:
+            q, a = link.queue_delay_s, self.settings.alpha
+            self.delay_s = q if self.delay_s is None else a * q + (1 - a) * self.delay_s
+        budget = 1.0 if self.delay_s is None else min(1.0, self.settings.target_delay_s / max(self.delay_s, 1e-12))
+        index = next((i for i, lv in enumerate(self.ladder) if lv.ratio <= budget), len(self.ladder) - 1)
+        return self._decision(
+            level_index=index,
+            level=self.ladder[index],
+            reason=f"dc2: delay={self.delay_s if self.delay_s is not None else float('nan'):.4f}s budget={budget:.4g}",
+            link=link,
+            bandwidth_Bps=link.bandwidth_Bps,
+            payload_bytes=payload_bytes,
+            compute_s=compute_s,
+            overlap=overlap,
+            step=step,
+        )
+
+
+def _dc2_factory(arg: str | None, ladder: Ladder, /, **settings: Any) -> Policy:
+    if arg is not None:
+        raise ConfigError(f"policy 'dc2' takes no argument, got {arg!r}")
+    return Dc2Policy(ladder, build_settings(Dc2Settings, "dc2", settings))
+
+
+register_policy("dc2", _dc2_factory)
+
+
+# --- netsenseml-paper: the seed paper's prototype law -----------------------------------------
+
+
+@dataclass(frozen=True)
+class PaperPolicySettings:
+    """Settings of the seed paper's law; defaults are the published ones where it gives them."""
+
+    window_s: float = 5.0
+    """Window over which min RTT and max bandwidth are kept."""
+    start: float = 0.75
+    """Initial top-k density r."""
+    r_min: float = 0.001
+    """Lowest density the law may reach."""
+    r_max: float = 1.0
+    """Highest density the law may reach."""
+    shrink: float = 0.95
+    """Multiplicative decrease of r when the bytes just sent exceed `threshold` * BDP."""
+    grow: float = 0.001
+    """Additive increase of r otherwise."""
+    threshold: float = 0.9
+    """Fraction of the BDP above which a send counts as filling the pipe."""
+    codec: str = "topk"
+    """Sparsifier the density is handed to: the emitted spec is ``"<codec>:<r>"``."""
+    digits: int = 3
+    """Significant digits of r in the emitted spec (bounds the number of distinct codecs)."""
+
+
+class PaperPolicy(Policy):
+    """NetSenseML's prototype law (DESIGN.md §5), reproduced as published: BDP = max bw * min
+    RTT over a 5 s window, both measured at the application; after each send, if its bytes
+    exceed 0.9 * BDP then r = max(r_min, 0.95 r) else r = min(r_max, r + 0.001); start at 0.75."""
+
+    def __init__(self, ladder: Ladder, settings: PaperPolicySettings) -> None:
+        super().__init__(ladder, name="netsenseml-paper")
+        s = settings
+        _require(s.window_s > 0, self.name, "window_s", s.window_s, "> 0")
+        _require(0 < s.r_min <= s.r_max <= 1, self.name, "r_min/r_max", (s.r_min, s.r_max), "0 < r_min <= r_max <= 1")
+        _require(s.r_min <= s.start <= s.r_max, self.name, "start", s.start, "within [r_min, r_max]")
+        _require(0 < s.shrink < 1, self.name, "shrink", s.shrink, "in (0, 1)")
+        _require(s.grow >= 0, self.name, "grow", s.grow, ">= 0")
+        _require(s.threshold > 0, self.name, "threshold", s.threshold, "> 0")
+        _require(1 <= s.digits <= 8, self.name, "digits", s.digits, "in [1, 8]")
+        self.settings = s
+        self.density = s.start
+        """Current top-k density r (unrounded)."""
+        self._bw: deque[tuple[float, float]] = deque()  # (time, bytes/s) at the application
+        self._rtt: deque[tuple[float, float]] = deque()  # (time, seconds)
+        self._now = 0.0
+        self.level_of(self.spec, 1 << 20)  # fail at config time if the sparsifier is not registered
+
+    @property
+    def spec(self) -> str:
+        """The codec spec for the current density."""
+        return f"{self.settings.codec}:{self.density:.{self.settings.digits}g}"
+
+    @property
+    def bdp_bytes(self) -> float | None:
+        """max bandwidth * min RTT over the window, None until both have a sample."""
+        if not self._bw or not self._rtt:
+            return None
+        return max(b for _, b in self._bw) * min(r for _, r in self._rtt)
+
+    def choose(
+        self, *, link: LinkState, payload_bytes: int, compute_s: float, overlap: bool = False, step: int
+    ) -> Decision:
+        _check_inputs(payload_bytes, compute_s)
+        self._now = link.time_s
+        rtt = link.srtt_s if link.srtt_s is not None else link.min_rtt_s
+        if rtt is not None:
+            self._add(self._rtt, link.time_s, rtt)
+        index, level = self.level_of(self.spec, payload_bytes)
+        bw = max((b for _, b in self._bw), default=None)
+        return self._decision(
+            level_index=index,
+            level=level,
+            reason=f"paper: r={self.density:.6g} bdp={self.bdp_bytes}",
+            link=link,
+            bandwidth_Bps=bw,
+            payload_bytes=payload_bytes,
+            compute_s=compute_s,
+            overlap=overlap,
+            step=step,
+        )
+
+    def observe(
+        self,
+        *,
+        step: int,
+        level: int | None,
+        bytes_sent: int,
+        comm_s: float,
+        time_s: float | None = None,
+        rtt_s: float | None = None,
+        app_limited: bool | None = None,
+    ) -> None:
+        """Adds the send's rate (bytes / comm time) and any RTT sample, then applies the law."""
+        t = self._now if time_s is None else time_s
+        self._now = t
+        if bytes_sent > 0 and comm_s > 0:
+            self._add(self._bw, t, bytes_sent / comm_s)
+        if rtt_s is not None and rtt_s > 0:
+            self._add(self._rtt, t, rtt_s)
+        bdp = self.bdp_bytes
+        if bdp is None:
+            return
+        s = self.settings
+        if bytes_sent > s.threshold * bdp:
+            self.density = max(s.r_min, s.shrink * self.density)
+        else:
+            self.density = min(s.r_max, self.density + s.grow)
+
+    def _add(self, window: deque[tuple[float, float]], t: float, value: float) -> None:
+        window.append((t, value))
+        cutoff = t - self.settings.window_s
+        for w in (self._bw, self._rtt):
+            while w and w[0][0] < cutoff:
+                w.popleft()
+
+
+def _paper_factory(arg: str | None, ladder: Ladder, /, **settings: Any) -> Policy:
+    if arg is not None:
+        raise ConfigError(f"policy 'netsenseml-paper' takes no argument, got {arg!r}")
+    return PaperPolicy(ladder, build_settings(PaperPolicySettings, "netsenseml-paper", settings))
+
+
+register_policy("netsenseml-paper", _paper_factory)
+
+
+# --- netsense: compress only as much as buys time ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class NetsensePolicySettings:
+    """Settings of our policy; one place for its defaults (docs/POLICIES.md explains each)."""
+
+    eps: float = 0.1
+    """The least lossy level whose predicted step is within (1 + eps) of the best one wins."""
+    relax_eps: float = 0.05
+    """Stricter tolerance a lighter level must meet to count as headroom (a dead band against flapping)."""
+    k: int = 5
+    """Consecutive steps of headroom before moving back toward lighter levels."""
+    max_k: int = 80
+    """Cap of k's back-off: a relax undone within k steps doubles k; one that holds halves it again."""
+    probe_interval: int = 20
+    """While app-limited at a lossy level, send one step a level lighter this often (0: never)."""
+    queue_tolerance_s: float = 0.010
+    """Standing queue (srtt - min_rtt) ignored before it starts to shrink the bandwidth."""
+    safe_level: int = 0
+    """Level used while the bandwidth is unknown (0: lossless)."""
+    warmup_steps: int = 0
+    """Steps, from the first decision, during which the level is capped at `warmup_level`."""
+    warmup_level: int = 0
+    """Heaviest level allowed during warm-up."""
+    app_window: int = 4
+    """Application bandwidth samples are max-filtered over this many most recent observations."""
+    min_sample_bytes: int = 256 * 1024
+    """A send smaller than this measures latency, not bandwidth: its sample is app-limited."""
+
+
+class BandwidthEstimate:
+    """Combines the transport's bandwidth with application samples, BBR's way.
+
+    The most recent *trusted* evidence sets the estimate: the link's value when the link is not
+    app-limited (it is already a windowed max), else the max over the last `app_window`
+    application samples when a new non-app-limited one has arrived. App-limited evidence (the
+    link's value while app-limited, short sends) can raise the estimate, never lower it, and
+    never creates one: with nothing trusted the bandwidth stays unknown.
+    """
+
+    def __init__(self, *, app_window: int, min_sample_bytes: int) -> None:
+        self.value_Bps: float | None = None
+        """The current estimate (before queue and loss shrinkage), None while unknown."""
+        self.min_sample_bytes = min_sample_bytes
+        self._app: deque[tuple[float, bool]] = deque(maxlen=app_window)  # (bytes/s, app-limited)
+        self._fresh_app = False
+        self._fresh_bounds: list[float] = []  # app-limited rates since the last update: lower bounds
+
+    @property
+    def last_sample_app_limited(self) -> bool:
+        """True when the latest application sample did not fill the pipe."""
+        return bool(self._app) and self._app[-1][1]
+
+    def add_app_sample(self, *, bytes_sent: int, comm_s: float, min_rtt_s: float, app_limited: bool) -> None:
+        """Record one send; a latency-bound or small send is marked app-limited."""
+        if bytes_sent <= 0 or comm_s <= 0:
+            return
+        net_s = comm_s - min_rtt_s  # the ack's return trip carries no payload
+        latency_bound = net_s <= 0.5 * comm_s
+        rate = bytes_sent / (comm_s if latency_bound else net_s)
+        limited = app_limited or latency_bound or bytes_sent < self.min_sample_bytes
+        self._app.append((rate, limited))
+        if limited:
+            self._fresh_bounds.append(rate)
+        else:
+            self._fresh_app = True
+
+    def update(self, link: LinkState) -> float | None:
+        """Fold in the link snapshot and any new application samples; return the estimate."""
+        link_bw = link.bandwidth_Bps if link.bandwidth_Bps and link.bandwidth_Bps > 0 else None
+        if link_bw is not None and not link.app_limited:
+            self.value_Bps = link_bw
+        elif self._fresh_app:
+            self.value_Bps = max(r for r, limited in self._app if not limited)
+        if self.value_Bps is not None:
+            bounds = self._fresh_bounds + ([link_bw] if link_bw is not None else [])
+            self.value_Bps = max([self.value_Bps, *bounds])
+        self._fresh_app = False
+        self._fresh_bounds = []
+        return self.value_Bps
+
+
+class NetsensePolicy(Policy):
+    """Ours (DESIGN.md §5): T_l = r_l S / B + min_rtt + e_l with the queue-free bandwidth B;
+    P_l = Tc + T_l (or max(Tc, T_l) with overlap); the least lossy level with P_l <= (1+eps) P*
+    wins; heavier at once, lighter after k steps of headroom; upward probes while app-limited."""
+
+    def __init__(self, ladder: Ladder, settings: NetsensePolicySettings) -> None:
+        super().__init__(ladder, name="netsense")
+        s, n, top = settings, "netsense", len(ladder) - 1
+        _require(s.eps >= 0, n, "eps", s.eps, ">= 0")
+        _require(0 <= s.relax_eps <= s.eps, n, "relax_eps", s.relax_eps, "in [0, eps]")
+        _require(s.k >= 1, n, "k", s.k, ">= 1")
+        _require(s.max_k >= s.k, n, "max_k", s.max_k, ">= k")
+        _require(s.probe_interval >= 0, n, "probe_interval", s.probe_interval, ">= 0")
+        _require(s.queue_tolerance_s >= 0, n, "queue_tolerance_s", s.queue_tolerance_s, ">= 0")
+        _require(0 <= s.safe_level <= top, n, "safe_level", s.safe_level, f"a level index in [0, {top}]")
+        _require(0 <= s.warmup_level <= top, n, "warmup_level", s.warmup_level, f"a level index in [0, {top}]")
+        _require(s.warmup_steps >= 0, n, "warmup_steps", s.warmup_steps, ">= 0")
+        _require(s.app_window >= 1, n, "app_window", s.app_window, ">= 1")
+        _require(s.min_sample_bytes >= 0, n, "min_sample_bytes", s.min_sample_bytes, ">= 0")
+        self.settings = s
+        self.bandwidth = BandwidthEstimate(app_window=s.app_window, min_sample_bytes=s.min_sample_bytes)
+        """Bandwidth estimator fed by `choose` (link) and `observe` (application samples)."""
+        self.level: int | None = None
+        """Committed level (probes excepted), None before the first decision."""
+        self.k_now = s.k
+        """Current headroom requirement (k with back-off)."""
+        self._decisions = 0
+        self._headroom = 0
+        self._relax_to = 0
+        self._since_change = 0
+        self._since_probe = 0
+        self._since_relax: int | None = None  # steps since the last relax, while it is on probation
+        self._min_rtt_s = 0.0
+
+    def effective_bandwidth(self, link: LinkState) -> float | None:
+        """The estimate shrunk by losses and by a standing queue beyond the tolerance.
+
+        B_eff = B * (1 - min(loss, 0.5)) * min(1, (min_rtt + tolerance) / srtt): a queue that
+        persists between our sends means someone else shares the bottleneck.
+        """
+        bw = self.bandwidth.update(link)
+        if bw is None:
+            return None
+        bw *= 1.0 - min(max(link.loss_rate, 0.0), 0.5)
+        if link.srtt_s and link.min_rtt_s is not None:
+            bw *= min(1.0, (link.min_rtt_s + self.settings.queue_tolerance_s) / link.srtt_s)
+        return bw
+
+    def choose(
+        self, *, link: LinkState, payload_bytes: int, compute_s: float, overlap: bool = False, step: int
+    ) -> Decision:
+        _check_inputs(payload_bytes, compute_s)
+        s = self.settings
+        self._decisions += 1
+        if link.min_rtt_s is not None:
+            self._min_rtt_s = link.min_rtt_s
+        bw = self.effective_bandwidth(link)
+
+        def emit(index: int, reason: str) -> Decision:
+            return self._decision(
+                level_index=index,
+                level=self.ladder[index],
+                reason=reason,
+                link=link,
+                bandwidth_Bps=bw,
+                payload_bytes=payload_bytes,
+                compute_s=compute_s,
+                overlap=overlap,
+                step=step,
+            )
+
+        if bw is None:
+            if self.level is None:
+                self.level = s.safe_level
+            return emit(self.level, "unknown-bandwidth")
+        rtt = link.min_rtt_s or 0.0
+        preds = [
+            predict(lv, payload_bytes=payload_bytes, bandwidth_Bps=bw, min_rtt_s=rtt, compute_s=compute_s,
+                    overlap=overlap).step_s
+            for lv in self.ladder
+        ]
+        reason = self._step_law(preds)
+        index = self.level
+        assert index is not None
+        if self._decisions <= s.warmup_steps and index > s.warmup_level:
+            return emit(s.warmup_level, f"warm-up: law wanted {self.ladder[index].spec}")
+        if self._probe_due(link, reason):
+            self._since_probe = 0
+            return emit(index - 1, f"probe: one step lighter than {self.ladder[index].spec}")
+        return emit(index, reason)
+
+    def _step_law(self, preds: list[float]) -> str:
+        """Apply the §5 law with hysteresis to the committed level; return the reason."""
+        s = self.settings
+        best = min(preds)
+        ok = [i for i, p in enumerate(preds) if p <= (1 + s.eps) * best]
+        target = ok[0]
+        if self.level is None:
+            self._set_level(target)
+            return f"law: P*={best:.4g}s"
+        current = self.level
+        self._since_change += 1
+        self._since_probe += 1
+        if self._since_relax is not None:
+            self._since_relax += 1
+            if self._since_relax >= self.k_now:  # the relax held: trust relaxing a bit sooner again
+                self.k_now = max(s.k, self.k_now // 2)
+                self._since_relax = None
+        fits = current in ok
+        if not fits and target > current:
+            if self._since_relax is not None:  # undone within k steps: it was noise, wait longer next time
+                self.k_now = min(s.max_k, self.k_now * 2)
+                self._since_relax = None
+            self._set_level(target)
+            return f"heavier: P_{current}={preds[current]:.4g}s > (1+eps) P*={best:.4g}s"
+        lighter = min(i for i, p in enumerate(preds) if p <= (1 + s.relax_eps) * best) if fits else target
+        if lighter >= current:
+            self._headroom = 0
+            return f"hold: P*={best:.4g}s"
+        self._relax_to = max(self._relax_to, lighter) if self._headroom else lighter
+        self._headroom += 1
+        if self._headroom < self.k_now:
+            return f"hold: headroom {self._headroom}/{self.k_now} toward {self.ladder[lighter].spec}"
+        self._set_level(self._relax_to)
+        self._since_relax = 0
+        return f"relax: {self.k_now} steps of headroom, P*={best:.4g}s"
+
+    def _set_level(self, index: int) -> None:
+        if index != self.level:
+            logger.debug("netsense level %s -> %s", self.level, index, extra={"level": index})
+            self._since_change = 0
+        self.level = index
+        self._headroom = 0
+
+    def _probe_due(self, link: LinkState, reason: str) -> bool:
+        s = self.settings
+        app_limited = link.app_limited or self.bandwidth.last_sample_app_limited
+        return (
+            s.probe_interval > 0
+            and app_limited
+            and self.level is not None
+            and self.level > 0
+            and reason.startswith("hold: P*")  # neither just moved nor already on the way lighter
+            and min(self._since_change, self._since_probe) >= s.probe_interval
+        )
+
+    def observe(
+        self,
+        *,
+        step: int,
+        level: int | None,
+        bytes_sent: int,
+        comm_s: float,
+        time_s: float | None = None,
+        rtt_s: float | None = None,
+        app_limited: bool | None = None,
+    ) -> None:
+        """Adds an application bandwidth sample (bytes over comm time less one min RTT)."""
+        self.bandwidth.add_app_sample(
+            bytes_sent=bytes_sent, comm_s=comm_s, min_rtt_s=self._min_rtt_s, app_limited=bool(app_limited)
+        )
+
+
+def _netsense_factory(arg: str | None, ladder: Ladder, /, **settings: Any) -> Policy:
+    if arg is not None:
+        raise ConfigError(f"policy 'netsense' takes no argument, got {arg!r}")
+    return NetsensePolicy(ladder, build_settings(NetsensePolicySettings, "netsense", settings))
+
+
+register_policy("netsense", _netsense_factory)

@@ -1,0 +1,408 @@
+"""Adaptive policies on synthetic link sequences: no network, no clock, no real lossy codecs."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from netsense.compression.base import Codec, Payload, register_codec
+from netsense.compression.ladder import Ladder, Level
+from netsense.compression.link import LinkState
+from netsense.compression.policy import (
+    Dc2Policy,
+    NetsensePolicy,
+    PaperPolicy,
+    Policy,
+    make_policy,
+    policy_names,
+    predict,
+    register_policy,
+)
+from netsense.errors import ConfigError
+
+MBIT = 1e6 / 8
+S = 45_000_000  # 45 MB of fp32 gradients
+TC = 0.5
+RTT = 0.02
+
+
+def _lv(spec: str, ratio: float, enc: float = 0.01, dec: float = 0.002, lossless: bool = False) -> Level:
+    return Level(spec, ratio, enc, dec, lossless)
+
+
+# Figures close to the real ladder's, fixed so the expectations below are hand-checkable.
+LADDER = Ladder(
+    (
+        _lv("fp32", 1.0, 0.0005, 0.0005, lossless=True),
+        _lv("fp16", 0.5, 0.002, 0.001),
+        _lv("qsgd:8", 0.26, 0.005),
+        _lv("qsgd:4", 0.135, 0.005),
+        _lv("topk:0.1+fp16", 0.085),
+        _lv("topk:0.01+fp16", 0.009),
+        _lv("topk:0.001+fp16", 0.0009),
+    )
+)
+
+
+class FakeSparse(Codec):
+    """A registry stand-in for the paper law's top-k, so its tests do not need the real one."""
+
+    def __init__(self, arg: str | None) -> None:
+        self.density = float(arg or "nan")
+        if not 0 < self.density <= 1:
+            raise ValueError(f"density must be in (0, 1], got {arg!r}")
+        self.spec = f"policyfake:{arg}"
+
+    def encode(self, tensor: torch.Tensor) -> Payload:
+        return Payload(self.spec, tuple(tensor.shape), "float32", ())
+
+    def decode(self, payload: Payload, *, device: torch.device | str = "cpu") -> torch.Tensor:
+        return torch.zeros(payload.shape, device=device)
+
+    def nominal_ratio(self, numel: int) -> float:
+        return min(1.0, 1.5 * self.density)
+
+
+register_codec("policyfake", FakeSparse)
+
+
+def link(bw_mbit: float | None, *, t: float = 0.0, queue: float = 0.0, loss: float = 0.0, app_limited: bool = False) -> LinkState:
+    return LinkState(
+        time_s=t,
+        bandwidth_Bps=None if bw_mbit is None else bw_mbit * MBIT,
+        min_rtt_s=RTT,
+        srtt_s=RTT + queue,
+        loss_rate=loss,
+        app_limited=app_limited,
+    )
+
+
+def reference_level(bw_Bps: float, *, compute_s: float = TC, overlap: bool = False, eps: float = 0.1) -> int:
+    """DESIGN.md §5 written out once more, independently of the policy's bookkeeping."""
+    steps = []
+    for lv in LADDER:
+        comm = lv.ratio * S / bw_Bps + RTT + (lv.encode_s_per_mb + lv.decode_s_per_mb) * S / 1e6
+        steps.append(max(compute_s, comm) if overlap else compute_s + comm)
+    best = min(steps)
+    return next(i for i, p in enumerate(steps) if p <= (1 + eps) * best)
+
+
+def run(policy: Policy, bws: list[float | None], **kw: object) -> list[int | None]:
+    levels = []
+    for step, bw in enumerate(bws):
+        d = policy.choose(link=link(bw, t=float(step), **kw), payload_bytes=S, compute_s=TC, step=step)  # type: ignore[arg-type]
+        levels.append(d.level)
+    return levels
+
+
+def netsense(**settings: object) -> NetsensePolicy:
+    p = make_policy("netsense", LADDER, **settings)
+    assert isinstance(p, NetsensePolicy)
+    return p
+
+
+# --- netsense ---------------------------------------------------------------------------------
+
+
+def test_fast_link_stays_lossless() -> None:
+    p = netsense()
+    for step in range(30):
+        d = p.choose(link=link(10_000), payload_bytes=S, compute_s=TC, step=step)
+        assert (d.level, d.spec) == (0, "fp32")
+    assert d.predicted_comm_s is not None and d.predicted_comm_s < 0.2
+
+
+def test_slow_link_picks_a_level_that_fits() -> None:
+    p = netsense()
+    d = p.choose(link=link(20), payload_bytes=S, compute_s=TC, step=0)
+    assert d.level == reference_level(20 * MBIT) == 6
+    # 18 s of fp32 shrink to well under a second, and nothing predicts much better.
+    assert d.predicted_comm_s is not None and d.predicted_step_s is not None
+    assert d.predicted_comm_s < 1.0
+    best = min(predict(lv, payload_bytes=S, bandwidth_Bps=20 * MBIT, min_rtt_s=RTT, compute_s=TC, overlap=False).step_s for lv in LADDER)
+    assert d.predicted_step_s <= 1.1 * best
+    assert d.predicted_bytes == round(0.0009 * S)
+
+
+def test_bandwidth_drop_moves_heavier_at_once_and_recovery_waits_k_steps() -> None:
+    k = 5
+    p = netsense(k=k)
+    light, heavy = reference_level(100 * MBIT), reference_level(20 * MBIT)
+    assert light < heavy
+    assert run(p, [100] * 10) == [light] * 10
+    d = p.choose(link=link(20), payload_bytes=S, compute_s=TC, step=10)
+    assert d.level == heavy and d.reason.startswith("heavier")
+    run(p, [20] * 10)
+    back = run(p, [100] * (k + 5))
+    assert back[: k - 1] == [heavy] * (k - 1)
+    assert back[k - 1 :] == [light] * 6
+
+
+def test_no_flapping_on_a_noisy_link() -> None:
+    for mbit in (20, 25, 60, 100, 160, 400):
+        for seed in range(3):
+            rng = random.Random(seed)
+            levels = run(netsense(), [mbit * rng.uniform(0.9, 1.1) for _ in range(200)])
+            changes = sum(a != b for a, b in zip(levels, levels[1:]))
+            assert changes <= 3, (mbit, seed, changes)
+
+
+def test_relax_backs_off_when_undone_and_stays_bounded() -> None:
+    p = netsense(k=2, max_k=8, relax_eps=0.1)
+    rng = random.Random(1)
+    run(p, [160 * rng.uniform(0.9, 1.1) for _ in range(300)])
+    assert 2 <= p.k_now <= 8
+
+
+def test_app_limited_low_samples_do_not_drive_it_heavier() -> None:
+    p = netsense(probe_interval=0)
+    start = run(p, [100] * 5)[-1]
+    assert start is not None
+    for step in range(5, 40):
+        # Compressed sends are small: the link reports a low app-limited rate; the application's
+        # sends are latency-bound (two RTTs for a few hundred kB) or flagged app-limited.
+        d = p.choose(link=link(2, t=step, app_limited=True), payload_bytes=S, compute_s=TC, step=step)
+        p.observe(step=step, level=d.level, bytes_sent=d.predicted_bytes, comm_s=2 * RTT, app_limited=step % 2 == 0)
+        assert d.level == start
+    assert p.bandwidth.value_Bps == 100 * MBIT
+
+
+def test_app_limited_higher_sample_raises_estimate() -> None:
+    p = netsense()
+    run(p, [20] * 3)
+    run(p, [100], app_limited=True)
+    assert p.bandwidth.value_Bps == 100 * MBIT
+
+
+def test_upward_probe_while_app_limited() -> None:
+    p = netsense(probe_interval=5)
+    heavy = run(p, [20])[-1]
+    assert heavy is not None and heavy > 0
+    decisions = [
+        p.choose(link=link(20, t=s, app_limited=True), payload_bytes=S, compute_s=TC, step=s) for s in range(1, 13)
+    ]
+    probes = [d for d in decisions if d.reason.startswith("probe")]
+    assert len(probes) == 2 and {d.level for d in probes} == {heavy - 1}
+    assert probes[0].step == 5
+    assert all(d.level == heavy for d in decisions if not d.reason.startswith("probe"))
+    assert p.level == heavy
+
+
+def test_probe_discovers_freed_capacity_from_application_samples() -> None:
+    """No link bandwidth at all: only observe() feedback, as on a transport without a rate estimate."""
+    p = netsense(probe_interval=4, k=2)
+    levels = []
+    for step in range(40):
+        rate = 20 * MBIT if step < 10 else 400 * MBIT
+        d = p.choose(link=link(None, t=step), payload_bytes=S, compute_s=TC, step=step)
+        levels.append(d.level)
+        p.observe(step=step, level=d.level, bytes_sent=d.predicted_bytes, comm_s=RTT + d.predicted_bytes / rate)
+    assert levels[0] == 0  # bandwidth unknown: lossless
+    assert levels[1] == reference_level(20 * MBIT)
+    assert levels[-1] == reference_level(400 * MBIT) < levels[1]
+    # Each probe lifts the estimate by what one lighter level reveals: one level per probe + k steps.
+    assert levels.index(levels[-1]) <= 10 + 3 * (4 + 2)
+
+
+def test_overlap_keeps_lossless_when_comm_hides_under_compute() -> None:
+    bw = 30e6  # T_fp32 = 1.5 s + rtt + cost < Tc = 2 s
+    kw = dict(link=LinkState(0.0, bw, RTT, RTT), payload_bytes=S, compute_s=2.0, step=0)
+    assert netsense().choose(overlap=True, **kw).level == 0  # type: ignore[arg-type]
+    serial = netsense().choose(overlap=False, **kw)  # type: ignore[arg-type]
+    assert serial.level is not None and serial.level > 0
+    assert serial.level == reference_level(bw, compute_s=2.0)
+
+
+def test_unknown_bandwidth_stays_at_safe_level() -> None:
+    d = netsense().choose(link=link(None), payload_bytes=S, compute_s=TC, step=0)
+    assert (d.level, d.reason, d.predicted_comm_s, d.predicted_step_s) == (0, "unknown-bandwidth", None, None)
+    assert netsense(safe_level=1).choose(link=link(None), payload_bytes=S, compute_s=TC, step=0).level == 1
+
+
+def test_warmup_caps_the_level() -> None:
+    levels = run(netsense(warmup_steps=3, warmup_level=1), [20] * 5)
+    assert levels == [1, 1, 1, 6, 6]
+
+
+def test_queue_and_loss_shrink_bandwidth() -> None:
+    base = run(netsense(), [160])[-1]
+    queued = run(netsense(), [160], queue=0.2)[-1]
+    lossy = run(netsense(), [160], loss=0.5)[-1]
+    assert base is not None and queued is not None and lossy is not None
+    assert queued > base and lossy >= base
+    assert run(netsense(), [160], queue=0.005)[-1] == base  # within the tolerance
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    bw_mbit=st.floats(min_value=1, max_value=100_000),
+    compute_s=st.floats(min_value=0.0, max_value=10.0),
+    overlap=st.booleans(),
+)
+def test_first_decision_is_the_law(bw_mbit: float, compute_s: float, overlap: bool) -> None:
+    d = netsense().choose(link=link(bw_mbit), payload_bytes=S, compute_s=compute_s, overlap=overlap, step=0)
+    assert d.level == reference_level(bw_mbit * MBIT, compute_s=compute_s, overlap=overlap)
+
+
+def test_netsense_monotone_in_bandwidth() -> None:
+    levels = [run(netsense(), [mbit])[-1] for mbit in (1, 5, 20, 50, 100, 200, 500, 1000, 10_000)]
+    assert levels == sorted(levels, reverse=True)  # type: ignore[type-var]
+
+
+# --- netsenseml-paper -------------------------------------------------------------------------
+
+
+def paper(**kw: object) -> PaperPolicy:
+    p = make_policy("netsenseml-paper", LADDER, codec="policyfake", **kw)
+    assert isinstance(p, PaperPolicy)
+    return p
+
+
+def test_paper_law_matches_hand_computation() -> None:
+    p = paper()
+    assert p.density == 0.75 and p.spec == "policyfake:0.75"
+    # (time, bytes sent, comm s, rtt) -> window max bw, min rtt, BDP, and the branch taken.
+    p.observe(step=0, level=None, bytes_sent=1_000_000, comm_s=1.0, time_s=0.0, rtt_s=0.1)
+    # bw 1e6, rtt 0.1: BDP 1e5; 1e6 > 9e4 -> r = 0.95 * 0.75
+    assert p.density == pytest.approx(0.7125)
+    p.observe(step=1, level=None, bytes_sent=50_000, comm_s=0.5, time_s=1.0, rtt_s=0.2)
+    # max bw 1e6, min rtt 0.1: BDP 1e5; 5e4 <= 9e4 -> r + 0.001
+    assert p.density == pytest.approx(0.7135)
+    p.observe(step=2, level=None, bytes_sent=50_000, comm_s=0.1, time_s=7.0, rtt_s=0.05)
+    # the 5 s window forgot t=0 and t=1: bw 5e5, rtt 0.05, BDP 2.5e4; 5e4 > 2.25e4 -> shrink
+    assert p.density == pytest.approx(0.7135 * 0.95)
+    assert p.bdp_bytes == pytest.approx(25_000)
+    d = p.choose(link=link(100, t=7.0), payload_bytes=S, compute_s=TC, step=3)
+    assert d.spec == "policyfake:0.678" and d.level is None and d.reason.startswith("paper")
+
+
+def test_paper_law_bounds_and_rtt_from_link() -> None:
+    p = paper(r_min=0.01)
+    for step in range(200):  # every send is far above the BDP: r decays to r_min and stays
+        p.choose(link=link(100, t=step * 0.1), payload_bytes=S, compute_s=TC, step=step)
+        p.observe(step=step, level=None, bytes_sent=S, comm_s=1.0)
+    assert p.density == 0.01 and p.spec == "policyfake:0.01"
+    q = paper(start=0.9995)
+    # A send that takes under one RTT stays under the BDP (bytes < bw * rtt): r grows, capped at 1.
+    q.observe(step=0, level=None, bytes_sent=1000, comm_s=1.0, time_s=0.0, rtt_s=2.0)
+    assert q.density == 1.0 and q.spec == "policyfake:1"
+
+
+def test_paper_law_waits_for_a_bdp() -> None:
+    p = paper()
+    p.observe(step=0, level=None, bytes_sent=S, comm_s=1.0, time_s=0.0)  # no RTT sample yet
+    assert p.density == 0.75
+
+
+def test_paper_policy_needs_its_sparsifier() -> None:
+    with pytest.raises(ConfigError, match="nosuchsparse"):
+        make_policy("netsenseml-paper", LADDER, codec="nosuchsparse")
+    with pytest.raises(ConfigError, match="start"):
+        paper(start=2.0)
+
+
+# --- dc2 --------------------------------------------------------------------------------------
+
+
+def test_dc2_monotone_in_delay() -> None:
+    delays = [0.0, 0.004, 0.006, 0.01, 0.02, 0.04, 0.08, 0.2, 1.0, 10.0]
+    levels = []
+    for q in delays:
+        p = make_policy("dc2", LADDER, alpha=1.0)
+        assert isinstance(p, Dc2Policy)
+        levels.append(p.choose(link=link(100, queue=q), payload_bytes=S, compute_s=TC, step=0).level)
+    assert levels == sorted(levels)  # type: ignore[type-var]
+    assert levels[0] == 0 and levels[-1] == len(LADDER) - 1
+    assert levels[3] == 1  # 10 ms against a 5 ms target: half the bytes -> fp16
+
+
+def test_dc2_smooths_delay() -> None:
+    p = make_policy("dc2", LADDER)
+    assert p.choose(link=link(100, queue=0.0), payload_bytes=S, compute_s=TC, step=0).level == 0
+    assert p.choose(link=link(100, queue=0.02), payload_bytes=S, compute_s=TC, step=1).level == 1  # ewma 10 ms
+
+
+# --- fixed baselines, registry, decision log --------------------------------------------------
+
+
+def test_fixed_policies() -> None:
+    d = make_policy("none", LADDER).choose(link=link(20), payload_bytes=S, compute_s=TC, step=0)
+    assert (d.level, d.spec, d.reason) == (0, "fp32", "fixed")
+    assert d.predicted_comm_s == pytest.approx(S / (20 * MBIT) + RTT + 0.001 * 45)
+    assert make_policy("fp16", LADDER).choose(link=link(20), payload_bytes=S, compute_s=TC, step=0).level == 1
+    assert make_policy("fixed:qsgd:4", LADDER).choose(link=link(None), payload_bytes=S, compute_s=TC, step=0).level == 3
+    off = make_policy("fixed:policyfake:0.5", LADDER).choose(link=link(20), payload_bytes=S, compute_s=TC, step=0)
+    assert (off.level, off.spec, off.predicted_bytes) == (None, "policyfake:0.5", round(0.75 * S))
+    assert make_policy("fixed:policyfake:0.5", LADDER).name == "fixed:policyfake:0.5"
+
+
+@pytest.mark.parametrize(
+    ("spec", "kwargs", "match"),
+    [
+        ("nosuch", {}, "unknown policy 'nosuch'"),
+        ("", {}, "non-empty"),
+        ("netsense", {"bogus": 1}, "no setting"),
+        ("netsense", {"k": 0}, "k=0"),
+        ("netsense", {"safe_level": 7}, "safe_level"),
+        ("netsense", {"relax_eps": 0.5}, "relax_eps"),
+        ("netsense:x", {}, "no argument"),
+        ("dc2", {"target_delay_s": 0}, "target_delay_s"),
+        ("fixed", {}, "needs a codec spec"),
+        ("fixed:nosuchcodec", {}, "nosuchcodec"),
+        ("none", {"eps": 0.1}, "no settings"),
+        ("fp16:x", {}, "no argument"),
+    ],
+)
+def test_make_policy_errors(spec: str, kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        make_policy(spec, LADDER, **kwargs)
+
+
+def test_registry() -> None:
+    assert {"none", "fp16", "fixed", "dc2", "netsenseml-paper", "netsense"} <= set(policy_names())
+    register_policy("test-always-heaviest", lambda arg, ladder, **kw: make_policy(f"fixed:{ladder[-1].spec}", ladder))
+    assert make_policy("test-always-heaviest", LADDER).choose(link=link(1), payload_bytes=S, compute_s=TC, step=0).level == 6
+    with pytest.raises(ValueError):
+        register_policy("a:b", lambda arg, ladder, **kw: make_policy("none", ladder))
+    assert make_policy("netsense", LADDER, eps=0.2, k=3, probe_interval=7).settings.k == 3  # type: ignore[attr-defined]
+
+
+def test_decision_record_is_json_safe() -> None:
+    p = netsense()
+    lk = LinkState(12.5, None, None, None, app_limited=True, cwnd_bytes=12000, bytes_in_flight=0)
+    d = p.choose(link=lk, payload_bytes=S, compute_s=TC, step=3)
+    rec = d.to_record(lk, bytes_sent=S, comm_s=float("inf"))
+    json.dumps(rec, allow_nan=False)
+    assert rec["t"] == 12.5 and rec["step"] == 3 and rec["policy"] == "netsense"
+    assert rec["level"] == 0 and rec["spec"] == "fp32" and rec["comm_s"] is None
+    assert rec["predicted_comm_s"] is None and rec["bytes_sent"] == S and rec["app_limited"] is True
+    d2 = p.choose(link=link(20, t=13.0), payload_bytes=S, compute_s=TC, step=4)
+    rec2 = d2.to_record(link(20, t=13.0), bytes_sent=d2.predicted_bytes, comm_s=0.7)
+    json.dumps(rec2, allow_nan=False)
+    assert rec2["predicted_comm_s"] == d2.predicted_comm_s and rec2["bw_used_Bps"] == pytest.approx(20 * MBIT)
+    assert set(rec2) >= {"queue_s", "loss_rate", "srtt_s", "min_rtt_s", "bw_Bps", "payload_bytes", "predicted_bytes"}
+
+
+def test_bad_inputs_rejected() -> None:
+    with pytest.raises(ValueError):
+        netsense().choose(link=link(20), payload_bytes=-1, compute_s=TC, step=0)
+    with pytest.raises(ValueError):
+        netsense().choose(link=link(20), payload_bytes=S, compute_s=float("nan"), step=0)
+
+
+def test_bandwidth_estimate_marks_small_and_latency_bound_sends() -> None:
+    est = netsense(min_sample_bytes=1000).bandwidth
+    est.add_app_sample(bytes_sent=500, comm_s=1.0, min_rtt_s=0.0, app_limited=False)  # small
+    est.add_app_sample(bytes_sent=10_000, comm_s=0.03, min_rtt_s=0.02, app_limited=False)  # latency-bound
+    assert est.update(link(None)) is None  # app-limited evidence alone never creates an estimate
+    est.add_app_sample(bytes_sent=10_000, comm_s=1.02, min_rtt_s=0.02, app_limited=False)
+    assert est.update(link(None)) == pytest.approx(10_000)  # trusted; the older lower bounds were used up
+    est.add_app_sample(bytes_sent=10_000, comm_s=0.03, min_rtt_s=0.02, app_limited=True)
+    assert est.update(link(None)) == pytest.approx(10_000 / 0.03)  # a fresh higher lower bound raises it
+    assert est.update(link(0.08)) == pytest.approx(10_000)  # a link value that is not app-limited wins at once
+    assert est.update(link(1, app_limited=True)) == pytest.approx(1 * MBIT)  # app-limited but higher: raises
