@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from collections import deque
 from dataclasses import dataclass, fields
 from typing import Any, Protocol, TypeVar
@@ -247,11 +248,24 @@ def build_settings(cls: type[_S], policy: str, settings: dict[str, Any]) -> _S:
     known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(settings) - known)
     if unknown:
-        raise ConfigError(f"policy {policy!r} has no setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        raise ConfigError(
+            f"policy {policy!r} has no setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
     try:
         return cls(**settings)
     except TypeError as exc:
         raise ConfigError(f"policy {policy!r}: bad settings {settings!r}: {exc}") from exc
+
+
+def _settings_factory(name: str, policy: Callable[[Ladder, Any], Policy], settings_cls: type) -> PolicyFactory:
+    """Factory for a policy that takes no argument and one settings dataclass of keywords."""
+
+    def factory(arg: str | None, ladder: Ladder, /, **settings: Any) -> Policy:
+        if arg is not None:
+            raise ConfigError(f"policy {name!r} takes no argument, got {arg!r}")
+        return policy(ladder, build_settings(settings_cls, name, settings))
+
+    return factory
 
 
 def _require(ok: bool, policy: str, field: str, value: Any, rule: str) -> None:
@@ -356,13 +370,7 @@ class Dc2Policy(Policy):
         )
 
 
-def _dc2_factory(arg: str | None, ladder: Ladder, /, **settings: Any) -> Policy:
-    if arg is not None:
-        raise ConfigError(f"policy 'dc2' takes no argument, got {arg!r}")
-    return Dc2Policy(ladder, build_settings(Dc2Settings, "dc2", settings))
-
-
-register_policy("dc2", _dc2_factory)
+register_policy("dc2", _settings_factory("dc2", Dc2Policy, Dc2Settings))
 
 
 # --- netsenseml-paper: the seed paper's prototype law -----------------------------------------
@@ -484,13 +492,7 @@ class PaperPolicy(Policy):
                 w.popleft()
 
 
-def _paper_factory(arg: str | None, ladder: Ladder, /, **settings: Any) -> Policy:
-    if arg is not None:
-        raise ConfigError(f"policy 'netsenseml-paper' takes no argument, got {arg!r}")
-    return PaperPolicy(ladder, build_settings(PaperPolicySettings, "netsenseml-paper", settings))
-
-
-register_policy("netsenseml-paper", _paper_factory)
+register_policy("netsenseml-paper", _settings_factory("netsenseml-paper", PaperPolicy, PaperPolicySettings))
 
 
 # --- netsense: compress only as much as buys time ---------------------------------------------
@@ -739,10 +741,4 @@ class NetsensePolicy(Policy):
         )
 
 
-def _netsense_factory(arg: str | None, ladder: Ladder, /, **settings: Any) -> Policy:
-    if arg is not None:
-        raise ConfigError(f"policy 'netsense' takes no argument, got {arg!r}")
-    return NetsensePolicy(ladder, build_settings(NetsensePolicySettings, "netsense", settings))
-
-
-register_policy("netsense", _netsense_factory)
+register_policy("netsense", _settings_factory("netsense", NetsensePolicy, NetsensePolicySettings))

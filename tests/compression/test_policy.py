@@ -71,7 +71,9 @@ class FakeSparse(Codec):
 register_codec("policyfake", FakeSparse)
 
 
-def link(bw_mbit: float | None, *, t: float = 0.0, queue: float = 0.0, loss: float = 0.0, app_limited: bool = False) -> LinkState:
+def link(
+    bw_mbit: float | None, *, t: float = 0.0, queue: float = 0.0, loss: float = 0.0, app_limited: bool = False
+) -> LinkState:
     return LinkState(
         time_s=t,
         bandwidth_Bps=None if bw_mbit is None else bw_mbit * MBIT,
@@ -95,7 +97,8 @@ def reference_level(bw_Bps: float, *, compute_s: float = TC, overlap: bool = Fal
 def run(policy: Policy, bws: list[float | None], **kw: object) -> list[int | None]:
     levels = []
     for step, bw in enumerate(bws):
-        d = policy.choose(link=link(bw, t=float(step), **kw), payload_bytes=S, compute_s=TC, step=step)  # type: ignore[arg-type]
+        lk = link(bw, t=float(step), **kw)  # type: ignore[arg-type]
+        d = policy.choose(link=lk, payload_bytes=S, compute_s=TC, step=step)
         levels.append(d.level)
     return levels
 
@@ -124,7 +127,10 @@ def test_slow_link_picks_a_level_that_fits() -> None:
     # 18 s of fp32 shrink to well under a second, and nothing predicts much better.
     assert d.predicted_comm_s is not None and d.predicted_step_s is not None
     assert d.predicted_comm_s < 1.0
-    best = min(predict(lv, payload_bytes=S, bandwidth_Bps=20 * MBIT, min_rtt_s=RTT, compute_s=TC, overlap=False).step_s for lv in LADDER)
+    best = min(
+        predict(lv, payload_bytes=S, bandwidth_Bps=20 * MBIT, min_rtt_s=RTT, compute_s=TC, overlap=False).step_s
+        for lv in LADDER
+    )
     assert d.predicted_step_s <= 1.1 * best
     assert d.predicted_bytes == round(0.0009 * S)
 
@@ -366,7 +372,8 @@ def test_make_policy_errors(spec: str, kwargs: dict[str, object], match: str) ->
 def test_registry() -> None:
     assert {"none", "fp16", "fixed", "dc2", "netsenseml-paper", "netsense"} <= set(policy_names())
     register_policy("test-always-heaviest", lambda arg, ladder, **kw: make_policy(f"fixed:{ladder[-1].spec}", ladder))
-    assert make_policy("test-always-heaviest", LADDER).choose(link=link(1), payload_bytes=S, compute_s=TC, step=0).level == 6
+    heaviest = make_policy("test-always-heaviest", LADDER)
+    assert heaviest.choose(link=link(1), payload_bytes=S, compute_s=TC, step=0).level == 6
     with pytest.raises(ValueError):
         register_policy("a:b", lambda arg, ladder, **kw: make_policy("none", ladder))
     assert make_policy("netsense", LADDER, eps=0.2, k=3, probe_interval=7).settings.k == 3  # type: ignore[attr-defined]
