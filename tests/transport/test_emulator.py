@@ -145,6 +145,8 @@ async def _udp(sink: _Sink | None = None, remote: tuple[str, int] | None = None)
     transport, _ = await loop.create_datagram_endpoint(
         lambda: sink, local_addr=("127.0.0.1", 0) if remote is None else None, remote_addr=remote
     )
+    # asyncio reads one datagram per wake-up: without room the sink, not the link, would drop.
+    transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
     return transport, sink
 
 
