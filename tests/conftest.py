@@ -1,0 +1,72 @@
+"""Shared fixtures: dev certificates and an in-process PS on its own event-loop thread."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from netsense.ps.server import PSServer, ServerSettings
+from netsense.transport.auth import load_secret
+from netsense.transport.tls import CertPaths, TransportSettings, make_dev_certs, server_configuration
+from netsense.worker.netthread import NetThread
+from netsense.worker.optimizer import ConnectSettings
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> CertPaths:
+    return make_dev_certs(tmp_path_factory.mktemp("certs"))
+
+
+@dataclass
+class RunningPS:
+    server: PSServer
+    net: NetThread
+    port: int
+    certs: CertPaths
+
+    def connect_settings(self, **kw: object) -> ConnectSettings:
+        return ConnectSettings(
+            "127.0.0.1", self.port, ca=str(self.certs.ca), secret_file=str(self.certs.secret), **kw  # type: ignore[arg-type]
+        )
+
+    def call(self, fn):  # type: ignore[no-untyped-def]
+        """Run `fn()` on the PS loop thread (the store is not thread-safe)."""
+
+        async def _run():  # type: ignore[no-untyped-def]
+            return fn()
+
+        return self.net.run(_run())
+
+
+def start_ps(certs: CertPaths, settings: ServerSettings | None = None, insecure: bool = False) -> RunningPS:
+    net = NetThread("test-ps")
+    server = PSServer(settings or ServerSettings(port=0), secret=None if insecure else load_secret(certs.secret))
+
+    async def start() -> int:
+        return await server.start(server_configuration(certs.cert, certs.key, TransportSettings()))
+
+    port = net.run(start())
+    return RunningPS(server, net, port, certs)
+
+
+def stop_ps(ps: RunningPS) -> None:
+    ps.net.run(asyncio.sleep(0.05))
+    ps.call(ps.server.close)
+    ps.net.run(asyncio.sleep(0.05))
+    ps.net.close()
+
+
+@pytest.fixture
+def ps(certs: CertPaths) -> Iterator[RunningPS]:
+    running = start_ps(certs)
+    yield running
+    stop_ps(running)
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[1]

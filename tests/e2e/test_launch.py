@@ -1,0 +1,82 @@
+"""`netsense launch` through the real CLI: reaches the accuracy, writes the summary, leaves no process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+def _procs_mentioning(text: str) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if text in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                pids.append(int(d.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _launch(tmp_path: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    return subprocess.run(
+        [sys.executable, "-m", "netsense", "launch", "--no-progress", "--run-dir", str(tmp_path / "run"), *args],
+        capture_output=True, text=True, timeout=timeout, env=env,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_default_job_reaches_accuracy_and_cleans_up(tmp_path: Path) -> None:
+    summary_path = tmp_path / "summary.json"
+    proc = _launch(tmp_path, "--steps", "200", "--summary-json", str(summary_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(summary_path.read_text())
+    assert set(summary) == {"test_accuracy", "final_loss", "wall_s", "steps", "samples_per_s", "bytes_up", "bytes_down", "workers"}
+    assert summary["test_accuracy"] >= 0.95, summary
+    assert summary["steps"] == 200 and summary["workers"] == 2
+    assert summary["bytes_up"] > 0 and summary["bytes_down"] > 0 and summary["samples_per_s"] > 0
+    assert (tmp_path / "cache" / "netsense" / "dev-certs" / "ca.pem").exists()  # TLS on by default
+    assert not _procs_mentioning(str(tmp_path / "run"))
+
+
+@pytest.mark.slow
+def test_failing_worker_stops_the_job_with_nonzero_exit(tmp_path: Path) -> None:
+    proc = _launch(tmp_path, "--model", "no.such.module:factory", timeout=120)
+    assert proc.returncode != 0
+    assert "exited" in proc.stderr
+    assert not _procs_mentioning(str(tmp_path / "run"))
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    run_dir = tmp_path / "run"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "netsense", "launch", "--no-progress", "--steps", "100000", "--run-dir", str(run_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(_procs_mentioning(str(run_dir))) < 3 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(_procs_mentioning(str(run_dir))) >= 3
+        time.sleep(2)
+        p.send_signal(signal.SIGINT)
+        p.wait(30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130
+    deadline = time.monotonic() + 10
+    while _procs_mentioning(str(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _procs_mentioning(str(run_dir))

@@ -1,0 +1,115 @@
+"""Wire schema: round trips, and every kind of malformed input becomes a ProtocolError."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from netsense.compression import Payload
+from netsense.errors import ProtocolError
+from netsense.transport.wire import (
+    Ack,
+    Auth,
+    Bye,
+    Challenge,
+    Error,
+    Hello,
+    Init,
+    Limits,
+    Params,
+    Pull,
+    Push,
+    Welcome,
+    decode_message,
+    encode_message,
+)
+
+P = Payload("fp32", (2, 3), "float32", (bytes(24),))
+MESSAGES = [
+    Hello("w0", 0, bytes(32)),
+    Challenge(bytes(range(32))),
+    Auth(bytes(32)),
+    Welcome(3, True, 2),
+    Init({"a": P}, {"name": "sgd", "lr": 0.1}),
+    Push(4, 16, 2, {"a": P, "b/c#0": Payload("qsgd:8", (5,), "float32", (b"x", b"yz"), (1.0, 2.5))}),
+    Pull(-1, 0),
+    Params(5, False, {"a": P}, base_version=4),
+    Ack(7),
+    Error("shape", "bad"),
+    Bye("done"),
+]
+
+
+@pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
+def test_round_trip(msg: object) -> None:
+    assert decode_message(encode_message(msg)) == msg  # type: ignore[arg-type]
+
+
+def _raw(**fields: object) -> bytes:
+    return msgpack.packb({"v": 1, **fields}, use_bin_type=True)
+
+
+def _payload(**over: object) -> dict[str, object]:
+    return {"c": "fp32", "s": [2], "d": "float32", "p": [bytes(8)], "m": [], **over}
+
+
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        (encode_message(MESSAGES[5])[:-3], "malformed"),  # truncated
+        (b"\xc1", "malformed"),  # msgpack's never-used byte
+        (msgpack.packb([1, 2]), "malformed"),
+        (msgpack.packb({"v": 2, "t": "ack", "version": 1}), "version"),
+        (msgpack.packb({"t": "ack", "version": 1}), "version"),
+        (_raw(t="nope"), "type"),
+        (_raw(t="ack", version="x"), "malformed"),
+        (_raw(t="hello", worker_id="w", rank=0, client_nonce=b"short"), "malformed"),
+        (_raw(t="push", step=0, samples=1, total_keys=1, grads={"a": _payload(d="int64")}), "dtype"),
+        (_raw(t="push", step=0, samples=1, total_keys=1, grads={"a": _payload(s=[-1])}), "shape"),
+        (_raw(t="push", step=0, samples=1, total_keys=1, grads={"a": _payload(s=[1 << 20, 1 << 20])}), "oversize"),
+        (_raw(t="push", step=0, samples=1, total_keys=1, grads={"a b": _payload()}), "key"),
+        (_raw(t="push", step=0, samples=1, total_keys=1, grads={"a": _payload(p="notalist")}), "malformed"),
+        (_raw(t="push", step=0, samples=0, total_keys=1, grads={"a": _payload()}), "malformed"),
+        (_raw(t="push", step=0, samples=1, total_keys=1, grads={"a": {"c": "fp32"}}), "malformed"),
+    ],
+)
+def test_malformed_messages_raise_protocol_error(data: bytes, code: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode_message(data)
+    assert info.value.code == code
+    assert info.value.reason  # a clear reason, never empty
+
+
+def test_oversize_message_refused_before_parsing() -> None:
+    with pytest.raises(ProtocolError, match="oversize"):
+        decode_message(bytes(1025), Limits(max_message_bytes=1024))
+
+
+def test_too_many_keys_refused() -> None:
+    grads = {f"k{i}": _payload() for i in range(10)}
+    with pytest.raises(ProtocolError) as info:
+        decode_message(_raw(t="push", step=0, samples=1, total_keys=1, grads=grads), Limits(max_keys=4))
+    assert info.value.code in ("oversize", "malformed")
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=512))
+def test_random_bytes_never_crash(data: bytes) -> None:
+    try:
+        decode_message(data)
+    except ProtocolError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_mutated_valid_messages_never_crash(data: st.DataObject) -> None:
+    raw = bytearray(encode_message(data.draw(st.sampled_from(MESSAGES))))
+    for _ in range(data.draw(st.integers(1, 8))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    try:
+        decode_message(bytes(raw))
+    except ProtocolError:
+        pass
