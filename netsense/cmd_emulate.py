@@ -43,12 +43,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     parser.add_argument("--listen", type=_host_port, default=("127.0.0.1", 0), metavar="HOST:PORT",
                         help="where clients send (default 127.0.0.1 and a free port)")
-    parser.add_argument("--upstream", type=_host_port, required=True, metavar="HOST:PORT", help="the server to relay to")
-    parser.add_argument("--link", default="", metavar="SPEC", help="link spec, e.g. rate=50mbit,delay=20ms,loss=0.01")
+    parser.add_argument("--upstream", type=_host_port, required=True, metavar="HOST:PORT",
+                        help="the server to relay to")
+    parser.add_argument("--link", default="", metavar="SPEC",
+                        help="link spec, e.g. rate=50mbit,delay=20ms,loss=0.01")
     parser.add_argument("--trace", default=None, metavar="FILE",
                         help="rate trace for both directions (CSV or Mahimahi); --link adds delay/queue/loss")
-    parser.add_argument("--seconds", type=float, default=None, metavar="S", help="stop after S seconds (default: run until Ctrl-C)")
-    parser.add_argument("--stats-every", type=float, default=1.0, metavar="S", help="print counters every S seconds; 0 = only at the end")
+    parser.add_argument("--seconds", type=float, default=None, metavar="S",
+                        help="stop after S seconds (default: run until Ctrl-C)")
+    parser.add_argument("--stats-every", type=float, default=1.0, metavar="S",
+                        help="print counters every S seconds; 0 = only at the end")
     parser.set_defaults(func=run)
 
 
@@ -76,7 +80,8 @@ async def _serve(args: argparse.Namespace) -> None:
         loop.add_signal_handler(signal.SIGTERM, stop.set)
     async with LinkEmulator(upstream=args.upstream, spec=spec, listen=args.listen) as emu:
         host, port = emu.address
-        print(f"emulating {spec.describe()}\nlistening on {host}:{port} -> {args.upstream[0]}:{args.upstream[1]}", flush=True)
+        upstream = f"{args.upstream[0]}:{args.upstream[1]}"
+        print(f"emulating {spec.describe()}\nlistening on {host}:{port} -> {upstream}", flush=True)
         deadline = None if args.seconds is None else loop.time() + args.seconds
         previous = None
         try:

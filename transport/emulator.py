@@ -107,7 +107,9 @@ class Bottleneck:
         self._queued_bytes = 0
         self._last_deliver = 0.0
         self._counts = dict.fromkeys(
-            ("packets_in", "bytes_in", "packets_forwarded", "bytes_forwarded", "dropped_queue", "dropped_loss", "dropped_send"), 0
+            ("packets_in", "bytes_in", "packets_forwarded", "bytes_forwarded",
+             "dropped_queue", "dropped_loss", "dropped_send"),
+            0,
         )
         self._max_queue_delay = 0.0
         self.set_spec(spec, now)

@@ -108,7 +108,9 @@ class NetnsTopology:
         """Namespace name per role."""
         # Interface names are capped at 15 characters: v + pid (<= 7 digits) + counter + 2.
         short = f"v{os.getpid()}{tag.split('x')[1]}"
-        self._ifaces = {"client": short + "c", "router_c": short + "rc", "router_s": short + "rs", "server": short + "s"}
+        self._ifaces = {
+            "client": short + "c", "router_c": short + "rc", "router_s": short + "rs", "server": short + "s"
+        }
         self._created: list[str] = []
         self._procs: list[subprocess.Popen[Any]] = []
         self.client_ip = CLIENT_IP
@@ -161,7 +163,9 @@ class NetnsTopology:
         """``argv`` prefixed so that it runs inside ``role``'s namespace."""
         return _ip("netns", "exec", self.namespaces[role], *argv)
 
-    def run(self, role: Role, argv: Sequence[str], *, timeout: float = 60.0, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, role: Role, argv: Sequence[str], *, timeout: float = 60.0, **kwargs: Any
+    ) -> subprocess.CompletedProcess[str]:
         """Run a command to completion inside ``role``'s namespace (text mode, output captured)."""
         kwargs.setdefault("capture_output", True)
         return subprocess.run(self.command(role, argv), text=True, timeout=timeout, **kwargs)

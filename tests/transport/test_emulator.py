@@ -139,7 +139,9 @@ class _Sink(asyncio.DatagramProtocol):
         return sum(n for _, n in window[1:]) * 8 / (window[-1][0] - window[0][0])
 
 
-async def _udp(sink: _Sink | None = None, remote: tuple[str, int] | None = None) -> tuple[asyncio.DatagramTransport, _Sink]:
+async def _udp(
+    sink: _Sink | None = None, remote: tuple[str, int] | None = None
+) -> tuple[asyncio.DatagramTransport, _Sink]:
     loop = asyncio.get_running_loop()
     sink = sink or _Sink()
     transport, _ = await loop.create_datagram_endpoint(
@@ -316,6 +318,24 @@ async def test_downlink_is_shaped_separately(sink: tuple[asyncio.DatagramTranspo
     assert stats.up.packets_forwarded == stats.down.packets_forwarded == 8
 
 
+async def test_idle_clients_lose_their_upstream_socket(sink: tuple[asyncio.DatagramTransport, _Sink]) -> None:
+    server, received = sink
+    async with LinkEmulator(upstream=_port(server), idle_timeout_s=0.2) as emu:
+        client, _ = await _udp(remote=emu.address)
+        try:
+            client.sendto(b"hello")
+            await asyncio.sleep(0.05)
+            assert emu.stats().clients == 1
+            await asyncio.sleep(0.35)
+            assert emu.stats().clients == 0
+            client.sendto(b"again")  # a returning client simply gets a new upstream socket
+            await asyncio.sleep(0.05)
+            assert emu.stats().clients == 1
+        finally:
+            client.close()
+    assert len(received.sources) == 2
+
+
 async def test_close_releases_sockets_and_stats_need_start() -> None:
     emu = LinkEmulator(upstream=("127.0.0.1", 9), spec="rate=1mbit")
     with pytest.raises(RuntimeError):
@@ -383,7 +403,9 @@ async def test_quic_transfer_through_emulator(tmp_path: Path) -> None:
     payload = bytes(400_000)
     try:
         async with LinkEmulator(upstream=("127.0.0.1", port), spec="rate=20mbit,delay=10ms,queue=50ms") as emu:
-            client_config = QuicConfiguration(is_client=True, alpn_protocols=["netsense-test"], verify_mode=ssl.CERT_NONE)
+            client_config = QuicConfiguration(
+                is_client=True, alpn_protocols=["netsense-test"], verify_mode=ssl.CERT_NONE
+            )
             host, emu_port = emu.address
             start = time.monotonic()
             async with connect(host, emu_port, configuration=client_config) as client:

@@ -121,4 +121,5 @@ def test_two_topologies_do_not_collide_and_failed_setup_cleans_up() -> None:
     with pytest.raises(NetnsError), broken:
         pass
     listed = _namespaces()
-    assert not any(name in listed for name in (*a.namespaces.values(), *b.namespaces.values(), *broken.namespaces.values()))
+    every = (*a.namespaces.values(), *b.namespaces.values(), *broken.namespaces.values())
+    assert not any(name in listed for name in every)
