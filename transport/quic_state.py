@@ -18,7 +18,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import aioquic
 from aioquic.quic.congestion.base import QuicCongestionControl, register_congestion_control
@@ -270,13 +270,16 @@ class RateSample:
     """The packet was sent while the sender had too little to send: the rate is only a lower bound."""
 
 
-@dataclass
-class _TxState:
-    """Delivery state stamped on a sent packet (attribute `netsense_tx` of `QuicSentPacket`)."""
+class _TxState(NamedTuple):
+    """Delivery state stamped on a sent packet (attribute `netsense_tx` of `QuicSentPacket`).
+
+    A tuple, not a dataclass: it is built for every packet sent, on the sender's hot path.
+    """
 
     delivered: int
     delivered_time: float
     first_sent_time: float
+    sent_time: float
     app_limited: bool
 
 
@@ -292,7 +295,7 @@ class SensingState:
     of packets in one `datagrams_to_send` call, all with the same `sent_time`, and stops when the
     window is full, when the pacer holds it back, or when there is nothing (allowed) to send. At the
     next event we judge the finished burst: if a full-size packet still fitted in the window and the
-    pacer did not stop it (`pacing_limited`, wired to the connection by `attach`), the sender ran out
+    pacer did not stop it (`pacing_until`, wired to the connection by `attach`), the sender ran out
     of data (or of peer flow-control credit, which limits us just the same) -> app-limited. Without
     `attach` we also mark a burst app-limited when it starts after an idle gap longer than the
     smoothed RTT with window to spare. Like BBR, once app-limited, every packet sent until the data
@@ -304,8 +307,9 @@ class SensingState:
         """Window lengths."""
         self.max_datagram_size = max_datagram_size
         """Full packet size, bytes: a window with less room than this counts as full."""
-        self.pacing_limited: Callable[[], bool] | None = None
-        """Returns True when the pacer stopped the last send attempt; set by `attach`."""
+        self.pacing_until: Callable[[], float | None] | None = None
+        """When the pacer lets the next packet go if it stopped the last send attempt, else None;
+        set by `attach` (reads the connection's `_pacing_at`)."""
 
         self.delivered = 0
         """Bytes acknowledged so far (in-flight packets only)."""
@@ -323,8 +327,6 @@ class SensingState:
         """Rate samples flagged app-limited."""
         self.rate_samples = 0
         """Valid rate samples produced."""
-        self.latest_sample: RateSample | None = None
-        """The newest valid rate sample."""
         self.min_rtt_s: float | None = None
         """Minimum raw RTT sample seen by the controller (no 1 ms floor), seconds."""
         self.srtt_s: float | None = None
@@ -343,9 +345,16 @@ class SensingState:
         self._last_event_time: float | None = None
         # the open burst: its send time, whether the pacer stopped it
         self._burst_time: float | None = None
-        self._burst_paced = False
-        # the pending sample of the current ack batch: (ack time, packet state, packet sent time)
-        self._pending: tuple[float, _TxState, float] | None = None
+        self._burst_paced_until: float | None = None
+        # the current ack batch: its time, the most recently sent packet acked, packets acked
+        self._pending: tuple[float, _TxState] | None = None
+        self._batch_acked = 0
+        self._latest: tuple[float, float, int, float, bool] | None = None  # RateSample fields
+
+    @property
+    def latest_sample(self) -> RateSample | None:
+        """The newest valid rate sample (built on demand: samples are taken on every ack batch)."""
+        return None if self._latest is None else RateSample(*self._latest)
 
     def configure(self, config: SensingConfig) -> None:
         """Change window lengths (keeps history)."""
@@ -357,8 +366,7 @@ class SensingState:
         window = self.config.bandwidth_window_s
         if self.srtt_s is not None:
             window = max(window, self.config.bandwidth_window_rtts * self.srtt_s)
-        self.bandwidth.window_s = window
-        self.inflight_peak.window_s = window
+        self.bandwidth.window_s = self.inflight_peak.window_s = window
 
     @property
     def app_limited(self) -> bool:
@@ -374,8 +382,10 @@ class SensingState:
         if self._burst_time is None:
             return
         room = congestion_window - bytes_in_flight
-        if self.pacing_limited is not None and room >= self.max_datagram_size and not self._burst_paced:
+        if self.pacing_until is not None and room >= self.max_datagram_size and self._burst_paced_until is None:
             self._mark_app_limited(bytes_in_flight)
+        # a burst ends at its peak in flight: one filter update per burst, not per packet
+        self.inflight_peak.update(self._burst_time, bytes_in_flight)
         self._burst_time = None
 
     # hooks, called by the congestion controller -----------------------------------------------
@@ -384,55 +394,55 @@ class SensingState:
         self, packet: QuicSentPacket, congestion_window: int, bytes_in_flight: int
     ) -> None:
         """Stamp `packet` (before it is added to `bytes_in_flight`)."""
-        self.flush()
-        now = float(packet.sent_time or 0.0)
-        if now != self._burst_time:
+        if self._pending is not None:
+            self.flush()
+        now = packet.sent_time or 0.0
+        if now != self._burst_time:  # the first packet of a `datagrams_to_send` call
             self._close_burst(congestion_window, bytes_in_flight)
-            idle = (
-                self._last_event_time is not None
-                and self.srtt_s is not None
-                and now - self._last_event_time > self.srtt_s
-            )
-            if idle and bytes_in_flight and congestion_window - bytes_in_flight >= self.max_datagram_size:
+            srtt = self.srtt_s
+            # aioquic checks the pacer before it looks for data, so a burst "stopped by the pacer"
+            # may just have run out of data: if the pacer allowed a packet well before this burst,
+            # nothing was sent then for want of data. Without `attach`, an idle gap > srtt says so.
+            paced_until = self._burst_paced_until
+            if paced_until is not None and srtt is not None:
+                idle = now > paced_until + max(0.002, srtt / 4)
+            else:
+                idle = self._last_event_time is not None and srtt is not None and now - self._last_event_time > srtt
+            if idle and congestion_window - bytes_in_flight >= self.max_datagram_size:
                 self._mark_app_limited(bytes_in_flight)
             self._burst_time = now
-        if self.pacing_limited is not None:
-            self._burst_paced = self.pacing_limited()
-        if bytes_in_flight == 0:
-            # nothing in flight: start sampling afresh so the idle time is not in any interval
-            self._first_sent_time = now
-            self._delivered_time = now
+            # the pacer's verdict for this call is final before aioquic registers its packets
+            self._burst_paced_until = self.pacing_until() if self.pacing_until is not None else None
+            if bytes_in_flight == 0:
+                # nothing in flight: start sampling afresh so the idle time is not in any interval
+                self._first_sent_time = self._delivered_time = now
         packet.netsense_tx = _TxState(  # type: ignore[attr-defined]
-            delivered=self.delivered,
-            delivered_time=self._delivered_time,
-            first_sent_time=self._first_sent_time,
-            app_limited=self._app_limited_until != 0,
+            self.delivered, self._delivered_time, self._first_sent_time, now, self._app_limited_until != 0
         )
         self.sent_packets += 1
         self.sent_bytes += packet.sent_bytes
-        self.inflight_peak.update(now, bytes_in_flight + packet.sent_bytes)
         self._last_event_time = now
 
     def on_acked(
         self, packet: QuicSentPacket, now: float, congestion_window: int, bytes_in_flight: int
     ) -> None:
         """Count the delivery and keep the most recently sent packet of this ack batch."""
-        self._close_burst(congestion_window, bytes_in_flight)
-        if self._pending is not None and self._pending[0] != now:
+        if self._burst_time is not None:
+            self._close_burst(congestion_window, bytes_in_flight)
+        pending = self._pending
+        if pending is not None and pending[0] != now:
             self.flush()
+            pending = None
         self.delivered += packet.sent_bytes
         self._delivered_time = now
-        self.acked_packets += 1
-        self.losses.on_acked(now)
+        self._batch_acked += 1
         if self._app_limited_until and self.delivered > self._app_limited_until:
             self._app_limited_until = 0
         tx: _TxState | None = getattr(packet, "netsense_tx", None)
-        if tx is None:  # sent before this controller saw it (cannot happen once installed)
-            return
-        if self._pending is None or tx.delivered >= self._pending[1].delivered:
-            self._pending = (now, tx, float(packet.sent_time or 0.0))
+        if tx is not None and (pending is None or tx.delivered >= pending[1].delivered):
+            self._pending = (now, tx)
             # the next packets' send interval starts at this packet's send time (draft §3.3)
-            self._first_sent_time = float(packet.sent_time or 0.0)
+            self._first_sent_time = tx.sent_time
         self._last_event_time = now
 
     def on_lost(
@@ -459,38 +469,33 @@ class SensingState:
         if self.min_rtt_s is None or rtt < self.min_rtt_s:
             self.min_rtt_s = rtt
         self.srtt_s = rtt if self.srtt_s is None else 0.875 * self.srtt_s + 0.125 * rtt
-        self._resize_windows()
 
     def flush(self) -> None:
         """Turn the pending ack batch into a rate sample and feed the bandwidth filter."""
         if self._pending is None:
             return
-        now, tx, sent_time = self._pending
+        now, tx = self._pending
         self._pending = None
-        send_elapsed = sent_time - tx.first_sent_time
-        ack_elapsed = now - tx.delivered_time
-        interval = max(send_elapsed, ack_elapsed)
+        self.acked_packets += self._batch_acked
+        self.losses.on_acked(now, self._batch_acked)
+        self._batch_acked = 0
+        interval = max(tx.sent_time - tx.first_sent_time, now - tx.delivered_time)
         delivered = self.delivered - tx.delivered
         # Intervals shorter than min RTT come from ack compression or stretch acks and overstate the
         # rate (draft §3.3); loopback RTTs are sub-millisecond, so also require a measurable interval.
-        floor = max(self.min_rtt_s or 0.0, 1e-4)
+        floor = self.min_rtt_s if self.min_rtt_s is not None and self.min_rtt_s > 1e-4 else 1e-4
         if delivered <= 0 or interval < floor:
             return
-        sample = RateSample(
-            time=now,
-            delivery_rate_Bps=delivered / interval,
-            delivered_bytes=delivered,
-            interval_s=interval,
-            app_limited=tx.app_limited,
-        )
-        self.latest_sample = sample
+        rate = delivered / interval
+        self._latest = (now, rate, delivered, interval, tx.app_limited)
         self.rate_samples += 1
-        if sample.app_limited:
+        if tx.app_limited:
             self.app_limited_samples += 1
         current = self.bandwidth.value
         # BBR's rule: an app-limited sample may raise the estimate, never lower it.
-        if not sample.app_limited or current is None or sample.delivery_rate_Bps >= current:
-            self.bandwidth.update(now, sample.delivery_rate_Bps)
+        if not tx.app_limited or current is None or rate >= current:
+            self._resize_windows()
+            self.bandwidth.update(now, rate)
 
 
 # --------------------------------------------------------------------------------------------
@@ -541,10 +546,6 @@ class SensingCubic(_SensingMixin, CubicCongestionControl):
     """aioquic's Cubic, plus delivery-rate and loss sensing."""
 
 
-SensingCongestionControl = SensingReno | SensingCubic
-"""Either sensing controller."""
-
-
 def ensure_registered() -> None:
     """Register `SENSING_CC` and `SENSING_CUBIC_CC` with aioquic (idempotent)."""
     register_congestion_control(SENSING_CC, SensingReno)
@@ -572,11 +573,11 @@ def attach(quic: QuicConnection, config: SensingConfig | None = None) -> Sensing
     state = sensing_state(quic)
     ref = weakref.ref(quic)
 
-    def pacing_limited() -> bool:
+    def pacing_until() -> float | None:
         conn = ref()
-        return conn is not None and conn._pacing_at is not None
+        return None if conn is None else conn._pacing_at
 
-    state.pacing_limited = pacing_limited
+    state.pacing_until = pacing_until
     if config is not None:
         state.configure(config)
     return state

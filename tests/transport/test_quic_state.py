@@ -184,7 +184,7 @@ class Flow:
 
     def __init__(self, cc: SensingReno | None = None) -> None:
         self.cc = cc or SensingReno(max_datagram_size=MDS)
-        self.cc.sensing.pacing_limited = lambda: False  # as if attached, pacer never in the way
+        self.cc.sensing.pacing_until = lambda: None  # as if attached, pacer never in the way
         self.number = 0
 
     def send(self, count: int, at: float) -> list[QuicSentPacket]:
@@ -251,9 +251,9 @@ def test_app_limited_sample_may_raise_the_estimate() -> None:
     state = SensingState(MDS)
     state.bandwidth.update(0.0, 1e6)
     state.min_rtt_s = 0.01
-    tx = quic_state._TxState(delivered=0, delivered_time=0.0, first_sent_time=0.0, app_limited=True)
+    tx = quic_state._TxState(delivered=0, delivered_time=0.0, first_sent_time=0.0, sent_time=0.01, app_limited=True)
     state.delivered = 50_000
-    state._pending = (0.02, tx, 0.01)  # 50 kB over 20 ms = 2.5 MB/s, app-limited
+    state._pending = (0.02, tx)  # 50 kB over 20 ms = 2.5 MB/s, app-limited
     state.flush()
     assert state.bandwidth.value == pytest.approx(2.5e6)
 
@@ -284,10 +284,21 @@ def test_window_full_burst_is_not_app_limited() -> None:
 
 def test_paced_burst_is_not_app_limited() -> None:
     flow = Flow()
-    flow.cc.sensing.pacing_limited = lambda: True
+    flow.cc.on_rtt_measurement(now=0.0, rtt=0.02)
+    flow.cc.sensing.pacing_until = lambda: 0.0005  # the pacer stopped the burst until t=0.5 ms
     flow.send(2, at=0.0)
-    (nxt,) = flow.send(1, at=0.001)
+    (nxt,) = flow.send(1, at=0.0005)  # sent when the pacer allowed it: the sender had data
     assert not nxt.netsense_tx.app_limited
+
+
+def test_burst_sent_long_after_the_pacer_allowed_is_app_limited() -> None:
+    """aioquic checks the pacer before looking for data: a late next burst means the data ran out."""
+    flow = Flow()
+    flow.cc.on_rtt_measurement(now=0.0, rtt=0.02)
+    flow.cc.sensing.pacing_until = lambda: 0.0005
+    flow.send(2, at=0.0)
+    (nxt,) = flow.send(1, at=0.015)
+    assert nxt.netsense_tx.app_limited
 
 
 def test_windowed_max_expires_old_samples() -> None:
@@ -306,6 +317,9 @@ def test_windowed_max_expires_old_samples() -> None:
 def test_bandwidth_window_follows_srtt() -> None:
     state = SensingState(MDS, SensingConfig(bandwidth_window_s=1.0, bandwidth_window_rtts=10))
     state.on_rtt(0.5)
+    state.delivered = 10_000
+    state._pending = (1.0, quic_state._TxState(0, 0.0, 0.0, 0.0, False))
+    state.flush()  # the window is resized when a sample is admitted
     assert state.bandwidth.window_s == pytest.approx(5.0)
     state.configure(SensingConfig(bandwidth_window_s=8.0))
     assert state.bandwidth.window_s == pytest.approx(8.0)
