@@ -24,6 +24,7 @@ from typing import IO, Any
 from netsense.cliargs import ensure_certs
 from netsense.config import JobConfig, override, to_dict
 from netsense.errors import ProcessFailed
+from netsense.transport.tls import LOOPBACK_MAX_DATAGRAM_SIZE, TransportSettings
 
 log = logging.getLogger(__name__)
 _GRACE_S = 5.0
@@ -84,6 +85,9 @@ class Launcher:
 
     def run(self) -> dict[str, Any]:
         config = self.config
+        if config.transport.max_datagram_size == TransportSettings.max_datagram_size:
+            # Everything runs on loopback: the WAN-safe 1200-byte default would waste most of the CPU.
+            config = override(config, transport__max_datagram_size=LOOPBACK_MAX_DATAGRAM_SIZE)
         if not config.security.insecure:
             certs = ensure_certs(config.security.certs_dir, create=True)
             config = override(config, security__certs_dir=str(certs.ca.parent))
