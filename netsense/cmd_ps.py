@@ -11,6 +11,8 @@ import sys
 
 from netsense.cliargs import add_config_flag, add_security_flags, add_transport_flags, ensure_certs, resolve_config
 from netsense.config import override
+from netsense.errors import ConfigError
+from netsense.ps import checkpoint
 from netsense.ps.server import PSServer
 from netsense.transport.auth import load_secret
 from netsense.transport.loop import run as run_loop
@@ -32,6 +34,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="UDP port (0 = pick a free one; default 4433)")
     p.add_argument("--downlink-codec", help="PS -> worker codec (default fp32)")
+    p.add_argument("--checkpoint-dir", metavar="DIR", help="write atomic checkpoints here (default: none)")
+    p.add_argument("--checkpoint-every", type=int, metavar="N", help="checkpoint every N applied steps (default 100)")
+    p.add_argument("--checkpoint-every-s", type=float, metavar="S", help="also checkpoint every S seconds")
+    p.add_argument(
+        "--resume", nargs="?", const=True, default=None, metavar="DIR",
+        help="resume from the newest valid checkpoint in DIR (default: --checkpoint-dir), and keep checkpointing there",
+    )  # fmt: skip
     add_transport_flags(p)
     add_security_flags(p)
     p.set_defaults(func=run)
@@ -40,10 +49,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     config = resolve_config(args)
     config = override(config, server__host=args.host, server__port=args.port)
+    resume_dir = args.resume if isinstance(args.resume, str) else None
+    config = override(
+        config,
+        server__checkpoint_dir=resume_dir or args.checkpoint_dir,
+        server__checkpoint_every_steps=args.checkpoint_every,
+        server__checkpoint_every_s=args.checkpoint_every_s,
+    )
+    state = None
+    if args.resume is not None:
+        if config.server.checkpoint_dir is None:
+            raise ConfigError("--resume needs a folder: --resume DIR or --checkpoint-dir DIR")
+        state, path = checkpoint.load_latest(config.server.checkpoint_dir)
+        log.info("resuming from %s (version %d)", path, state["version"])
     certs = ensure_certs(config.security.certs_dir, create=config.security.certs_dir is None or config.security.insecure)
     secret = None if config.security.insecure else load_secret(certs.secret)
     quic_config = server_configuration(certs.cert, certs.key, config.transport)
-    return run_loop(_serve(PSServer(config.server, secret=secret), quic_config, config.transport.socket_buffer_bytes))
+    server = PSServer(config.server, secret=secret)
+    if state is not None:
+        server.restore(state)
+    return run_loop(_serve(server, quic_config, config.transport.socket_buffer_bytes))
 
 
 async def _serve(server: PSServer, quic_config, socket_buffer_bytes: int) -> int:  # type: ignore[no-untyped-def]
@@ -52,10 +77,11 @@ async def _serve(server: PSServer, quic_config, socket_buffer_bytes: int) -> int
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     port = await server.start(quic_config, socket_buffer_bytes)
-    print(json.dumps({"event": "ready", "port": port}), flush=True)
+    print(json.dumps({"event": "ready", "port": port, "version": server.store.version}), flush=True)
     await stop.wait()
     log.info("stopping at version %d", server.store.version)
     server.close()
+    await server.flush_checkpoint()
     print(json.dumps({"event": "stopped", "version": server.store.version, "errors_sent": server.errors_sent}), flush=True)
     sys.stdout.flush()
     return 0

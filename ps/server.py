@@ -33,6 +33,7 @@ from netsense.transport.wire import (
     encode_message,
 )
 
+from . import checkpoint
 from .store import ParameterStore, StepApplied
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,20 @@ class ServerSettings:
     """Longest a PULL waits for the next version before answering ERROR."""
     downlink_codec: str = "fp32"
     """Codec of the PS -> worker update (same bytes to every worker)."""
+    checkpoint_dir: str | None = None
+    """Folder for atomic checkpoints (None: no checkpoints); `netsense ps --resume` reads it."""
+    checkpoint_every_steps: int = 100
+    """Checkpoint after this many applied steps (0: not by steps); bounds the steps a crash loses."""
+    checkpoint_every_s: float = 0.0
+    """Also checkpoint when this many seconds passed since the last one (0: not by time)."""
+    checkpoint_keep: int = 3
+    """Checkpoints kept on disk; older ones are deleted after each successful write."""
+    handshake_timeout_s: float = 10.0
+    """Close a connection that has not authenticated within this long."""
+    max_unauthenticated: int = 64
+    """Most connections that may be mid-handshake at once; more are closed on arrival."""
+    max_connections_per_host: int = 32
+    """Most connections from one peer IP address at once."""
 
 
 class PSServer:
@@ -70,6 +85,13 @@ class PSServer:
         self._watchdog: asyncio.Task[None] | None = None
         self.port = 0
         self.errors_sent = 0
+        self.connections: set[WorkerSession] = set()
+        self.refused_connections = 0
+        self.checkpoints_written = 0
+        self.last_checkpoint: str | None = None
+        self._ckpt_version = -1
+        self._ckpt_at = time.monotonic()
+        self._ckpt_task: asyncio.Future[None] | None = None
         if secret is None:
             log.warning("INSECURE: worker authentication is OFF (no shared secret); local experiments only")
 
@@ -102,9 +124,46 @@ class PSServer:
         if result is None:
             return
         self._step_started_at = None
+        self._maybe_checkpoint()
         log.info("step -> version %d (%d workers, %d samples)", result.version, len(result.workers), result.samples)
         async with self._changed:
             self._changed.notify_all()
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Resume from a checkpoint state (before `start`)."""
+        self.store.restore(state)
+        self._ckpt_version = self.store.version
+
+    def _maybe_checkpoint(self) -> None:
+        """Snapshot the store on the loop if a checkpoint is due; write it on a worker thread."""
+        s, store = self.settings, self.store
+        if s.checkpoint_dir is None or not store.initialized or store.version == self._ckpt_version:
+            return
+        if self._ckpt_task is not None and not self._ckpt_task.done():
+            return  # the previous write is still running; the next step tries again
+        by_steps = s.checkpoint_every_steps > 0 and store.version - self._ckpt_version >= s.checkpoint_every_steps
+        by_time = s.checkpoint_every_s > 0 and time.monotonic() - self._ckpt_at >= s.checkpoint_every_s
+        if not (by_steps or by_time or self._ckpt_version < 0):
+            return
+        state = store.state()
+        self._ckpt_version, self._ckpt_at = store.version, time.monotonic()
+        self._ckpt_task = asyncio.get_running_loop().run_in_executor(None, self._write_checkpoint, state)
+
+    def _write_checkpoint(self, state: dict[str, Any]) -> None:
+        t0 = time.perf_counter()
+        try:
+            path = checkpoint.save(self.settings.checkpoint_dir, state, keep=self.settings.checkpoint_keep)  # type: ignore[arg-type]
+        except OSError as exc:
+            log.error("checkpoint of version %d failed: %s", state["version"], exc)
+            return
+        self.checkpoints_written += 1
+        self.last_checkpoint = str(path)
+        log.info("checkpoint %s (version %d) in %.3f s", path, state["version"], time.perf_counter() - t0)
+
+    async def flush_checkpoint(self) -> None:
+        """Wait for a checkpoint write in flight (clean shutdown, tests)."""
+        if self._ckpt_task is not None:
+            await self._ckpt_task
 
     async def wait_version(self, version: int) -> None:
         async with self._changed:
@@ -148,6 +207,43 @@ class WorkerSession:
         self._hello: Hello | None = None
         self._server_nonce: bytes | None = None
         self.authenticated = False
+        self.host: str | None = None
+        self.closed = False
+        server.connections.add(self)
+        loop = asyncio.get_event_loop()
+        # aioquic creates the protocol before it feeds the first datagram, so the peer address
+        # is known one loop iteration later.
+        loop.call_soon(self._admit)
+        self._deadline = loop.call_later(server.settings.handshake_timeout_s, self._handshake_expired)
+
+    def _admit(self) -> None:
+        """Bound connections per peer address and connections still mid-handshake."""
+        paths = getattr(self.conn.quic, "_network_paths", None)
+        self.host = str(paths[0].addr[0]) if paths else None
+        s, live = self.server.settings, [c for c in self.server.connections if not c.closed and c is not self]
+        pending = sum(1 for c in live if not c.authenticated)
+        same_host = sum(1 for c in live if c.host == self.host)
+        if pending >= s.max_unauthenticated:
+            self.refuse(f"more than {s.max_unauthenticated} connections are mid-handshake")
+        elif self.host is not None and same_host >= s.max_connections_per_host:
+            self.refuse(f"more than {s.max_connections_per_host} connections from {self.host}")
+
+    def _handshake_expired(self) -> None:
+        if not self.authenticated and not self.closed:
+            self.refuse(f"not authenticated within {self.server.settings.handshake_timeout_s} s")
+
+    def refuse(self, reason: str) -> None:
+        """Close this connection now (a bound was hit); the peer sees `reason`."""
+        log.warning("closing connection from %s: %s", self.host or self.peer, reason)
+        self.server.refused_connections += 1
+        self._forget()
+        self.conn.close(error_code=0x1, reason_phrase=reason[:200])
+
+    def _forget(self) -> None:
+        self.closed = True
+        self._deadline.cancel()
+        self.server.connections.discard(self)
+
 
     async def handle(self, msg: Message) -> Message | bytes | None:
         if isinstance(msg, Hello):
@@ -205,6 +301,7 @@ class WorkerSession:
                 self.server.errors_sent += 1
                 raise ProtocolError("auth", str(exc)) from None
         self.authenticated = True
+        self._deadline.cancel()
         self.worker_id = hello.worker_id
         self.peer = f"worker {hello.worker_id!r}"
         previous = self.server.sessions.get(hello.worker_id)
@@ -222,6 +319,7 @@ class WorkerSession:
 
     def on_close(self, reason: str) -> None:
         log.info("%s disconnected: %s", self.peer, reason)
+        self._forget()
         self._leave(reason)
 
     def _leave(self, reason: str) -> None:

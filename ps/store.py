@@ -213,6 +213,54 @@ class ParameterStore:
             return last
         return self.full_params()
 
+    # --- checkpoints (ps/checkpoint.py writes them) ----------------------------------------
+
+    def state(self) -> dict[str, object]:
+        """A snapshot of everything a restart needs, as plain containers of copied tensors.
+
+        Taken between steps it never holds a partial step (pending pushes are not part of it:
+        workers re-push after they reconnect). Safe to serialise on another thread.
+        """
+        if not self.initialized:
+            raise ProtocolError("not-initialized", "nothing to checkpoint before INIT")
+        assert self._optimizer is not None and self.optimizer_settings is not None
+        return {
+            "format": 1,
+            "version": self.version,
+            "applied_steps": self.applied_steps,
+            "params": {k: v.detach().clone() for k, v in self.params.items()},
+            "shadow": {k: v.clone() for k, v in self.shadow.items()},
+            "optimizer_settings": self.optimizer_settings.to_dict(),
+            "optimizer_state": _clone_tree(self._optimizer.state_dict()),
+            "live": sorted(self.live),
+            "downlink_codec": self._downlink_spec,
+        }
+
+    def restore(self, state: dict[str, object]) -> None:
+        """Become the store that `state()` described (fresh store only).
+
+        Stateful downlink encoders restart empty; workers pull the full shadow after a restart.
+        """
+        if self.initialized:
+            raise ProtocolError("initialized", "restore needs a fresh store")
+        if state.get("format") != 1:
+            raise ProtocolError("checkpoint", f"unknown checkpoint format {state.get('format')!r}")
+        params = {str(k): v.to(torch.float32).clone() for k, v in dict(state["params"]).items()}  # type: ignore[call-overload]
+        settings = OptimizerSettings.from_dict(dict(state["optimizer_settings"]))  # type: ignore[call-overload]
+        self.params = params
+        self.shadow = {str(k): v.clone() for k, v in dict(state["shadow"]).items()}  # type: ignore[call-overload]
+        self.optimizer_settings = settings
+        self._optimizer = settings.build(list(params.values()))
+        self._optimizer.load_state_dict(state["optimizer_state"])  # type: ignore[arg-type]
+        self.version = int(state["version"])  # type: ignore[call-overload]
+        self.applied_steps = int(state["applied_steps"])  # type: ignore[call-overload]
+        self.live = set(state["live"])  # type: ignore[call-overload]
+        self._downlink_spec = str(state.get("downlink_codec", self._downlink_spec))
+        self._downlink = {k: make_codec(self._downlink_spec) for k in params}
+        self._pending.clear()
+        self._last_update = None
+        log.info("store restored at version %d (%d keys, %d live workers)", self.version, len(params), len(self.live))
+
     # --- helpers --------------------------------------------------------------------------
 
     def _decoder(self, spec: str) -> Codec:
@@ -232,3 +280,14 @@ class ParameterStore:
             return self._decoder(payload.codec).decode(payload)
         except CompressionError as exc:
             raise ProtocolError("bad-payload", f"key {key!r}: {exc}") from None
+
+
+def _clone_tree(value: object) -> object:
+    """Deep-copy the tensors of a (nested) state dict, so a snapshot does not alias live state."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _clone_tree(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_clone_tree(v) for v in value)
+    return value
