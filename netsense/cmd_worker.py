@@ -21,6 +21,8 @@ from netsense.cliargs import (
     resolve_config,
 )
 from netsense.config import JobConfig
+from netsense.errors import ConfigError
+from netsense.launchenv import DEFAULT_PS_PORT, from_environ
 from netsense.models import load_task
 from netsense.worker.optimizer import ConnectSettings, NetSenseOptimizer
 from netsense.worker.trainer import build_model, train
@@ -34,13 +36,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="run one training worker",
         description="Run one worker: connect to the PS over QUIC (TLS verified against the pinned CA, "
         "HMAC-authenticated), train the model synchronously, print a summary.",
-        epilog="Example: netsense worker --ps 10.0.0.5:4433 --rank 1 --world-size 2 --certs ./certs --model digits-cnn",
+        epilog="Examples:\n  netsense worker --ps 10.0.0.5:4433 --rank 1 --world-size 2 --certs ./certs --model digits-cnn\n"
+        "  NETSENSE_PS=10.0.0.5:4433 torchrun --nproc-per-node 2 -m netsense worker --certs ./certs",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_flag(p)
-    p.add_argument("--ps", default="127.0.0.1:4433", help="PS address HOST:PORT")
-    p.add_argument("--rank", type=int, default=0, help="this worker's rank (0 initializes the parameters)")
-    p.add_argument("--world-size", type=int, help="number of workers (default: config `workers`)")
+    p.add_argument("--ps", help="PS address HOST:PORT (default: $NETSENSE_PS, torchrun's MASTER_ADDR or Slurm's "
+                   "first node with port 4433, else 127.0.0.1:4433)")
+    p.add_argument("--rank", type=int, help="this worker's rank; 0 initializes the parameters (default: RANK / SLURM_PROCID, else 0)")
+    p.add_argument("--world-size", type=int, help="number of workers (default: WORLD_SIZE / SLURM_NTASKS, else config `workers`)")
     p.add_argument("--worker-id", help="stable worker name (default host-rank)")
     p.add_argument("--server-name", help="name to verify in the PS certificate (default: the PS host)")
     p.add_argument("--events", action="store_true", help="print progress as JSON lines on stdout")
@@ -64,8 +68,15 @@ def connect_settings(config: JobConfig, host: str, port: int, server_name: str |
 
 def run(args: argparse.Namespace) -> int:
     config = resolve_config(args)
-    host, port = parse_hostport(args.ps)
-    world = args.world_size or config.workers
+    env = from_environ()
+    if args.ps:
+        host, port = parse_hostport(args.ps)
+    else:
+        host, port = env.ps_host or "127.0.0.1", env.ps_port or DEFAULT_PS_PORT
+    args.rank = args.rank if args.rank is not None else (env.rank or 0)
+    world = args.world_size or env.world_size or config.workers
+    if not 0 <= args.rank < world:
+        raise ConfigError(f"rank {args.rank} is outside world size {world}")
     task = load_task(config.model)
     model = build_model(task, config.train.seed)
     optimizer = {**task.optimizer, **config.optimizer}
@@ -82,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
         worker_id=worker_id,
         optimizer=optimizer,
         codec=config.train.codec,
+        policy=config.train.policy,
+        ladder=config.train.ladder,
+        decision_log=config.train.decision_log,
     ) as opt:
         summary = train(task, model, opt, rank=args.rank, world_size=world, settings=config.train, emit=emit)
     summary["rank"] = args.rank

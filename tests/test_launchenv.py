@@ -1,0 +1,36 @@
+"""torchrun / Slurm environment parsing."""
+
+from __future__ import annotations
+
+import pytest
+
+from netsense.errors import ConfigError
+from netsense.launchenv import first_slurm_host, from_environ
+
+
+def test_torchrun() -> None:
+    e = from_environ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "29500"})
+    assert (e.source, e.rank, e.world_size, e.local_rank, e.ps_host, e.ps_port) == ("torchrun", 3, 4, 1, "10.0.0.7", None)
+
+
+def test_slurm() -> None:
+    e = from_environ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "gpu[03-05,09]"})
+    assert (e.source, e.rank, e.world_size, e.ps_host) == ("slurm", 5, 8, "gpu03")
+
+
+def test_netsense_ps_overrides_and_none() -> None:
+    e = from_environ({"NETSENSE_PS": "ps.example:5000", "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "x"})
+    assert (e.ps_host, e.ps_port) == ("ps.example", 5000)
+    assert from_environ({}).source == "none"
+
+
+@pytest.mark.parametrize(("nodelist", "first"), [("node1", "node1"), ("a[1-3]", "a1"), ("gpu[007,9]", "gpu007"), ("x,y", "x")])
+def test_first_slurm_host(nodelist: str, first: str) -> None:
+    assert first_slurm_host(nodelist) == first
+
+
+def test_bad_values() -> None:
+    with pytest.raises(ConfigError, match="RANK"):
+        from_environ({"RANK": "x", "WORLD_SIZE": "2"})
+    with pytest.raises(ConfigError, match="NETSENSE_PS"):
+        from_environ({"NETSENSE_PS": "nohostport"})
