@@ -1,0 +1,97 @@
+"""Prometheus metrics for the PS and workers, read from live objects at scrape time.
+
+Collectors pull values when Prometheus scrapes, so nothing is added to the training hot path
+and the components (ps, worker) need not know that metrics exist.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+
+def _gauge(name: str, doc: str, value: float, labels: dict[str, str] | None = None) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, doc, labels=list(labels or {}))
+    g.add_metric(list((labels or {}).values()), value)
+    return g
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+class PSCollector(Collector):
+    """Metrics of one `PSServer`."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Metric]:
+        s, store = self.server, self.server.store
+        yield _gauge("netsense_ps_version", "Parameter version (applied updates).", store.version)
+        yield _counter("netsense_ps_steps_applied", "Updates applied since start.", store.applied_steps)
+        yield _gauge("netsense_ps_live_workers", "Workers in the sync barrier.", len(store.live))
+        yield _counter("netsense_ps_errors_sent", "ERROR replies sent to peers.", s.errors_sent)
+        up = CounterMetricFamily("netsense_ps_bytes_received", "Bytes received per worker.", labels=["worker"])
+        down = CounterMetricFamily("netsense_ps_bytes_sent", "Bytes sent per worker.", labels=["worker"])
+        rtt = GaugeMetricFamily("netsense_ps_srtt_seconds", "Smoothed RTT per worker connection.", labels=["worker"])
+        for wid, session in list(s.sessions.items()):
+            up.add_metric([wid], session.conn.bytes_in)
+            down.add_metric([wid], session.conn.bytes_out)
+            srtt = getattr(getattr(session.conn.quic, "_loss", None), "_rtt_smoothed", None)
+            if srtt is not None:
+                rtt.add_metric([wid], srtt)
+        yield from (up, down, rtt)
+
+
+class WorkerCollector(Collector):
+    """Metrics of one `NetSenseOptimizer`: steps, bytes, step-time breakdown, level, link signal."""
+
+    def __init__(self, opt: Any) -> None:
+        self.opt = opt
+
+    def collect(self) -> Iterator[Metric]:
+        opt = self.opt
+        last = opt.last
+        yield _gauge("netsense_worker_version", "Parameter version of this replica.", max(opt.version, 0))
+        yield _counter("netsense_worker_bytes_up", "Bytes sent to the PS.", opt.bytes_up)
+        yield _counter("netsense_worker_bytes_down", "Bytes received from the PS.", opt.bytes_down)
+        breakdown = GaugeMetricFamily("netsense_worker_step_seconds", "Last step's time by phase.", labels=["phase"])
+        for phase in ("encode", "wire", "apply"):
+            breakdown.add_metric([phase], getattr(last, f"{phase}_s", 0.0))
+        yield breakdown
+        yield _gauge("netsense_worker_level", "Codec of the last step (label).", 1.0, {"codec": last.codec or "none"})
+        signal = getattr(opt, "last_signal", None)
+        if signal is not None:
+            for field, doc in (
+                ("bandwidth", "Bottleneck bandwidth estimate, bytes/s."),
+                ("min_rtt", "Minimum RTT, seconds."),
+                ("srtt", "Smoothed RTT, seconds."),
+                ("loss_rate", "Recent loss rate."),
+            ):
+                value = getattr(signal, field, None)
+                if value is not None:
+                    yield _gauge(f"netsense_worker_link_{field}", doc, float(value))
+
+
+class MetricsServer:
+    """A running /metrics endpoint; `close()` stops its thread."""
+
+    def __init__(self, collector: Collector, port: int, host: str = "127.0.0.1") -> None:
+        registry = CollectorRegistry()
+        registry.register(collector)
+        self._server, self._thread = start_http_server(port, addr=host, registry=registry)
+        self.port: int = self._server.server_address[1]
+        log.info("metrics on http://%s:%d/metrics", host, self.port)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)

@@ -1,0 +1,46 @@
+"""Prometheus endpoints of PS and worker, scraped and parsed with prometheus-client's parser."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from netsense.metrics import MetricsServer, PSCollector, WorkerCollector
+from netsense.worker.optimizer import NetSenseOptimizer
+
+from .conftest import RunningPS
+
+
+def _scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {m.name: [(s.labels, s.value) for s in m.samples] for m in text_string_to_metric_families(text)}
+
+
+def test_ps_and_worker_metrics(ps: RunningPS) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = NetSenseOptimizer(model, connect=ps.connect_settings(), rank=0, worker_id="w0")
+    ps_metrics = MetricsServer(PSCollector(ps.server), 0)
+    w_metrics = MetricsServer(WorkerCollector(opt), 0)
+    try:
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(5, 4)).sum().backward()
+            opt.step(samples=5)
+        m = _scrape(ps_metrics.port)
+        assert m["netsense_ps_version"] == [({}, 3.0)]
+        assert m["netsense_ps_steps_applied"][0][1] == 3.0
+        assert m["netsense_ps_live_workers"] == [({}, 1.0)]
+        received = dict((s[0]["worker"], s[1]) for s in m["netsense_ps_bytes_received"] if s[0])
+        assert received["w0"] > 0
+        w = _scrape(w_metrics.port)
+        assert w["netsense_worker_version"] == [({}, 3.0)]
+        assert w["netsense_worker_bytes_up"][0][1] == opt.bytes_up > 0
+        phases = {s[0]["phase"] for s in w["netsense_worker_step_seconds"]}
+        assert phases == {"encode", "wire", "apply"}
+    finally:
+        ps_metrics.close()
+        w_metrics.close()
+        opt.close()
