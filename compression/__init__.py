@@ -2,39 +2,34 @@
 
 from __future__ import annotations
 
-from . import dense as _dense  # noqa: F401  (registers fp32 / fp16 / bf16)
+# Codec modules register themselves on import (fp32/fp16/bf16, qsgd, topk, topka, randk,
+# threshold, powersgd), so importing the package makes every spec available to make_codec.
+from . import dense as _dense  # noqa: F401
+from . import lowrank as _lowrank  # noqa: F401
+from . import quantize as _quantize  # noqa: F401
+from . import sparse as _sparse  # noqa: F401
 from .base import DTYPES, Codec, Payload, codec_names, make_codec, register_codec
+from .feedback import ErrorFeedback
+from .ladder import DEFAULT_LADDER, Ladder, Level
 from .link import LinkState
+from .policy import Decision, NetsensePolicySettings, Policy, make_policy, policy_names, register_policy
 
-__all__ = ["DTYPES", "Codec", "LinkState", "Payload", "codec_names", "make_codec", "register_codec"]
-
-# Lossy codecs register themselves on import (qsgd, topk, topka, randk, threshold, powersgd).
-from . import lowrank as _lowrank  # noqa: E402, F401
-from . import quantize as _quantize  # noqa: E402, F401
-from . import sparse as _sparse  # noqa: E402, F401
-from .feedback import ErrorFeedback  # noqa: E402
-
-__all__ += ["ErrorFeedback"]
-
-# The level ladder and the adaptive policies (DESIGN.md §5).
-from .ladder import DEFAULT_LADDER, Ladder, Level  # noqa: E402
-from .policy import (  # noqa: E402
-    Decision,
-    NetsensePolicySettings,
-    Policy,
-    make_policy,
-    policy_names,
-    register_policy,
-)
-
-__all__ += [
+__all__ = [
     "DEFAULT_LADDER",
+    "DTYPES",
+    "Codec",
     "Decision",
+    "ErrorFeedback",
     "Ladder",
     "Level",
+    "LinkState",
     "NetsensePolicySettings",
+    "Payload",
     "Policy",
+    "codec_names",
+    "make_codec",
     "make_policy",
     "policy_names",
+    "register_codec",
     "register_policy",
 ]

@@ -1,1 +1,32 @@
-"""transport"""
+"""QUIC channel, wire schema, network signal, TLS/auth and the link emulator."""
+
+from __future__ import annotations
+
+from .auth import auth_mac, load_secret, verify_mac
+from .emulator import LinkEmulator
+from .linkspec import DuplexSpec, LinkSpec, parse_link
+from .signal import NetworkSignal, SignalReader
+from .tls import CertPaths, TransportSettings, client_configuration, make_dev_certs, server_configuration
+from .wire import ALPN, PROTOCOL_VERSION, Limits, decode_message, encode_message
+
+__all__ = [
+    "ALPN",
+    "PROTOCOL_VERSION",
+    "CertPaths",
+    "DuplexSpec",
+    "Limits",
+    "LinkEmulator",
+    "LinkSpec",
+    "NetworkSignal",
+    "SignalReader",
+    "TransportSettings",
+    "auth_mac",
+    "client_configuration",
+    "decode_message",
+    "encode_message",
+    "load_secret",
+    "make_dev_certs",
+    "parse_link",
+    "server_configuration",
+    "verify_mac",
+]

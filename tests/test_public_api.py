@@ -1,0 +1,33 @@
+"""What each package promises: its `__all__` exists, is importable, and does not shrink by accident."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+PROMISED = {
+    "netsense": {"NetSenseError", "ConfigError", "ProtocolError", "AuthError", "CompressionError", "PeerTimeout"},
+    "netsense.compression": {"Codec", "Payload", "make_codec", "ErrorFeedback", "Ladder", "Policy", "make_policy", "LinkState"},
+    "netsense.transport": {"LinkEmulator", "NetworkSignal", "SignalReader", "TransportSettings", "make_dev_certs", "decode_message"},
+    "netsense.ps": {"ParameterStore", "PSServer", "ServerSettings", "OptimizerSettings"},
+    "netsense.worker": {"NetSenseOptimizer", "ConnectSettings", "TrainTask", "PSClient"},
+}
+
+
+@pytest.mark.parametrize("package", sorted(PROMISED))
+def test_exports(package: str) -> None:
+    module = importlib.import_module(package)
+    assert PROMISED[package] <= set(module.__all__)
+    for name in module.__all__:
+        assert getattr(module, name) is not None
+
+
+def test_compression_imports_no_io() -> None:
+    """compression/ is pure: importing it must not pull in asyncio or aioquic (DESIGN.md §1)."""
+    import subprocess
+    import sys
+
+    code = "import sys, netsense.compression; print('aioquic' in sys.modules, 'asyncio' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "False"
