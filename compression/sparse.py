@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import torch
 
 from netsense.errors import CompressionError
@@ -101,22 +102,42 @@ def expected_index_bytes(density: float) -> float:
     return min(varint, 2.0)
 
 
-_SCAN_CHUNK = 1 << 20
+_SCAN_CHUNK = 1 << 16
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
 
 
 def indices_at_or_above(flat: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """Sorted indices of entries with |x| >= t, in one pass over `flat`.
 
-    Two compares beat abs() + compare because no magnitude tensor is written; on CPU, scanning
-    1M-element chunks keeps the mask in cache (measured ~20% faster on 11M floats).
+    On CPU the scan runs in numpy over 64K-element chunks that stay in cache: `np.flatnonzero`
+    is ~4x faster than `torch.nonzero`, which dominated this pass (measured on 11M floats, one
+    thread: 0.65x a clone against 2.6x), and single-threaded numpy does not stall when the other
+    cores are busy. NaN never compares >= t, in both paths.
     """
-    if flat.device.type != "cpu" or flat.numel() <= _SCAN_CHUNK:
+    np_dtype = _NUMPY_DTYPES.get(flat.dtype)
+    if flat.device.type != "cpu" or np_dtype is None:
         return torch.nonzero((flat >= t).logical_or_(flat <= -t)).squeeze(1)
-    found = [
-        torch.nonzero((c >= t).logical_or_(c <= -t)).squeeze(1).add_(i * _SCAN_CHUNK)
-        for i, c in enumerate(flat.split(_SCAN_CHUNK))
-    ]
-    return torch.cat(found)
+    values = flat.contiguous().numpy()
+    threshold = np_dtype(t.item())
+    work = np.empty(min(_SCAN_CHUNK, values.size), dtype=np_dtype)
+    found = []
+    for start in range(0, values.size, _SCAN_CHUNK):
+        chunk = values[start : start + _SCAN_CHUNK]
+        magnitude = np.abs(chunk, out=work[: chunk.size])
+        found.append(np.flatnonzero(magnitude >= threshold) + start)
+    return torch.from_numpy(np.concatenate(found)) if found else torch.zeros(0, dtype=torch.int64)
+
+
+def dense_zeros(numel: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A zero tensor for a sparse decode to scatter into.
+
+    On CPU, numpy's zeros come from calloc: fresh pages arrive zeroed from the kernel, so the
+    memset pass of `torch.zeros` (about one clone on 11M floats, most of a sparse decode) is skipped.
+    """
+    np_dtype = _NUMPY_DTYPES.get(dtype)
+    if torch.device(device).type != "cpu" or np_dtype is None:
+        return torch.zeros(numel, dtype=dtype, device=device)
+    return torch.from_numpy(np.zeros(numel, dtype=np_dtype))
 
 
 class SparseCodec(Codec):
@@ -153,7 +174,7 @@ class SparseCodec(Codec):
         check_values_size(payload.parts[1:], self.value_mode, count, dtype, self.spec)
         idx = decode_indices(payload.parts[0], count, n, device)
         values = decode_values(payload.parts[1:], self.value_mode, count, dtype, device, self.spec)
-        out = torch.zeros(n, dtype=dtype, device=device)
+        out = dense_zeros(n, dtype, device)
         out[idx] = values
         return out.reshape(payload.shape)
 
@@ -286,7 +307,7 @@ class RandomK(SparseCodec):
         if idx.numel() != count:
             raise CompressionError(f"{self.spec}: seed {seed} yields {idx.numel()} indices, payload has {count}")
         values = decode_values(payload.parts, self.value_mode, count, dtype, device, self.spec)
-        out = torch.zeros(n, dtype=dtype, device=device)
+        out = dense_zeros(n, dtype, device)
         out[idx.to(device)] = values
         return out.reshape(payload.shape)
 
