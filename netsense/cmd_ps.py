@@ -82,6 +82,6 @@ async def _serve(server: PSServer, quic_config, socket_buffer_bytes: int) -> int
     log.info("stopping at version %d", server.store.version)
     server.close()
     await server.flush_checkpoint()
-    print(json.dumps({"event": "stopped", "version": server.store.version, "errors_sent": server.errors_sent}), flush=True)
+    print(json.dumps({"event": "stopped", "version": server.store.version, "errors_sent": server.errors_sent, "applied_steps": server.store.applied_steps}), flush=True)
     sys.stdout.flush()
     return 0

@@ -57,6 +57,7 @@ class PSClient:
         self._stack = contextlib.AsyncExitStack()
         self.conn: ClientConnection | None = None
         self.welcome: Welcome | None = None
+        self._bytes_base = (0, 0)  # traffic of connections closed by `reconnect`
 
     async def connect(self, connect_timeout_s: float = 10.0) -> Welcome:
         """Open the QUIC connection (TLS verified per the configuration) and authenticate."""
@@ -109,13 +110,28 @@ class PSClient:
         """Parameters at version >= `wait_for` (a delta when `have_version` allows it)."""
         return await self._request(Pull(have_version, wait_for), Params)
 
+    async def reconnect(self, connect_timeout_s: float = 10.0) -> Welcome:
+        """Drop the current connection (no BYE: it is presumed dead) and connect + authenticate afresh."""
+        old = self.conn
+        if old is not None:
+            self._bytes_base = (self.bytes_sent, self.bytes_received)
+            self.conn = None
+            try:
+                await asyncio.wait_for(self._stack.aclose(), 1.0)
+            except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - a dead connection may fail to close
+                log.debug("closing the old connection: %r", exc)
+            if old._transport is not None:
+                old._transport.close()  # an interrupted close would leak the UDP socket
+        self._stack = contextlib.AsyncExitStack()
+        return await self.connect(connect_timeout_s)
+
     @property
     def bytes_sent(self) -> int:
-        return self.conn.bytes_out if self.conn else 0
+        return self._bytes_base[0] + (self.conn.bytes_out if self.conn else 0)
 
     @property
     def bytes_received(self) -> int:
-        return self.conn.bytes_in if self.conn else 0
+        return self._bytes_base[1] + (self.conn.bytes_in if self.conn else 0)
 
     async def close(self, reason: str = "done") -> None:
         """Say BYE (best effort) and close the connection."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import socket
 import time
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from pathlib import Path
 import torch
 
 from netsense.compression import Codec, Payload, make_codec
-from netsense.errors import ConfigError, PeerError, ProtocolError
+from netsense.errors import AuthError, ConfigError, PeerError, PeerTimeout, ProtocolError
 from netsense.transport.auth import load_secret
 from netsense.transport.tls import TransportSettings, client_configuration
 from netsense.transport.wire import Params
@@ -49,6 +50,12 @@ class ConnectSettings:
     """QUIC knobs."""
     connect_timeout_s: float = 10.0
     """Give up connecting after this long."""
+    reconnect_deadline_s: float = 300.0
+    """After a dropped connection, keep reconnecting (with backoff) for this long, then fail."""
+    reconnect_backoff_s: float = 0.2
+    """First wait between reconnect attempts; doubles per attempt (with jitter) up to the cap."""
+    reconnect_backoff_max_s: float = 5.0
+    """Cap of the wait between reconnect attempts."""
 
 
 @dataclass
@@ -97,6 +104,9 @@ class NetSenseOptimizer:
         self.bytes_up = 0
         self.bytes_down = 0
         self._net = NetThread()
+        self._connect = connect
+        self.reconnects = 0
+        """Connections re-established after a drop (PS restart, path change, timeout)."""
         try:
             self.client = PSClient(
                 connect.host,
@@ -177,6 +187,7 @@ class NetSenseOptimizer:
         return codec
 
     async def _start(self, optimizer: dict[str, object], timeout: float) -> None:
+        self._optimizer_settings = optimizer
         welcome = await self.client.connect(timeout)
         fp32 = make_codec("fp32")
         if not welcome.initialized and self.rank == 0:
@@ -185,6 +196,48 @@ class NetSenseOptimizer:
         self._apply(await self.client.pull(-1, 0))
 
     async def _exchange(self, buckets: list[dict[str, Payload]], samples: int) -> Params:
+        """One step's push + pull; if the connection drops, reconnect and retry or resync."""
+        while True:
+            step = self.version
+            try:
+                return await self._exchange_once(buckets, samples)
+            except PeerTimeout as exc:
+                params = await self._reconnect(exc)
+            if params.version != step:
+                # The PS moved on, or went back to a checkpoint: follow its version, drop this step.
+                log.warning("after reconnecting the PS is at version %d (step was %d); resynced", params.version, step)
+                return params
+            self._apply(params)  # same version: the gradients still fit, push them again
+
+    async def _reconnect(self, cause: Exception) -> Params:
+        """Reconnect with capped exponential backoff, re-authenticate, pull the full parameters."""
+        s = self._connect
+        deadline = time.monotonic() + s.reconnect_deadline_s
+        delay, attempt, started = s.reconnect_backoff_s, 0, time.monotonic()
+        log.warning("connection to the PS lost (%s); reconnecting", cause)
+        while True:
+            attempt += 1
+            try:
+                welcome = await self.client.reconnect(min(s.connect_timeout_s, max(0.1, deadline - time.monotonic())))
+                if not welcome.initialized and self.rank == 0:
+                    # A PS restarted without a checkpoint: rank 0 seeds it with the current replica.
+                    fp32 = make_codec("fp32")
+                    await self.client.init({sl.key: fp32.encode(sl.view(sl.param.detach())) for sl in self.slots}, self._optimizer_settings)
+                params = await self.client.pull(-1, 0)
+            except (AuthError, PeerTimeout, PeerError, OSError) as exc:
+                if isinstance(exc, AuthError) and "refused" in str(exc):
+                    raise  # wrong secret: retrying cannot help
+                if time.monotonic() + delay >= deadline:
+                    raise PeerTimeout(f"could not reconnect to the PS within {s.reconnect_deadline_s} s ({attempt} attempts): {exc}") from None
+                log.info("reconnect attempt %d failed (%s); next in %.2f s", attempt, exc, delay)
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(2 * delay, s.reconnect_backoff_max_s)
+                continue
+            self.reconnects += 1
+            log.warning("reconnected to the PS after %.2f s (%d attempts), version %d", time.monotonic() - started, attempt, params.version)
+            return params
+
+    async def _exchange_once(self, buckets: list[dict[str, Payload]], samples: int) -> Params:
         step = self.version
         pushes = [asyncio.ensure_future(self.client.push(step, samples, len(self.slots), b)) for b in buckets]
         pull = asyncio.ensure_future(self.client.pull(step, step + 1))

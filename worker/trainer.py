@@ -90,7 +90,10 @@ def train(
     t_start = time.perf_counter()
     loss_value = float("nan")
     samples = 0
-    for step in range(steps):
+    while opt.version < steps:
+        # The step follows the PS's version: a worker that rejoined, or a PS restarted from a
+        # checkpoint, continues where the job is rather than where this process was.
+        step = opt.version
         idx = worker_batch(step, rank=rank, world_size=world_size, batch_size=b, seed=settings.seed, n=n)
         out = model(task.train_inputs[idx])
         loss = task.loss(out, task.train_targets[idx])
