@@ -31,9 +31,21 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="seed of the model init and the batch order")
     p.add_argument("--codec", help="uplink codec: fp32, fp16, bf16, qsgd:8, topk:0.01+fp16, ...")
     p.add_argument("--downlink-codec", help="PS -> worker codec (default fp32)")
+    add_policy_flags(p)
+    p.add_argument("--downlink-policy", help="the PS's downlink policy (default none: --downlink-codec)")
     p.add_argument("--eval-every", type=int, help="rank 0 evaluates every N steps")
     p.add_argument("--lr", type=float, help="PS optimizer learning rate")
     p.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], help="PS optimizer")
+
+
+def add_policy_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--policy",
+        help="adaptive policy: none, fp16, fixed:CODEC, dc2, netsenseml-paper, netsense "
+        "(overrides --codec; --codec X is --policy fixed:X)",
+    )
+    p.add_argument("--ladder", help="levels the policy picks from, least lossy first, e.g. fp32,fp16,qsgd:8,topk:0.01+fp16")
+    p.add_argument("--decision-log", metavar="PATH", help="JSONL decision log: one line per step and direction")
 
 
 def add_transport_flags(p: argparse.ArgumentParser) -> None:
@@ -58,6 +70,11 @@ def resolve_config(args: argparse.Namespace) -> JobConfig:
         train__batch_size=a.get("batch_size"),
         train__seed=a.get("seed"),
         train__codec=a.get("codec"),
+        train__policy=a.get("policy"),
+        train__ladder=a.get("ladder"),
+        train__decision_log=a.get("decision_log"),
+        server__policy=a.get("downlink_policy"),
+        server__ladder=a.get("ladder"),
         train__eval_every=a.get("eval_every"),
         server__downlink_codec=a.get("downlink_codec"),
         server__barrier_timeout_s=a.get("barrier_timeout"),

@@ -26,6 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--summary-json", metavar="PATH", help="write the summary JSON here")
     p.add_argument("--run-dir", metavar="DIR", help="folder for the resolved config and logs (default: a temp dir)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--link", metavar="SPEC", help="emulated link between workers and PS (netsense emulate), "
+                   "e.g. rate=20mbit,delay=10ms")
+    p.add_argument("--trace", metavar="FILE", help="rate trace for the emulated link (CSV or Mahimahi)")
     add_train_flags(p)
     add_transport_flags(p)
     add_security_flags(p)
@@ -48,14 +51,16 @@ def run(args: argparse.Namespace) -> int:
             bar.n = e["step"]
             bar.set_postfix(
                 loss=f"{e['loss']:.3f}", sps=f"{e['samples_per_s']:.0f}", up=_mb(e["bytes_up"]), down=_mb(e["bytes_down"]),
-                refresh=False,
+                codec=e.get("codec", ""), refresh=False,
             )  # fmt: skip
             bar.refresh()
         elif e.get("event") == "eval":
             bar.write(f"step {e['step']}: test accuracy {e['test_accuracy']:.4f}")
 
     try:
-        summary = Launcher(config, verbose=args.verbose, on_event=on_event, run_dir=args.run_dir).run()
+        summary = Launcher(
+            config, verbose=args.verbose, on_event=on_event, run_dir=args.run_dir, link=args.link, trace=args.trace
+        ).run()
     finally:
         if bar is not None:
             bar.close()

@@ -33,7 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_config_flag(p)
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="UDP port (0 = pick a free one; default 4433)")
-    p.add_argument("--downlink-codec", help="PS -> worker codec (default fp32)")
+    p.add_argument("--downlink-codec", help="PS -> worker codec (default fp32; the same as --policy fixed:CODEC)")
+    p.add_argument("--policy", help="downlink policy: none, fp16, fixed:CODEC, dc2, netsense (default: --downlink-codec)")
+    p.add_argument("--ladder", help="levels the policy picks from, least lossy first")
+    p.add_argument("--decision-log", metavar="PATH", help="JSONL downlink decision log: one line per update")
     p.add_argument("--checkpoint-dir", metavar="DIR", help="write atomic checkpoints here (default: none)")
     p.add_argument("--checkpoint-every", type=int, metavar="N", help="checkpoint every N applied steps (default 100)")
     p.add_argument("--checkpoint-every-s", type=float, metavar="S", help="also checkpoint every S seconds")
@@ -48,7 +51,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = resolve_config(args)
-    config = override(config, server__host=args.host, server__port=args.port)
+    config = override(
+        config, server__host=args.host, server__port=args.port, server__policy=args.policy,
+        server__decision_log=args.decision_log,
+    )  # fmt: skip
     resume_dir = args.resume if isinstance(args.resume, str) else None
     config = override(
         config,

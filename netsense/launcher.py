@@ -65,12 +65,18 @@ class Launcher:
         on_event: Callable[[int, dict[str, Any]], None] | None = None,
         run_dir: str | Path | None = None,
         worker_args: list[str] | None = None,
+        link: str | None = None,
+        trace: str | None = None,
     ) -> None:
         self.config = config
         self.verbose = verbose
         self.on_event = on_event or (lambda rank, e: None)
         self.run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="netsense-launch-"))
         self.worker_args = worker_args or []
+        self.link = link
+        """Emulated link spec between the workers and the PS (`netsense emulate` child), or None."""
+        self.trace = trace
+        """Rate trace file for that link, or None."""
         self.procs: list[subprocess.Popen[str]] = []
 
     def _cmd(self, *args: str) -> list[str]:
@@ -100,15 +106,20 @@ class Launcher:
             stop_processes(self.procs)
 
     def _supervise(self, cfg_path: Path, n: int) -> dict[str, Any]:
-        ps = self._spawn(self._cmd("ps", "--config", str(cfg_path)))
+        down_log = self.config.server.decision_log or str(self.run_dir / "decisions-down.jsonl")
+        ps = self._spawn(self._cmd("ps", "--config", str(cfg_path), "--decision-log", down_log))
         port = self._wait_ready(ps)
+        emulator = None
+        if self.link or self.trace:
+            emulator, port = self._start_emulator(port)
         events: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
         workers = []
         for rank in range(n):
             w = self._spawn(
                 self._cmd(
                     "worker", "--config", str(cfg_path), "--ps", f"127.0.0.1:{port}", "--rank", str(rank),
-                    "--world-size", str(n), "--worker-id", f"worker-{rank}", "--events", *self.worker_args,
+                    "--world-size", str(n), "--worker-id", f"worker-{rank}", "--events",
+                    "--server-name", "127.0.0.1", "--decision-log", self._up_log(rank), *self.worker_args,
                 )
             )  # fmt: skip
             threading.Thread(target=_reader, args=(rank, w.stdout, events), daemon=True).start()
@@ -124,6 +135,8 @@ class Launcher:
                 pass
             if ps.poll() is not None:
                 raise ProcessFailed(f"the parameter server exited early with status {ps.returncode}")
+            if emulator is not None and emulator.poll() is not None:
+                raise ProcessFailed(f"the link emulator exited early with status {emulator.returncode}")
             codes = [w.poll() for w in workers]
             failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
             if failed:
@@ -143,7 +156,43 @@ class Launcher:
             "bytes_up": sum(d["bytes_up"] for d in done.values()),
             "bytes_down": sum(d["bytes_down"] for d in done.values()),
             "workers": n,
+            "levels": _merge_levels(d.get("levels", {}) for d in done.values()),
+            "decision_logs": [down_log, *(self._up_log(r) for r in range(n))],
         }
+
+    def _up_log(self, rank: int) -> str:
+        """Worker `rank`'s uplink decision log: the configured path with the rank, or the run dir's."""
+        configured = self.config.train.decision_log
+        if configured:
+            path = Path(configured)
+            return str(path.with_name(f"{path.stem}-{rank}{path.suffix or '.jsonl'}"))
+        return str(self.run_dir / f"decisions-up-{rank}.jsonl")
+
+    def _start_emulator(self, ps_port: int, timeout_s: float = 30.0) -> tuple[subprocess.Popen[str], int]:
+        """`netsense emulate` between the workers and the PS; returns it and the port it listens on."""
+        args = ["emulate", "--upstream", f"127.0.0.1:{ps_port}", "--stats-every", "0", "--link", self.link or ""]
+        if self.trace:
+            args += ["--trace", self.trace]
+        emu = self._spawn(self._cmd(*args))
+        lines: queue.Queue[str] = queue.Queue()
+
+        def pump() -> None:
+            assert emu.stdout is not None
+            for line in emu.stdout:
+                lines.put(line)
+
+        threading.Thread(target=pump, daemon=True).start()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=0.2)
+            except queue.Empty:
+                if emu.poll() is not None:
+                    raise ProcessFailed(f"the link emulator exited with status {emu.returncode} before listening")
+                continue
+            if line.startswith("listening on "):
+                return emu, int(line.split()[2].rpartition(":")[2])
+        raise ProcessFailed(f"the link emulator did not report its port within {timeout_s} s")
 
     def _wait_ready(self, ps: subprocess.Popen[str], timeout_s: float = 60.0) -> int:
         box: queue.Queue[dict[str, Any]] = queue.Queue()
@@ -159,6 +208,15 @@ class Launcher:
             if event.get("event") == "ready":
                 return int(event["port"])
         raise ProcessFailed(f"the parameter server did not report ready within {timeout_s} s")
+
+
+def _merge_levels(histograms: Any) -> dict[str, int]:
+    """Sum of per-worker level histograms (codec spec -> steps)."""
+    total: dict[str, int] = {}
+    for h in histograms:
+        for spec, count in h.items():
+            total[spec] = total.get(spec, 0) + int(count)
+    return total
 
 
 class _Adapter:

@@ -34,6 +34,7 @@ from netsense.transport.wire import (
 )
 
 from . import checkpoint
+from .downlink import DownlinkController
 from .store import ParameterStore, StepApplied
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,15 @@ class ServerSettings:
     pull_timeout_s: float = 600.0
     """Longest a PULL waits for the next version before answering ERROR."""
     downlink_codec: str = "fp32"
-    """Codec of the PS -> worker update (same bytes to every worker)."""
+    """Codec of the PS -> worker update (same bytes to every worker); `policy` None means
+    ``fixed:<downlink_codec>``."""
+    policy: str | None = None
+    """Downlink policy spec (``none``, ``fp16``, ``fixed:<codec>``, ``dc2``, ``netsense``, ...): one
+    level per update for the slowest live worker's connection. None: `downlink_codec`."""
+    ladder: str | None = None
+    """Levels the downlink policy picks from, least lossy first (None: DEFAULT_LADDER)."""
+    decision_log: str | None = None
+    """JSONL file for one downlink decision record per update (None: no log)."""
     checkpoint_dir: str | None = None
     """Folder for atomic checkpoints (None: no checkpoints); `netsense ps --resume` reads it."""
     checkpoint_every_steps: int = 100
@@ -77,6 +86,14 @@ class PSServer:
         self.secret = secret
         self.limits = limits
         self.store = ParameterStore(downlink_codec=settings.downlink_codec)
+        self.downlink = (
+            DownlinkController(
+                settings.policy or f"fixed:{settings.downlink_codec}", ladder=settings.ladder, decision_log=settings.decision_log
+            )
+            if settings.policy or settings.decision_log
+            else None
+        )
+        """The downlink policy loop; None when the downlink codec is fixed and unlogged."""
         self.sessions: dict[str, WorkerSession] = {}
         self._changed = asyncio.Condition()
         self._step_started_at: float | None = None
@@ -114,6 +131,8 @@ class PSServer:
         """Stop listening and close every connection."""
         if self._watchdog is not None:
             self._watchdog.cancel()
+        if self.downlink is not None:
+            self.downlink.close()
         if self._server is not None:
             self._server.close()
 
@@ -244,7 +263,6 @@ class WorkerSession:
         self._deadline.cancel()
         self.server.connections.discard(self)
 
-
     async def handle(self, msg: Message) -> Message | bytes | None:
         if isinstance(msg, Hello):
             return self._on_hello(msg)
@@ -264,6 +282,8 @@ class WorkerSession:
             return Ack(store.version)
         if isinstance(msg, Push):
             self.server.note_push()
+            if self.server.downlink is not None:
+                self.server.downlink.before_step(store, self.server.sessions)
             result = store.push(self.worker_id, msg)
             await self.server.applied(result)
             return Ack(store.version)
@@ -273,7 +293,10 @@ class WorkerSession:
                     await self.server.wait_version(max(msg.wait_for, 0))
                 except asyncio.TimeoutError:
                     raise ProtocolError("timeout", f"version {msg.wait_for} not reached within the pull timeout") from None
-            return self.server.params_bytes(store.pull(msg.have_version))
+            data = self.server.params_bytes(store.pull(msg.have_version))
+            if self.server.downlink is not None:
+                self.server.downlink.sent(self.conn.quic, store.version, len(data))
+            return data
         if isinstance(msg, Bye):
             self._leave(f"bye: {msg.reason}")
             return Ack(store.version)

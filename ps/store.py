@@ -60,6 +60,8 @@ class ParameterStore:
         self._decoders: dict[str, Codec] = {}
         self._downlink_spec = downlink_codec
         self._downlink = {}  # key -> encoder instance (stateful codecs keep per-key state)
+        self._update_spec: str | None = None  # a downlink policy's choice, overrides the codec
+        self._downlink_chosen: dict[tuple[str, str], Codec] = {}  # (key, spec) -> encoder
         self._last_update: Params | None = None
         self.applied_steps = 0
         self.rejected_messages = 0
@@ -185,13 +187,22 @@ class ParameterStore:
 
     # --- downlink -------------------------------------------------------------------------
 
+    def set_downlink(self, spec: str | None) -> None:
+        """Codec of the next updates (a downlink policy's choice, per update); None: back to the
+        configured `downlink_codec`. Replicas still equal the shadow bit for bit: the shadow
+        follows whatever was sent, and a lossless choice sends the parameters themselves."""
+        if spec is not None:
+            make_codec(spec)  # a bad spec fails here, not half way through an update
+        self._update_spec = spec
+
     def _encode_update(self, base: int) -> Params:
-        if self._downlink_spec in ("fp32", "none"):
+        spec = self._update_spec or self._downlink_spec
+        if spec in ("fp32", "none"):
             self.shadow = {k: v.clone() for k, v in self.params.items()}
             return self.full_params()
         tensors = {}
         for key, param in self.params.items():
-            codec = self._downlink[key]
+            codec = self._downlink[key] if spec == self._downlink_spec else self._chosen_codec(key, spec)
             payload = codec.encode(param - self.shadow[key])
             self.shadow[key] += codec.decode(payload).to(param.dtype)
             tensors[key] = payload
@@ -262,6 +273,13 @@ class ParameterStore:
         log.info("store restored at version %d (%d keys, %d live workers)", self.version, len(params), len(self.live))
 
     # --- helpers --------------------------------------------------------------------------
+
+    def _chosen_codec(self, key: str, spec: str) -> Codec:
+        """Per-key encoder of a policy-chosen downlink spec (stateful codecs keep per-key state)."""
+        codec = self._downlink_chosen.get((key, spec))
+        if codec is None:
+            codec = self._downlink_chosen[(key, spec)] = make_codec(spec)
+        return codec
 
     def _decoder(self, spec: str) -> Codec:
         codec = self._decoders.get(spec)

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from netsense.compression import Codec, Payload, make_codec
+from netsense.compression import Codec, LinkState, Payload, make_codec
+from netsense.compression.policy import Policy
 from netsense.errors import AuthError, ConfigError, PeerError, PeerTimeout, ProtocolError
 from netsense.transport.auth import load_secret
 from netsense.transport.tls import TransportSettings, client_configuration
@@ -26,6 +27,7 @@ from netsense.transport.wire import Params
 from .client import Identity, PSClient
 from .layout import DEFAULT_CHUNK_ELEMS, KeySlot, key_layout
 from .netthread import NetThread
+from .uplink import UplinkController, build_policy
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +92,10 @@ class NetSenseOptimizer:
         codec: str = "fp32",
         chunk_elems: int = DEFAULT_CHUNK_ELEMS,
         bucket_bytes: int = 4 << 20,
+        policy: str | Policy | None = None,
+        ladder: str | None = None,
+        decision_log: str | os.PathLike[str] | None = None,
+        policy_settings: dict[str, object] | None = None,
     ) -> None:
         self.model = model
         self.slots: list[KeySlot] = key_layout(model, chunk_elems)
@@ -97,6 +103,15 @@ class NetSenseOptimizer:
         self.codec_spec = codec
         self._codecs: dict[str, Codec] = {}
         self._codec(codec)  # fail fast on a bad spec
+        # `--codec X` is `--policy fixed:X`; a policy given explicitly wins over the codec.
+        self.uplink = UplinkController(
+            build_policy(policy or f"fixed:{codec}", ladder, policy_settings),
+            payload_bytes=sum(4 * s.numel for s in self.slots),
+            decision_log=decision_log,
+            log_fields={"worker_id": worker_id, "rank": rank},
+        )
+        """Per-step level choice and the decision log (DESIGN.md §5)."""
+        self._push_s = 0.0
         self.feedback = None  # created on first lossy step (lossless codecs need no residuals)
         self.bucket_bytes = bucket_bytes
         self.version = -1
@@ -127,10 +142,15 @@ class NetSenseOptimizer:
 
     @torch.no_grad()
     def step(self, samples: int = 1, codec: str | None = None) -> StepStats:
-        """Push this worker's gradients (from `samples` samples), pull and apply the next version."""
-        spec = codec or self.codec_spec
-        stats = StepStats(codec=spec)
+        """Push this worker's gradients (from `samples` samples), pull and apply the next version.
+
+        The codec is `codec` when given, else the uplink policy's choice for this step."""
         t0 = time.perf_counter()
+        decision = None
+        if codec is None:
+            decision = self.uplink.choose(self._net.run(self._read_link()), started=t0)
+        spec = codec or (decision.spec if decision is not None else self.codec_spec)
+        stats = StepStats(codec=spec)
         payloads: dict[str, Payload] = {}
         for slot in self.slots:
             grad = slot.param.grad
@@ -147,6 +167,15 @@ class NetSenseOptimizer:
         stats.bytes_up = self.client.bytes_sent - self.bytes_up
         stats.bytes_down = self.client.bytes_received - self.bytes_down
         self.bytes_up, self.bytes_down = self.client.bytes_sent, self.client.bytes_received
+        if decision is not None:
+            self.uplink.observe(
+                bytes_sent=sum(p.wire_size for p in payloads.values()),
+                comm_s=self._push_s,
+                encode_s=stats.encode_s,
+                wire_s=stats.wire_s,
+                version=self.version,
+            )
+        self.uplink.mark_end()
         self.last = stats
         return stats
 
@@ -157,6 +186,7 @@ class NetSenseOptimizer:
         try:
             self._net.run(self.client.close(), timeout=10)
         finally:
+            self.uplink.close()
             self._net.close()
 
     def __enter__(self) -> NetSenseOptimizer:
@@ -168,8 +198,8 @@ class NetSenseOptimizer:
     # --- internals -------------------------------------------------------------------------
 
     def _encode(self, key: str, grad: torch.Tensor, codec: Codec) -> Payload:
-        if codec.lossless:
-            return codec.encode(grad)
+        if codec.lossless and self.feedback is None:
+            return codec.encode(grad)  # with residuals left by lossy steps, feedback flushes them
         if self.feedback is None:
             from netsense.compression.feedback import ErrorFeedback
 
@@ -194,6 +224,11 @@ class NetSenseOptimizer:
             tensors = {s.key: fp32.encode(s.view(s.param.detach())) for s in self.slots}
             await self.client.init(tensors, optimizer)
         self._apply(await self.client.pull(-1, 0))
+
+    async def _read_link(self) -> LinkState:
+        """The connection's path now (runs on the net thread, which owns the connection)."""
+        assert self.client.conn is not None, "not connected"
+        return self.uplink.read_link(self.client.conn.quic)
 
     async def _exchange(self, buckets: list[dict[str, Payload]], samples: int) -> Params:
         """One step's push + pull; if the connection drops, reconnect and retry or resync."""
@@ -239,10 +274,12 @@ class NetSenseOptimizer:
 
     async def _exchange_once(self, buckets: list[dict[str, Payload]], samples: int) -> Params:
         step = self.version
+        started = time.perf_counter()
         pushes = [asyncio.ensure_future(self.client.push(step, samples, len(self.slots), b)) for b in buckets]
         pull = asyncio.ensure_future(self.client.pull(step, step + 1))
         try:
             await asyncio.gather(*pushes)
+            self._push_s = time.perf_counter() - started  # first byte to the last push's ack
         except PeerError as exc:
             pull.cancel()
             for p in pushes:

@@ -35,7 +35,14 @@ class TrainSettings:
     eval_every: int = 50
     """Rank 0 evaluates the test set every this many steps (0: only at the end)."""
     codec: str = "fp32"
-    """Uplink codec (a spec of `netsense.compression.make_codec`)."""
+    """Uplink codec (a spec of `netsense.compression.make_codec`); the same as policy ``fixed:<codec>``."""
+    policy: str | None = None
+    """Uplink policy spec (``none``, ``fp16``, ``fixed:<codec>``, ``dc2``, ``netsenseml-paper``,
+    ``netsense``); overrides `codec` when set."""
+    ladder: str | None = None
+    """Comma-separated codec specs the policy picks from, least lossy first (None: DEFAULT_LADDER)."""
+    decision_log: str | None = None
+    """JSONL file for one decision record per step (None: no log)."""
 
 
 def global_batch(step: int, *, seed: int, n: int, size: int) -> torch.Tensor:
@@ -128,6 +135,7 @@ def train(
         "bytes_up": opt.bytes_up,
         "bytes_down": opt.bytes_down,
         "workers": world_size,
+        "levels": dict(opt.uplink.levels),
     }
     if rank == 0:
         acc, test_loss = evaluate(task, model)

@@ -40,7 +40,7 @@ def test_default_job_reaches_accuracy_and_cleans_up(tmp_path: Path) -> None:
     proc = _launch(tmp_path, "--steps", "200", "--summary-json", str(summary_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(summary_path.read_text())
-    assert set(summary) == {"test_accuracy", "final_loss", "wall_s", "steps", "samples_per_s", "bytes_up", "bytes_down", "workers"}
+    assert {"test_accuracy", "final_loss", "wall_s", "steps", "samples_per_s", "bytes_up", "bytes_down", "workers"} <= set(summary)
     assert summary["test_accuracy"] >= 0.95, summary
     assert summary["steps"] == 200 and summary["workers"] == 2
     assert summary["bytes_up"] > 0 and summary["bytes_down"] > 0 and summary["samples_per_s"] > 0

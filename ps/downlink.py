@@ -1,0 +1,142 @@
+"""The PS's downlink policy loop (DESIGN.md §5, sync mode).
+
+The PS sends the same update bytes to every worker (one shadow), so it picks one level per update
+for the slowest live worker's connection: the link state with the least bandwidth among the
+sessions' signals. What the send cost is measured per connection as the time from writing the
+PARAMS reply until the peer has acknowledged that many bytes (the sensing controller's delivered
+counter); the slowest connection's time is the update's comm time. One decision-log line per update,
+written when the next update is chosen (by then every worker has its copy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from netsense.compression.ladder import DEFAULT_LADDER, Ladder
+from netsense.compression.link import LinkState
+from netsense.compression.policy import Decision, Policy, make_policy
+from netsense.transport.decisions import DecisionLog
+from netsense.transport.signal import SignalReader
+
+log = logging.getLogger(__name__)
+
+COMPUTE_EWMA_ALPHA = 0.3
+"""Weight of the newest sample of the time workers spend between receiving an update and the next."""
+WATCH_TIMEOUT_S = 60.0
+"""Give up timing one delivery after this long (a worker that vanished)."""
+
+
+class DownlinkController:
+    """One PS's adaptive downlink: `choose` before an update is encoded, `sent` per PARAMS reply."""
+
+    def __init__(self, policy: str, *, ladder: str | None = None, decision_log: str | Path | None = None) -> None:
+        self.policy: Policy = make_policy(policy, Ladder.parse(ladder or DEFAULT_LADDER))
+        self.log = DecisionLog(decision_log, direction="down") if decision_log else None
+        self.levels: dict[str, int] = {}
+        """Updates sent at each codec spec."""
+        self.compute_s: float | None = None
+        self._readers: weakref.WeakKeyDictionary[Any, SignalReader] = weakref.WeakKeyDictionary()
+        self._chosen_for: int | None = None
+        self._pending: tuple[Decision, LinkState, float] | None = None  # decision, link, chosen at
+        self._sent: dict[int, list[float]] = {}  # version -> comm times of finished deliveries
+        self._bytes: dict[int, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _reader(self, quic: Any) -> SignalReader:
+        reader = self._readers.get(quic)
+        if reader is None:
+            reader = self._readers[quic] = SignalReader(quic)
+        return reader
+
+    def link_of(self, quic: Any) -> LinkState:
+        """Snapshot of one connection's path (on the loop thread)."""
+        return self._reader(quic).read().to_link_state()
+
+    def slowest(self, quics: list[Any]) -> LinkState:
+        """The link state with the least known bandwidth (unknown counts as slowest)."""
+        links = [self.link_of(q) for q in quics]
+        if not links:
+            return LinkState(time_s=time.monotonic(), bandwidth_Bps=None, min_rtt_s=None, srtt_s=None)
+        return min(links, key=lambda s: s.bandwidth_Bps if s.bandwidth_Bps is not None else -1.0)
+
+    def before_step(self, store: Any, sessions: dict[str, Any]) -> None:
+        """At a push: choose the level of the update this step will produce (once per version)
+        for the live workers' connections, and set it on the store."""
+        if not store.initialized or self._chosen_for == store.version:
+            return
+        quics = [s.conn.quic for wid, s in sessions.items() if wid in store.live]
+        spec = self.choose(store.version, quics, 4 * store.numel)
+        if spec is not None:
+            store.set_downlink(spec)
+
+    def choose(self, version: int, quics: list[Any], payload_bytes: int) -> str | None:
+        """The codec spec for the update that will take the store to `version` + 1; None when
+        already chosen for this version."""
+        if self._chosen_for == version:
+            return None
+        self._chosen_for = version
+        now = time.perf_counter()
+        self._finish()
+        if self._pending is not None:
+            interval = now - self._pending[2]
+            comm = max(self._sent.get(self._pending[0].step + 1, [0.0]) or [0.0])
+            sample = max(0.0, interval - comm)
+            a = COMPUTE_EWMA_ALPHA
+            self.compute_s = sample if self.compute_s is None else a * sample + (1 - a) * self.compute_s
+        link = self.slowest(quics)
+        if self.compute_s is None:  # nothing timed yet: no basis to trade bytes for time
+            link = replace(link, bandwidth_Bps=None)
+        decision = self.policy.choose(
+            link=link, payload_bytes=payload_bytes, compute_s=self.compute_s or 0.0, overlap=False, step=version
+        )
+        self._pending = (decision, link, now)
+        self.levels[decision.spec] = self.levels.get(decision.spec, 0) + 1
+        return decision.spec
+
+    def sent(self, quic: Any, version: int, nbytes: int) -> None:
+        """A PARAMS reply of `nbytes` for `version` is being written on `quic` now (call before
+        the write, on the loop thread); times its delivery in the background."""
+        state = self._reader(quic).state
+        self._bytes[version] = nbytes
+        task = asyncio.get_event_loop().create_task(self._watch(state, state.delivered, nbytes, version))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _watch(self, state: Any, base: int, nbytes: int, version: int) -> None:
+        t0 = time.perf_counter()
+        while state.delivered - base < nbytes:
+            if time.perf_counter() - t0 > WATCH_TIMEOUT_S:
+                return
+            await asyncio.sleep(0.002)
+        self._sent.setdefault(version, []).append(time.perf_counter() - t0)
+
+    def _finish(self) -> None:
+        """Log and feed back the previous update (its deliveries are done by now)."""
+        if self._pending is None:
+            return
+        decision, link, _ = self._pending
+        version = decision.step + 1
+        times = self._sent.pop(version, [])
+        nbytes = self._bytes.pop(version, None)
+        comm = max(times) if times else None
+        if nbytes is not None and comm is not None:
+            self.policy.observe(step=decision.step, level=decision.level, bytes_sent=nbytes, comm_s=comm)
+        if self.log is not None:
+            self.log.write(decision, link, bytes_sent=nbytes, comm_s=comm, version=version, receivers=len(times))
+        for old in [v for v in self._sent if v < version]:
+            self._sent.pop(old, None)
+            self._bytes.pop(old, None)
+
+    def close(self) -> None:
+        self._finish()
+        self._pending = None
+        for task in list(self._tasks):
+            task.cancel()
+        if self.log is not None:
+            self.log.close()

@@ -1,0 +1,131 @@
+"""The adaptive policy end to end: decision logs on both directions, lossless where the link is free."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from netsense.compression.ladder import DEFAULT_LADDER
+from netsense.ps.server import ServerSettings
+from netsense.transport.decisions import read_decision_log
+from netsense.transport.tls import CertPaths
+from netsense.worker.optimizer import NetSenseOptimizer
+
+from ..conftest import start_ps, stop_ps
+
+BATCH = 2048
+"""Per worker. On 2 loaded cores loopback QUIC moves a 150 kB fp32 push in 30-40 ms, and the
+sensing estimate of such short, paced bursts is 4-8 MB/s: compute must be several 100 ms for
+communication to be small beside it (P_0 within (1 + eps) of the best level's)."""
+
+RECORD_FIELDS = {
+    "t", "step", "policy", "level", "spec", "reason", "payload_bytes", "predicted_bytes", "bytes_sent", "compute_s",
+    "predicted_comm_s", "comm_s", "bw_Bps", "min_rtt_s", "srtt_s", "loss_rate", "direction",
+}  # fmt: skip
+
+
+def _run_workers(n: int, work) -> None:  # type: ignore[no-untyped-def]
+    errors: list[BaseException] = []
+
+    def guarded(rank: int) -> None:
+        try:
+            work(rank)
+        except BaseException as exc:  # surfaced in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+
+
+def test_decision_logs_both_directions_and_replicas_stay_exact(certs: CertPaths, tmp_path: Path) -> None:
+    """Forced lossy levels on both sides: logs have one record per step and direction, and every
+    replica still equals the PS shadow bit for bit."""
+    down_log = tmp_path / "down.jsonl"
+    ladder = "fp32,fp16,qsgd:8,topk:0.1+fp16"
+    ps = start_ps(certs, ServerSettings(port=0, policy="fixed:qsgd:8", ladder=ladder, decision_log=str(down_log)))
+    steps = 6
+    models = [_mlp(), _mlp()]
+    try:
+
+        def work(rank: int) -> None:
+            with NetSenseOptimizer(
+                models[rank], connect=ps.connect_settings(), rank=rank, worker_id=f"w{rank}",
+                optimizer={"name": "sgd", "lr": 0.1}, policy="netsense" if rank == 0 else "fixed:topk:0.1+fp16",
+                ladder=ladder, decision_log=tmp_path / f"up-{rank}.jsonl",
+            ) as opt:  # fmt: skip
+                for step in range(steps):
+                    g = torch.Generator().manual_seed(10 * step + rank)
+                    x, y = torch.randn(8, 64, generator=g), torch.randint(0, 10, (8,), generator=g)
+                    opt.zero_grad()
+                    torch.nn.functional.cross_entropy(models[rank](x), y).backward()
+                    opt.step(samples=8)
+
+        _run_workers(2, work)
+        shadow = ps.call(lambda: {k: v.clone() for k, v in ps.server.store.shadow.items()})
+    finally:
+        stop_ps(ps)
+    for model in models:
+        for name, p in model.named_parameters():
+            assert torch.equal(p.detach(), shadow[name]), name
+    for rank in range(2):
+        recs = read_decision_log(tmp_path / f"up-{rank}.jsonl")
+        assert [r["step"] for r in recs] == list(range(steps))
+        for r in recs:
+            assert RECORD_FIELDS <= set(r), RECORD_FIELDS - set(r)
+            assert r["direction"] == "up" and r["worker_id"] == f"w{rank}"
+            assert r["bytes_sent"] > 0 and r["comm_s"] > 0 and r["payload_bytes"] == 4 * sum(
+                p.numel() for p in models[rank].parameters()
+            )
+        assert {r["policy"] for r in recs} == {"netsense" if rank == 0 else "fixed:topk:0.1+fp16"}
+        if rank == 1:
+            assert {r["spec"] for r in recs} == {"topk:0.1+fp16"}
+            assert all(r["bytes_sent"] < 0.3 * r["payload_bytes"] for r in recs)
+    down = read_decision_log(down_log)
+    assert [r["step"] for r in down] == list(range(steps))  # one per update (version v -> v + 1)
+    assert all(r["direction"] == "down" and r["spec"] == "qsgd:8" for r in down)
+    assert all(r["bytes_sent"] and r["comm_s"] and r["receivers"] == 2 for r in down)
+
+
+@pytest.mark.slow
+def test_unconstrained_loopback_digits_cnn_stays_lossless(tmp_path: Path) -> None:
+    """Communication hides behind compute on loopback: `netsense` never leaves the lossless level
+    (separate processes via `netsense launch`, as a job really runs; asserted from the logs)."""
+    steps = 20
+    run = tmp_path / "run"
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "netsense", "launch", "--no-progress", "--run-dir", str(run), "--model", "digits-cnn",
+         "--steps", str(steps), "--batch-size", str(BATCH), "--eval-every", "0", "--policy", "netsense",
+         "--downlink-policy", "netsense", "--summary-json", str(tmp_path / "summary.json")],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    lossless = DEFAULT_LADDER.split(",")[0]
+    assert summary["levels"] == {lossless: 2 * steps}
+    known = 0
+    for name in ("decisions-up-0.jsonl", "decisions-up-1.jsonl", "decisions-down.jsonl"):
+        recs = read_decision_log(run / name)
+        assert len(recs) >= steps - 1, name
+        bad = [(r["step"], r["spec"], r["reason"]) for r in recs if r["spec"] != lossless]
+        assert not bad, (name, bad)
+        known += sum(r["bw_used_Bps"] is not None for r in recs)
+    # 150 kB pushes are app-limited samples, so an uplink estimate may never form (then the safe
+    # lossless level is the reason); the downlink's bigger bursts give one, and the law keeps fp32.
+    assert known > 0, "no decision was made with a known bandwidth: the law was never exercised"

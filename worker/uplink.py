@@ -1,0 +1,109 @@
+"""The worker's uplink policy loop: per step, read the link, choose a level, log what it cost.
+
+`UplinkController` glues the pure policy (`netsense.compression.policy`) to a live connection:
+it keeps the compute-time EWMA (time between the end of one `step()` and the start of the next),
+reads the `NetworkSignal` of the worker's QUIC connection, asks the policy for this step's codec,
+and after the exchange feeds back what the push really cost and writes one decision-log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from netsense.compression.ladder import DEFAULT_LADDER, Ladder
+from netsense.compression.link import LinkState
+from netsense.compression.policy import Decision, Policy, make_policy
+from netsense.transport.decisions import DecisionLog
+from netsense.transport.signal import SignalReader
+
+log = logging.getLogger(__name__)
+
+COMPUTE_EWMA_ALPHA = 0.3
+"""Weight of the newest compute-time sample: a few steps smooth out scheduler noise."""
+
+
+def build_policy(policy: str | Policy, ladder: str | Ladder | None, settings: dict[str, Any] | None = None) -> Policy:
+    """A policy from a spec (``"netsense"``, ``"fixed:qsgd:4"``) over `ladder` (spec string or
+    object; None: `DEFAULT_LADDER`), or `policy` itself when it is already built."""
+    if isinstance(policy, Policy):
+        return policy
+    lad = ladder if isinstance(ladder, Ladder) else Ladder.parse(ladder or DEFAULT_LADDER)
+    return make_policy(policy, lad, **(settings or {}))
+
+
+class UplinkController:
+    """One worker's adaptive uplink: choose before encoding, observe after the push."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        payload_bytes: int,
+        decision_log: str | Path | None = None,
+        log_fields: dict[str, Any] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.payload_bytes = payload_bytes
+        """Dense fp32 bytes of every key (S)."""
+        self.compute_s: float | None = None
+        """EWMA of the compute time between steps, None before the second step."""
+        self.log = DecisionLog(decision_log, direction="up", extra=log_fields) if decision_log else None
+        self._reader: SignalReader | None = None
+        self._reader_quic: Any = None
+        self._last_end: float | None = None
+        self._pending: tuple[Decision, LinkState] | None = None
+        self._step = 0
+        self.levels: dict[str, int] = {}
+        """Steps sent at each codec spec (the level histogram)."""
+
+    def read_link(self, quic: Any) -> LinkState:
+        """Snapshot of `quic`'s path; call on the thread that runs the connection's loop."""
+        if self._reader is None or self._reader_quic is not quic:  # a reconnect makes a new connection
+            self._reader, self._reader_quic = SignalReader(quic), quic
+        signal = self._reader.read()
+        link = signal.to_link_state()
+        # Until the connection has carried one dense payload, its samples come from handshake-sized
+        # bursts (seen: 70 kB/s on loopback); until one step is timed there is no compute time to
+        # weigh communication against. Either way the policy gets "bandwidth unknown" (safe level).
+        if signal.delivered_bytes < self.payload_bytes or self._last_end is None:
+            link = replace(link, bandwidth_Bps=None)
+        return link
+
+    def choose(self, link: LinkState, *, started: float | None = None) -> Decision:
+        """This step's decision; `started` is when `step()` began (perf_counter)."""
+        started = time.perf_counter() if started is None else started
+        if self._last_end is not None:
+            sample = max(0.0, started - self._last_end)
+            a = COMPUTE_EWMA_ALPHA
+            self.compute_s = sample if self.compute_s is None else a * sample + (1 - a) * self.compute_s
+        decision = self.policy.choose(
+            link=link, payload_bytes=self.payload_bytes, compute_s=self.compute_s or 0.0, overlap=False, step=self._step
+        )
+        self._pending = (decision, link)
+        return decision
+
+    def observe(self, *, bytes_sent: int, comm_s: float, **fields: Any) -> dict[str, Any] | None:
+        """Feedback after the push of the pending decision; writes its log line (returned)."""
+        if self._pending is None:
+            return None
+        decision, link = self._pending
+        self._pending = None
+        self.policy.observe(step=decision.step, level=decision.level, bytes_sent=bytes_sent, comm_s=comm_s)
+        self.levels[decision.spec] = self.levels.get(decision.spec, 0) + 1
+        self._step += 1
+        self._last_end = time.perf_counter()
+        if self.log is None:
+            return None
+        return self.log.write(decision, link, bytes_sent=bytes_sent, comm_s=comm_s, **fields)
+
+    def mark_end(self) -> None:
+        """The step finished (also when it was dropped): compute time counts from now."""
+        self._last_end = time.perf_counter()
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
