@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from netsense.ps.server import PSServer, ServerSettings
 from netsense.transport.auth import load_secret
+from netsense.transport.wire import Limits
 from netsense.transport.tls import CertPaths, TransportSettings, server_configuration
 from netsense.worker.netthread import NetThread
 from netsense.worker.optimizer import ConnectSettings, NetSenseOptimizer
@@ -59,9 +60,9 @@ class PS:
         self.net.close()
 
 
-def start_ps(certs: CertPaths, settings: ServerSettings, state: dict[str, Any] | None = None) -> PS:
+def start_ps(certs: CertPaths, settings: ServerSettings, state: dict[str, Any] | None = None, limits: Limits = Limits()) -> PS:
     net = NetThread("rel-ps")
-    server = PSServer(settings, secret=load_secret(certs.secret))
+    server = PSServer(settings, secret=load_secret(certs.secret), limits=limits)
     if state is not None:
         server.restore(state)
 
