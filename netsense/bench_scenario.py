@@ -1,0 +1,280 @@
+"""`netsense bench scenario`: one training scenario run once per policy, side by side, same seeds.
+
+Each policy is one `Launcher` job (1 PS + N workers, and the `netsense emulate` child when a link
+is given) with the same model, seed, batch order and link. The policy drives both directions: the
+workers' uplink and the PS's downlink (the same bytes to every worker), as DDP's communication
+hooks compress both halves of an all-reduce.
+
+Stopping. Every worker runs the same number of synchronous steps (``--steps``, default the task's).
+``--max-time S`` is a guard, not a coordinated stop: when rank 0 reports a step past S seconds the
+job is stopped (SIGTERM) and the figures are those of the steps that every worker finished. So a
+policy cut by the guard is reported with fewer steps, and its final accuracy is its last eval.
+
+Outputs in ``--out DIR``: results.json (rewritten after every policy, so a failure keeps the
+finished ones), results.md, accuracy.png, timeline.png, throughput.png, and runs/<policy>/ with the
+resolved config and decision logs of each job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from netsense.config import JobConfig, override
+from netsense.errors import ConfigError
+from netsense.launcher import Launcher
+from netsense.transport.decisions import read_decision_log
+from netsense.transport.linkspec import DuplexSpec, parse_link
+
+DEFAULT_POLICIES = "none,fp16,fixed:topk:0.01+fp16,netsense"
+DEFAULT_TARGETS = {"digits-cnn": 0.9, "charlm": 0.55, "resnet18-synth": 0.5}
+"""Target test accuracy per registered model when --target-accuracy is not given."""
+
+EPILOG = """\
+Policies: none, fp16, fixed:<codec>, dc2, netsenseml-paper, netsense (comma-separated, run in order).
+Time to target is training time (rank 0's clock, eval pauses excluded) at the first eval with
+accuracy >= target; ideal_step_s is the mean over steps of max(compute, bytes / the link's rate).
+Examples:
+  netsense bench scenario --model digits-cnn --link rate=20mbit,delay=10ms --out runs/20mbit
+  netsense bench scenario --model charlm --link rate=0s:100mbit,30s:10mbit,60s:50mbit,delay=10ms \\
+      --policies none,fp16,netsense --target-accuracy 0.55 --max-time 300 --out runs/steps
+  netsense plot runs/20mbit          # redraw the figures from results.json"""
+
+
+def register(kinds: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the `scenario` bench kind."""
+    p = kinds.add_parser(
+        "scenario",
+        help="train once per policy over the same link and seeds; time to accuracy, bytes, plots",
+        description="Run one training scenario for each policy in turn (same model, seeds and link), then write "
+        "results.json, a markdown table and PNG figures into --out.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", default="digits-cnn", help="registered model or package.module:factory (default digits-cnn)")
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--link", metavar="SPEC", help="emulated link, e.g. rate=20mbit,delay=10ms (default: unshaped loopback)")
+    p.add_argument("--trace", metavar="FILE", help="rate trace file for the emulated link (CSV or Mahimahi)")
+    p.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated policies (default {DEFAULT_POLICIES})")
+    p.add_argument("--target-accuracy", type=float, help="test accuracy for time-to-target (default per model: "
+                   + ", ".join(f"{k} {v}" for k, v in DEFAULT_TARGETS.items()) + ")")  # fmt: skip
+    p.add_argument("--max-time", type=float, default=900.0, help="stop a policy's job after S seconds (default 900)")
+    p.add_argument("--seed", type=int, default=0, help="seed of model init and batch order, the same for every policy")
+    p.add_argument("--steps", type=int, help="synchronous steps per policy (default: the task's)")
+    p.add_argument("--batch-size", type=int, help="samples per worker per step (default: the task's)")
+    p.add_argument("--eval-every", type=int, default=10, help="rank 0 evaluates every N steps (default 10)")
+    p.add_argument("--ladder", help="levels for adaptive policies (default: the policy's default ladder)")
+    p.add_argument("--downlink", choices=["same", "none"], default="same",
+                   help="PS -> worker: the same policy (default) or fp32 for every policy")  # fmt: skip
+    p.add_argument("--insecure", action="store_true", help="no TLS verification / worker auth (the same for every policy)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    p.set_defaults(func=run)
+
+
+def parse_policies(text: str) -> list[str]:
+    """The policy list, each checked by building it once (a typo fails before anything runs)."""
+    from netsense.compression import DEFAULT_LADDER, Ladder, make_policy
+
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    # "fixed:topk:0.01+fp16" contains no comma, so a plain split is safe.
+    if not names:
+        raise ConfigError(f"--policies {text!r} names no policy; e.g. --policies none,fp16,netsense")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--policies {text!r} repeats a policy")
+    ladder = Ladder.parse(DEFAULT_LADDER)
+    for name in names:
+        make_policy(name, ladder)
+    return names
+
+
+def _slug(policy: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", policy)
+
+
+class _ScenarioLauncher(Launcher):
+    """A Launcher that notes when its link emulator started (trace time 0) on the monotonic clock."""
+
+    link_t0: float | None = None
+
+    def _start_emulator(self, ps_port: int, timeout_s: float = 30.0) -> Any:
+        emu, port = super()._start_emulator(ps_port, timeout_s)
+        # The emulator prints "listening on" right after it starts its traces: the trace's t = 0.
+        self.link_t0 = time.monotonic()
+        return emu, port
+
+
+class _TimeUp(Exception):
+    """Raised from the event callback to stop a job at --max-time."""
+
+
+def run_policy(
+    config: JobConfig,
+    *,
+    run_dir: Path,
+    link: str | None,
+    trace: str | None,
+    spec: DuplexSpec | None,
+    max_time_s: float,
+    target: float,
+    global_batch: int,
+    verbose: int = 0,
+) -> dict[str, Any]:
+    """One policy's job; returns its figures (see `netsense.results.policy_figures`)."""
+    from netsense.results import policy_figures
+
+    if run_dir.exists():
+        shutil.rmtree(run_dir)  # decision logs append: a stale one would mix two runs
+    steps: dict[int, dict[int, dict[str, Any]]] = {r: {} for r in range(config.workers)}
+    evals: list[dict[str, Any]] = []
+
+    def on_event(rank: int, e: dict[str, Any]) -> None:
+        kind = e.get("event")
+        if kind == "step":
+            steps[rank][int(e["step"])] = {**e, "mono": time.monotonic()}
+            if rank == 0 and float(e["wall_s"]) > max_time_s:
+                raise _TimeUp
+        elif kind == "eval" and rank == 0:
+            evals.append(e)
+
+    launcher = _ScenarioLauncher(config, verbose=verbose, on_event=on_event, run_dir=run_dir, link=link, trace=trace)
+    stopped = False
+    try:
+        launcher.run()
+    except _TimeUp:
+        stopped = True
+    decisions = {}
+    for rank in range(config.workers):
+        path = Path(launcher._up_log(rank))
+        decisions[rank] = read_decision_log(path) if path.exists() else []
+    figures = policy_figures(
+        steps=steps, evals=evals, decisions=decisions, link_t0=launcher.link_t0, spec=spec, target=target,
+        global_batch=global_batch,
+    )  # fmt: skip
+    figures["stopped_at_max_time"] = stopped
+    figures["levels"] = _levels(decisions)
+    return figures
+
+
+def _levels(decisions: dict[int, list[dict[str, Any]]]) -> dict[str, int]:
+    """Uplink steps per codec spec, all workers."""
+    out: dict[str, int] = {}
+    for records in decisions.values():
+        for d in records:
+            out[d["spec"]] = out.get(d["spec"], 0) + 1
+    return out
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def scenario_info(args: argparse.Namespace, *, steps: int, batch_size: int, policies: list[str]) -> dict[str, Any]:
+    """What ran, where and when: goes into results.json with every figure."""
+    import torch
+
+    return {
+        "model": args.model,
+        "workers": args.workers,
+        "link": args.link,
+        "trace": args.trace,
+        "policies": policies,
+        "downlink": args.downlink,
+        "seed": args.seed,
+        "steps": steps,
+        "batch_size": batch_size,
+        "eval_every": args.eval_every,
+        "max_time_s": args.max_time,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": "netsense " + " ".join(sys.argv[1:]) if sys.argv and "netsense" in sys.argv[0] else None,
+        "cpus": os.cpu_count(),
+        "torch_threads_per_process": int(os.environ.get("OMP_NUM_THREADS", "0")) or None,
+        "processes": 1 + args.workers + (1 if args.link or args.trace else 0),
+        "loadavg_start": _loadavg(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+
+
+def write_outputs(results: dict[str, Any], out: Path, *, plots: bool = True) -> None:
+    from netsense.plot import plot_results
+    from netsense.results import markdown_table
+
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(results, indent=1, allow_nan=False) + "\n")
+    tmp.replace(out / "results.json")
+    (out / "results.md").write_text(markdown_table(results) + "\n")
+    if plots:
+        plot_results(results, out)
+
+
+def run(args: argparse.Namespace) -> int:
+    from netsense.models import load_task
+    from netsense.results import markdown_table, validate_results
+
+    if args.workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {args.workers}")
+    if args.max_time <= 0:
+        raise ConfigError(f"--max-time must be > 0, got {args.max_time}")
+    if args.eval_every < 1:
+        raise ConfigError(f"--eval-every must be >= 1 (time to target needs evals), got {args.eval_every}")
+    policies = parse_policies(args.policies)
+    spec = parse_link(args.link or "", trace=args.trace) if (args.link or args.trace) else None
+    target = args.target_accuracy if args.target_accuracy is not None else DEFAULT_TARGETS.get(args.model)
+    if target is None:
+        raise ConfigError(f"--target-accuracy is required for model {args.model!r} (no default for it)")
+    if not 0 < target <= 1:
+        raise ConfigError(f"--target-accuracy must be in (0, 1], got {target}")
+    task = load_task(args.model)
+    steps = args.steps or task.steps
+    batch_size = args.batch_size or task.batch_size
+    # Workers, PS and emulator share the cores: one torch thread each avoids oversubscription.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {
+        "format": "netsense-bench-scenario",
+        "version": 1,
+        "scenario": scenario_info(args, steps=steps, batch_size=batch_size, policies=policies),
+        "target_accuracy": target,
+        "policies": {},
+    }
+    base = override(
+        JobConfig(), model=args.model, workers=args.workers, train__steps=steps, train__seed=args.seed,
+        train__batch_size=batch_size, train__eval_every=args.eval_every, train__ladder=args.ladder,
+        server__ladder=args.ladder, security__insecure=args.insecure or None,
+    )  # fmt: skip
+    for policy in policies:
+        config = override(base, train__policy=policy, server__policy=policy if args.downlink == "same" else None)
+        print(f"== {policy}: {args.model} x{args.workers}, {spec.describe() if spec else 'unshaped loopback'}", flush=True)
+        figs = run_policy(
+            config, run_dir=out / "runs" / _slug(policy), link=args.link, trace=args.trace, spec=spec,
+            max_time_s=args.max_time, target=target, global_batch=batch_size * args.workers, verbose=args.verbose,
+        )  # fmt: skip
+        results["policies"][policy] = figs
+        ttt = figs["time_to_target_s"]
+        print(
+            f"   {figs['steps']} steps in {figs['wall_s']:.1f} s, {figs['samples_per_s']:.0f} samples/s, "
+            f"target {'not reached' if ttt is None else f'at {ttt:.1f} s'}, final accuracy {figs['final_accuracy']:.4f}",
+            flush=True,
+        )
+        write_outputs(results, out, plots=False)
+    results["scenario"]["loadavg_end"] = _loadavg()
+    write_outputs(results, out)
+    print(markdown_table(results))
+    problems = validate_results(results)
+    if problems:
+        print("results.json fails its consistency checks: " + "; ".join(problems), file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,312 @@
+"""Scenario results: the `results.json` schema, the per-policy figures and the markdown table.
+
+Pure functions over plain values (events, decision-log records, a link spec): no processes, no
+clock reads, so the arithmetic of `netsense bench scenario` is tested without training anything.
+
+Clocks. Every time here is *training time*: rank 0's wall clock since its first step, minus the
+pauses of rank 0's periodic evaluations (the other workers wait at the barrier meanwhile, so the
+pauses would add the same cost to every policy and blur the comparison). Link time (which rate a
+trace has at a step) is the launcher's monotonic clock minus the emulator's start.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from netsense.transport.linkspec import DuplexSpec, LinkSpec
+
+RESULTS_FORMAT = "netsense-bench-scenario"
+RESULTS_VERSION = 1
+
+POLICY_FIELDS: dict[str, tuple[type, ...]] = {
+    "samples_per_s": (int, float),
+    "time_to_target_s": (int, float, type(None)),
+    "final_accuracy": (int, float),
+    "bytes_up": (int,),
+    "bytes_down": (int,),
+    "steps": (int,),
+    "wall_s": (int, float),
+    "mean_step_s": (int, float),
+    "ideal_step_s": (int, float),
+}
+"""Required fields of every policy's figures and their JSON types (null only for time to target)."""
+
+FIXED_PREFIXES = ("none", "fp16", "fixed:")
+"""Policies that never adapt: "best fixed" is the fastest of these."""
+
+
+# --- time --------------------------------------------------------------------------------------
+
+
+def training_clock(step_walls: Mapping[int, float], evals: Sequence[Mapping[str, Any]]) -> dict[int, float]:
+    """Training time at the end of each step of rank 0, eval pauses removed.
+
+    `step_walls` maps step -> rank 0's ``wall_s`` in that step's event; `evals` are rank 0's eval
+    events, each emitted after the step event of the same step (its ``wall_s`` minus the step's is
+    the pause).
+    """
+    pauses = sorted(
+        (int(e["step"]), max(0.0, float(e["wall_s"]) - step_walls[int(e["step"])]))
+        for e in evals
+        if int(e["step"]) in step_walls
+    )
+    clock: dict[int, float] = {}
+    paused, i = 0.0, 0
+    for step in sorted(step_walls):
+        while i < len(pauses) and pauses[i][0] < step:
+            paused += pauses[i][1]
+            i += 1
+        clock[step] = step_walls[step] - paused
+    return clock
+
+
+def eval_curve(clock: Mapping[int, float], evals: Iterable[Mapping[str, Any]]) -> list[tuple[float, int, float]]:
+    """(training s, step, test accuracy) of every eval whose step is on the clock, in step order."""
+    points = [(clock[int(e["step"])], int(e["step"]), float(e["test_accuracy"])) for e in evals if int(e["step"]) in clock]
+    return sorted(points, key=lambda p: p[1])
+
+
+def time_to_target(curve: Sequence[tuple[float, int, float]], target: float) -> float | None:
+    """Training time of the first eval with accuracy >= `target`; None if none reached it."""
+    for t, _, acc in curve:
+        if acc >= target:
+            return t
+    return None
+
+
+# --- the link's true rate ------------------------------------------------------------------------
+
+
+def rate_Bps(link: LinkSpec, t: float) -> float | None:
+    """The configured rate of one direction at link time `t`, in bytes/s; None when unlimited."""
+    if link.rate is None:
+        return None
+    return link.rate.rate_at(max(0.0, t)) / 8.0
+
+
+def transfer_s(spec: DuplexSpec | None, t: float, up_bytes: float, down_bytes: float) -> float:
+    """Seconds the link needs for one synchronous step's bytes at link time `t` (push then pull)."""
+    if spec is None:
+        return 0.0
+    total = 0.0
+    for link, n in ((spec.up, up_bytes), (spec.down, down_bytes)):
+        rate = rate_Bps(link, t)
+        if rate is not None and n > 0:
+            total += n / rate if rate > 0 else math.inf
+    return total
+
+
+# --- per-step records ----------------------------------------------------------------------------
+
+
+def step_records(
+    steps: Mapping[int, Mapping[int, Mapping[str, Any]]],
+    decisions: Mapping[int, Sequence[Mapping[str, Any]]],
+    *,
+    link_t0: float | None,
+) -> list[dict[str, Any]]:
+    """One record per step that every rank finished: bytes of all workers, compute, link time.
+
+    `steps[rank][step]` is that rank's step event plus ``mono`` (launcher's monotonic receipt
+    time); its ``bytes_up``/``bytes_down`` are cumulative. `decisions[rank]` are the rank's uplink
+    decision-log records (``compute_s`` is the worker's EWMA of its compute time). A step's compute
+    is the slowest rank's; the link time is the midpoint of rank 0's step.
+    """
+    ranks = sorted(steps)
+    if not ranks:
+        return []
+    common = sorted(set.intersection(*(set(steps[r]) for r in ranks)))
+    compute = {r: {int(d["step"]) + 1: d.get("compute_s") for d in decisions.get(r, ())} for r in ranks}
+    records: list[dict[str, Any]] = []
+    prev: dict[int, Mapping[str, Any] | None] = {r: None for r in ranks}
+    for step in common:
+        up = down = 0
+        for r in ranks:
+            cur, before = steps[r][step], prev[r]
+            up += int(cur["bytes_up"]) - (int(before["bytes_up"]) if before else 0)
+            down += int(cur["bytes_down"]) - (int(before["bytes_down"]) if before else 0)
+        tcs = [compute[r].get(step) for r in ranks]
+        known = [float(c) for c in tcs if c]
+        e0, p0 = steps[ranks[0]][step], prev[ranks[0]]
+        mono = float(e0["mono"]) if "mono" in e0 else None
+        start = float(p0["mono"]) if p0 is not None and "mono" in p0 else mono
+        t_link = None if mono is None or link_t0 is None or start is None else (mono + start) / 2 - link_t0
+        records.append(
+            {"step": step, "bytes_up": up, "bytes_down": down, "compute_s": max(known) if known else None, "t_link": t_link}
+        )
+        for r in ranks:
+            prev[r] = steps[r][step]
+    return records
+
+
+def ideal_step_s(records: Sequence[Mapping[str, Any]], spec: DuplexSpec | None) -> float:
+    """Mean over steps of max(compute, bytes / link rate): the step time of perfect overlap.
+
+    A step whose compute time is unknown (a worker's first step) takes the run's median compute.
+    """
+    if not records:
+        return 0.0
+    known = [float(r["compute_s"]) for r in records if r.get("compute_s")]
+    fallback = statistics.median(known) if known else 0.0
+    total = 0.0
+    for r in records:
+        tc = float(r["compute_s"]) if r.get("compute_s") else fallback
+        t = r.get("t_link") or 0.0
+        total += max(tc, transfer_s(spec, t, r["bytes_up"], r["bytes_down"]))
+    return total / len(records)
+
+
+def timeline(
+    decisions: Sequence[Mapping[str, Any]], *, link_t0: float | None, spec: DuplexSpec | None
+) -> dict[str, list[Any]]:
+    """Rank 0's uplink decisions as columns: link time, step, level, spec, estimate, true rate (bit/s)."""
+    cols: dict[str, list[Any]] = {k: [] for k in ("t_s", "step", "level", "spec", "bw_est_bps", "true_bps")}
+    for d in decisions:
+        t = float(d["t"]) - link_t0 if link_t0 is not None and d.get("t") is not None else None
+        est = d.get("bw_used_Bps") or d.get("bw_Bps")
+        true = rate_Bps(spec.up, t or 0.0) if spec is not None else None
+        cols["t_s"].append(t)
+        cols["step"].append(int(d["step"]) + 1)
+        cols["level"].append(d.get("level"))
+        cols["spec"].append(d.get("spec"))
+        cols["bw_est_bps"].append(None if est is None else float(est) * 8)
+        cols["true_bps"].append(None if true is None else true * 8)
+    return cols
+
+
+def policy_figures(
+    *,
+    steps: Mapping[int, Mapping[int, Mapping[str, Any]]],
+    evals: Sequence[Mapping[str, Any]],
+    decisions: Mapping[int, Sequence[Mapping[str, Any]]],
+    link_t0: float | None,
+    spec: DuplexSpec | None,
+    target: float,
+    global_batch: int,
+) -> dict[str, Any]:
+    """The figures of one policy's run from its events and decision logs (see `POLICY_FIELDS`)."""
+    if 0 not in steps or not steps[0]:
+        raise ValueError("rank 0 finished no step: nothing to report")
+    clock = training_clock({s: float(e["wall_s"]) for s, e in steps[0].items()}, evals)
+    curve = eval_curve(clock, evals)
+    records = step_records(steps, decisions, link_t0=link_t0)
+    n = len(records)
+    last = records[-1]["step"] if records else 0
+    wall = clock[last] if records else 0.0
+    ranks = sorted(steps)
+    return {
+        "samples_per_s": n * global_batch / wall if wall > 0 else 0.0,
+        "time_to_target_s": time_to_target(curve, target),
+        "final_accuracy": curve[-1][2] if curve else 0.0,
+        "bytes_up": sum(int(steps[r][last]["bytes_up"]) for r in ranks) if records else 0,
+        "bytes_down": sum(int(steps[r][last]["bytes_down"]) for r in ranks) if records else 0,
+        "steps": n,
+        "wall_s": wall,
+        "mean_step_s": wall / n if n else 0.0,
+        "ideal_step_s": ideal_step_s(records, spec),
+        "evals": [[t, s, a] for t, s, a in curve],
+        "timeline": timeline(decisions.get(0, ()), link_t0=link_t0, spec=spec),
+    }
+
+
+# --- schema and consistency ----------------------------------------------------------------------
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def validate_results(data: Any) -> list[str]:
+    """Every way `data` breaks the results.json schema or is inconsistent; empty when it is valid.
+
+    Consistency: finite numbers, bytes > 0, samples/s > 0, steps > 0, accuracy in [0, 1],
+    time to target <= wall time.
+    """
+    problems: list[str] = []
+    if not isinstance(data, dict):
+        return [f"results must be an object, got {type(data).__name__}"]
+    if not isinstance(data.get("scenario"), dict):
+        problems.append("'scenario' must be an object")
+    target = data.get("target_accuracy")
+    if not _finite(target) or not 0 <= target <= 1:
+        problems.append(f"'target_accuracy' must be a number in [0, 1], got {target!r}")
+    policies = data.get("policies")
+    if not isinstance(policies, dict) or not policies:
+        return [*problems, "'policies' must be a non-empty object"]
+    for name, figs in policies.items():
+        where = f"policies[{name!r}]"
+        if not isinstance(figs, dict):
+            problems.append(f"{where} must be an object")
+            continue
+        for key, types in POLICY_FIELDS.items():
+            if key not in figs:
+                problems.append(f"{where} lacks {key!r}")
+            elif isinstance(figs[key], bool) or not isinstance(figs[key], types):
+                problems.append(f"{where}.{key} has type {type(figs[key]).__name__}")
+            elif figs[key] is not None and not _finite(figs[key]):
+                problems.append(f"{where}.{key} is not finite: {figs[key]!r}")
+        if any(p.startswith(where) for p in problems):
+            continue
+        for key in ("samples_per_s", "bytes_up", "bytes_down", "steps", "wall_s", "mean_step_s", "ideal_step_s"):
+            if figs[key] <= 0:
+                problems.append(f"{where}.{key} must be > 0, got {figs[key]}")
+        if not 0 <= figs["final_accuracy"] <= 1:
+            problems.append(f"{where}.final_accuracy must be in [0, 1], got {figs['final_accuracy']}")
+        ttt = figs["time_to_target_s"]
+        if ttt is not None and not 0 <= ttt <= figs["wall_s"] + 1e-9:
+            problems.append(f"{where}.time_to_target_s {ttt} is outside [0, wall_s={figs['wall_s']}]")
+    return problems
+
+
+# --- comparisons and the table -------------------------------------------------------------------
+
+
+def is_fixed(policy: str) -> bool:
+    return policy == "none" or policy == "fp16" or policy.startswith("fixed:")
+
+
+def best_fixed(policies: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The fixed policy with the shortest time to target (None if no fixed policy reached it)."""
+    reached = [(f["time_to_target_s"], p) for p, f in policies.items() if is_fixed(p) and f["time_to_target_s"] is not None]
+    return min(reached)[1] if reached else None
+
+
+def speedup(policies: Mapping[str, Mapping[str, Any]], policy: str, baseline: str | None) -> float | None:
+    """baseline's time to target / policy's (> 1: `policy` is faster); None if either is missing."""
+    if baseline is None or baseline not in policies:
+        return None
+    a, b = policies[policy]["time_to_target_s"], policies[baseline]["time_to_target_s"]
+    if a is None or b is None or a <= 0:
+        return None
+    return b / a
+
+
+def _fmt(x: float | None, spec: str = ".2f", suffix: str = "") -> str:
+    return "—" if x is None else f"{x:{spec}}{suffix}"
+
+
+def markdown_table(results: Mapping[str, Any]) -> str:
+    """One row per policy: throughput, time to target and speed-ups, accuracy, bytes, step vs ideal."""
+    policies = results["policies"]
+    best = best_fixed(policies)
+    head = (
+        "| policy | samples/s | time to target s | x none | x fp16 | x best fixed | final acc | MB up | MB down "
+        "| steps | mean step s | ideal step s | mean/ideal |"
+    )
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for name, f in policies.items():
+        ratio = f["mean_step_s"] / f["ideal_step_s"] if f["ideal_step_s"] > 0 else None
+        lines.append(
+            f"| `{name}` | {f['samples_per_s']:.0f} | {_fmt(f['time_to_target_s'], '.1f')} "
+            f"| {_fmt(speedup(policies, name, 'none'), '.2f', 'x')} | {_fmt(speedup(policies, name, 'fp16'), '.2f', 'x')} "
+            f"| {_fmt(speedup(policies, name, best), '.2f', 'x')} | {f['final_accuracy']:.4f} "
+            f"| {f['bytes_up'] / 1e6:.1f} | {f['bytes_down'] / 1e6:.1f} | {f['steps']} "
+            f"| {f['mean_step_s']:.3f} | {f['ideal_step_s']:.3f} | {_fmt(ratio, '.2f')} |"
+        )
+    target = results["target_accuracy"]
+    lines.append("")
+    lines.append(f"Target accuracy {target}; best fixed policy: {best or 'none reached the target'}.")
+    return "\n".join(lines)
