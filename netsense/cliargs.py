@@ -15,6 +15,10 @@ from netsense.errors import ConfigError
 from netsense.transport.tls import CertPaths, make_dev_certs
 
 
+def add_metrics_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0 = free port)")
+
+
 def add_config_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="TOML (or JSON) job config; flags override it")
 

@@ -9,7 +9,8 @@ import logging
 import signal
 import sys
 
-from netsense.cliargs import add_config_flag, add_security_flags, add_transport_flags, ensure_certs, resolve_config
+from netsense.metrics import MetricsServer, PSCollector
+from netsense.cliargs import add_metrics_flag, add_config_flag, add_security_flags, add_transport_flags, ensure_certs, resolve_config
 from netsense.config import override
 from netsense.errors import ConfigError
 from netsense.ps import checkpoint
@@ -44,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--resume", nargs="?", const=True, default=None, metavar="DIR",
         help="resume from the newest valid checkpoint in DIR (default: --checkpoint-dir), and keep checkpointing there",
     )  # fmt: skip
+    add_metrics_flag(p)
     add_transport_flags(p)
     add_security_flags(p)
     p.set_defaults(func=run)
@@ -74,19 +76,25 @@ def run(args: argparse.Namespace) -> int:
     server = PSServer(config.server, secret=secret)
     if state is not None:
         server.restore(state)
-    return run_loop(_serve(server, quic_config, config.transport.socket_buffer_bytes))
+    return run_loop(_serve(server, quic_config, config.transport.socket_buffer_bytes, args.metrics_port))
 
 
-async def _serve(server: PSServer, quic_config, socket_buffer_bytes: int) -> int:  # type: ignore[no-untyped-def]
+async def _serve(server: PSServer, quic_config, socket_buffer_bytes: int, metrics_port: int | None = None) -> int:  # type: ignore[no-untyped-def]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     port = await server.start(quic_config, socket_buffer_bytes)
-    print(json.dumps({"event": "ready", "port": port, "version": server.store.version}), flush=True)
+    metrics = MetricsServer(PSCollector(server), metrics_port) if metrics_port is not None else None
+    ready = {"event": "ready", "port": port, "version": server.store.version}
+    if metrics is not None:
+        ready["metrics_port"] = metrics.port
+    print(json.dumps(ready), flush=True)
     await stop.wait()
     log.info("stopping at version %d", server.store.version)
     server.close()
+    if metrics is not None:
+        metrics.close()
     await server.flush_checkpoint()
     print(json.dumps({"event": "stopped", "version": server.store.version, "errors_sent": server.errors_sent, "applied_steps": server.store.applied_steps}), flush=True)
     sys.stdout.flush()

@@ -11,7 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from netsense.metrics import MetricsServer, WorkerCollector
 from netsense.cliargs import (
+    add_metrics_flag,
     add_config_flag,
     add_security_flags,
     add_train_flags,
@@ -50,6 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--events", action="store_true", help="print progress as JSON lines on stdout")
     p.add_argument("--summary-json", metavar="PATH", help="write the worker's summary here")
     add_train_flags(p)
+    add_metrics_flag(p)
     add_transport_flags(p)
     add_security_flags(p)
     p.set_defaults(func=run)
@@ -97,7 +100,14 @@ def run(args: argparse.Namespace) -> int:
         ladder=config.train.ladder,
         decision_log=config.train.decision_log,
     ) as opt:
-        summary = train(task, model, opt, rank=args.rank, world_size=world, settings=config.train, emit=emit)
+        metrics = MetricsServer(WorkerCollector(opt), args.metrics_port) if args.metrics_port is not None else None
+        if metrics is not None:
+            emit({"event": "metrics", "port": metrics.port})
+        try:
+            summary = train(task, model, opt, rank=args.rank, world_size=world, settings=config.train, emit=emit)
+        finally:
+            if metrics is not None:
+                metrics.close()
     summary["rank"] = args.rank
     emit({"event": "done", **summary})
     if args.summary_json:

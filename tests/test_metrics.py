@@ -44,3 +44,24 @@ def test_ps_and_worker_metrics(ps: RunningPS) -> None:
         ps_metrics.close()
         w_metrics.close()
         opt.close()
+
+
+def test_ps_command_serves_metrics(tmp_path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from netsense.launcher import stop_processes
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "netsense", "ps", "--port", "0", "--metrics-port", "0"], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        ready = json.loads(p.stdout.readline())  # type: ignore[union-attr]
+        m = _scrape(ready["metrics_port"])
+        assert m["netsense_ps_version"] == [({}, 0.0)]
+    finally:
+        stop_processes([p])
+    assert p.returncode == 0
