@@ -45,6 +45,11 @@ def plot_accuracy(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _legend(ax: Any) -> None:
+    if ax.get_legend_handles_labels()[0]:  # an unshaped run has no true-rate line, a fixed run no estimate
+        ax.legend(fontsize=7)
+
+
 def plot_timeline(results: dict[str, Any], path: Path) -> None:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     true_drawn = False
@@ -71,11 +76,11 @@ def plot_timeline(results: dict[str, Any], path: Path) -> None:
     top.set_yscale("symlog", linthresh=1.0)
     top.set_title(_title(results), fontsize=10)
     top.grid(alpha=0.3)
-    top.legend(fontsize=7)
+    _legend(top)
     bottom.set_ylabel("uplink level (ladder index)")
     bottom.set_xlabel("step" if by_step else "link time (s)")
     bottom.grid(alpha=0.3)
-    bottom.legend(fontsize=7)
+    _legend(bottom)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,0 +1,196 @@
+"""`netsense bench scenario`: the pure figures of `netsense.results`, and one tiny scenario end to end."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from netsense.bench_scenario import parse_policies
+from netsense.cli import main
+from netsense.errors import ConfigError
+from netsense.plot import FIGURES
+from netsense.results import (
+    POLICY_FIELDS,
+    best_fixed,
+    ideal_step_s,
+    markdown_table,
+    policy_figures,
+    speedup,
+    step_records,
+    time_to_target,
+    training_clock,
+    transfer_s,
+    validate_results,
+)
+from netsense.transport.linkspec import parse_link
+
+
+def _figs(**kw: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "samples_per_s": 100.0, "time_to_target_s": 5.0, "final_accuracy": 0.9, "bytes_up": 10, "bytes_down": 10,
+        "steps": 10, "wall_s": 10.0, "mean_step_s": 1.0, "ideal_step_s": 0.5,
+    }  # fmt: skip
+    base.update(kw)
+    return base
+
+
+def _results(**policies: dict[str, object]) -> dict[str, object]:
+    return {"scenario": {"model": "m"}, "target_accuracy": 0.8, "policies": policies}
+
+
+def test_training_clock_removes_eval_pauses() -> None:
+    walls = {1: 1.0, 2: 2.0, 3: 5.0, 4: 6.0}  # an eval after step 2 took 2 s
+    evals = [{"step": 2, "wall_s": 4.0, "test_accuracy": 0.5}, {"step": 4, "wall_s": 6.0, "test_accuracy": 0.9}]
+    clock = training_clock(walls, evals)
+    assert clock == {1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0}
+
+
+def test_time_to_target_is_the_first_eval_at_or_above_it() -> None:
+    curve = [(1.0, 10, 0.5), (2.0, 20, 0.8), (3.0, 30, 0.7), (4.0, 40, 0.95)]
+    assert time_to_target(curve, 0.8) == 2.0
+    assert time_to_target(curve, 0.9) == 4.0
+    assert time_to_target(curve, 0.99) is None
+
+
+def test_transfer_and_ideal_step_use_the_true_rate_over_time() -> None:
+    spec = parse_link("rate=0s:80mbit,10s:8mbit")  # 10 MB/s, then 1 MB/s, both ways
+    assert transfer_s(spec, 1.0, 1_000_000, 1_000_000) == pytest.approx(0.2)
+    assert transfer_s(spec, 11.0, 1_000_000, 0) == pytest.approx(1.0)
+    assert transfer_s(None, 0.0, 10**9, 10**9) == 0.0
+    assert transfer_s(parse_link("up.rate=8mbit"), 0.0, 1_000_000, 10**9) == pytest.approx(1.0)  # down unlimited
+    records = [
+        {"step": 1, "bytes_up": 1_000_000, "bytes_down": 0, "compute_s": None, "t_link": 1.0},  # comm 0.1
+        {"step": 2, "bytes_up": 1_000_000, "bytes_down": 0, "compute_s": 0.3, "t_link": 2.0},  # compute 0.3
+        {"step": 3, "bytes_up": 1_000_000, "bytes_down": 0, "compute_s": 0.3, "t_link": 12.0},  # comm 1.0
+    ]
+    # Step 1's unknown compute takes the median (0.3).
+    assert ideal_step_s(records, spec) == pytest.approx((0.3 + 0.3 + 1.0) / 3)
+
+
+def _events(ranks: int = 2, n: int = 4, per_step: int = 100) -> dict[int, dict[int, dict[str, object]]]:
+    return {
+        r: {s: {"step": s, "wall_s": 0.5 * s, "bytes_up": per_step * s, "bytes_down": 2 * per_step * s, "mono": 100.0 + 0.5 * s}
+            for s in range(1, n + 1)}
+        for r in range(ranks)
+    }  # fmt: skip
+
+
+def test_step_records_sum_ranks_and_take_the_slowest_compute() -> None:
+    steps = _events()
+    del steps[1][4]  # rank 1 was stopped before finishing step 4
+    decisions = {0: [{"step": s, "compute_s": 0.01} for s in range(4)], 1: [{"step": s, "compute_s": 0.02} for s in range(4)]}
+    records = step_records(steps, decisions, link_t0=100.0)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["bytes_up"] == 200 and r["bytes_down"] == 400 and r["compute_s"] == 0.02 for r in records)
+    assert records[1]["t_link"] == pytest.approx(0.75)  # midpoint of rank 0's step 2
+
+
+def test_policy_figures_are_consistent() -> None:
+    steps = _events(n=10)
+    evals = [{"step": 5, "wall_s": 2.5, "test_accuracy": 0.7}, {"step": 10, "wall_s": 5.0, "test_accuracy": 0.85}]
+    decisions = {0: [{"step": s, "compute_s": 0.0001, "t": 100.0 + s, "level": 0, "spec": "fp32", "bw_used_Bps": 1e6}
+                     for s in range(10)]}  # fmt: skip
+    figs = policy_figures(steps=steps, evals=evals, decisions=decisions, link_t0=100.0,
+                          spec=parse_link("rate=8mbit"), target=0.8, global_batch=64)  # fmt: skip
+    assert figs["steps"] == 10 and figs["wall_s"] == 5.0
+    assert figs["samples_per_s"] == pytest.approx(640 / 5.0)
+    assert figs["time_to_target_s"] == 5.0
+    assert figs["final_accuracy"] == 0.85
+    assert figs["bytes_up"] == 2000 and figs["bytes_down"] == 4000
+    assert figs["ideal_step_s"] == pytest.approx(600 / 1e6)
+    assert figs["timeline"]["true_bps"][0] == 8e6 and figs["timeline"]["bw_est_bps"][0] == 8e6
+    assert validate_results(_results(p=figs)) == []
+
+
+def test_validate_results_finds_each_problem() -> None:
+    assert validate_results(_results(none=_figs())) == []
+    assert validate_results(_results(none=_figs(time_to_target_s=None))) == []
+    bad = {
+        "missing": _figs(),
+        "nan": _figs(samples_per_s=float("nan")),
+        "zero_bytes": _figs(bytes_up=0),
+        "late": _figs(time_to_target_s=11.0),
+        "acc": _figs(final_accuracy=1.5),
+        "type": _figs(steps=1.5),
+    }
+    del bad["missing"]["ideal_step_s"]
+    problems = " | ".join(validate_results(_results(**bad)))
+    for needle in ("lacks 'ideal_step_s'", "samples_per_s is not finite", "bytes_up must be > 0",
+                   "outside [0, wall_s", "final_accuracy must be in [0, 1]", "steps has type float"):  # fmt: skip
+        assert needle in problems
+    assert validate_results([]) == ["results must be an object, got list"]
+    assert "'policies' must be a non-empty object" in validate_results({"scenario": {}, "target_accuracy": 0.5})
+
+
+def test_speedups_best_fixed_and_table() -> None:
+    policies = {
+        "none": _figs(time_to_target_s=9.0),
+        "fp16": _figs(time_to_target_s=6.0),
+        "fixed:topk:0.01+fp16": _figs(time_to_target_s=4.0),
+        "netsense": _figs(time_to_target_s=3.0),
+        "dc2": _figs(time_to_target_s=None),
+    }
+    assert best_fixed(policies) == "fixed:topk:0.01+fp16"
+    assert speedup(policies, "netsense", "none") == pytest.approx(3.0)
+    assert speedup(policies, "netsense", "fp16") == pytest.approx(2.0)
+    assert speedup(policies, "dc2", "none") is None
+    table = markdown_table(_results(**policies))
+    assert "| `netsense` |" in table and "3.00x" in table and "best fixed policy: fixed:topk:0.01+fp16" in table
+    assert all(line.count("|") == table.splitlines()[0].count("|") for line in table.splitlines() if line.startswith("|"))
+
+
+def test_parse_policies_checks_names() -> None:
+    assert parse_policies("none, fp16,fixed:topk:0.01+fp16") == ["none", "fp16", "fixed:topk:0.01+fp16"]
+    with pytest.raises(ConfigError):
+        parse_policies("none,bogus")
+    with pytest.raises(ConfigError, match="repeats"):
+        parse_policies("none,none")
+    with pytest.raises(ConfigError, match="names no policy"):
+        parse_policies(" , ")
+
+
+def test_bad_arguments_fail_before_anything_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "scenario", "--model", "tests.nowhere:f", "--target-accuracy", "0.5", "--out", str(tmp_path)]) == 2
+    assert main(["bench", "scenario", "--policies", "nope", "--out", str(tmp_path)]) == 2
+    assert main(["bench", "scenario", "--model", "digits-cnn", "--target-accuracy", "2", "--out", str(tmp_path)]) == 2
+    assert not (tmp_path / "results.json").exists()
+
+
+def test_tiny_scenario_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI's scenario: 2 workers, 2 policies, a few steps over the emulated link; seconds, not minutes."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "scn"
+    status = main([
+        "bench", "scenario", "--model", "digits-cnn", "--workers", "2", "--link", "rate=50mbit,delay=2ms",
+        "--policies", "none,fp16", "--steps", "6", "--eval-every", "3", "--target-accuracy", "0.05",
+        "--seed", "3", "--max-time", "120", "--insecure", "--out", str(out),
+    ])  # fmt: skip
+    assert status == 0
+    results = json.loads((out / "results.json").read_text())
+    assert validate_results(results) == []
+    assert list(results["policies"]) == ["none", "fp16"]
+    assert results["scenario"]["link"] == "rate=50mbit,delay=2ms" and results["scenario"]["seed"] == 3
+    for name, f in results["policies"].items():
+        assert set(POLICY_FIELDS) <= set(f)
+        assert f["steps"] == 6 and f["bytes_up"] > 0 and f["bytes_down"] > 0 and f["samples_per_s"] > 0
+        assert f["time_to_target_s"] is not None and f["time_to_target_s"] <= f["wall_s"]
+        assert 0 < f["ideal_step_s"] and math.isfinite(f["mean_step_s"])
+        assert f["levels"] == {"fp32" if name == "none" else "fp16": 12}
+        assert all(t is not None and t >= 0 for t in f["timeline"]["t_s"])
+        assert set(f["timeline"]["true_bps"]) == {50e6}
+    # fp16 halves the uplink payload (framing aside).
+    assert results["policies"]["fp16"]["bytes_up"] < 0.6 * results["policies"]["none"]["bytes_up"]
+    for name in FIGURES:
+        assert (out / name).stat().st_size > 1000
+    assert "| `fp16` |" in (out / "results.md").read_text()
+
+
+def test_plot_redraws_a_copy(tmp_path: Path) -> None:
+    policies = {"none": _figs(evals=[[1.0, 5, 0.5], [5.0, 10, 0.9]]), "fp16": _figs()}
+    (tmp_path / "results.json").write_text(json.dumps(copy.deepcopy(_results(**policies))))
+    assert main(["plot", str(tmp_path)]) == 0
+    assert all((tmp_path / name).exists() for name in FIGURES)
