@@ -512,6 +512,9 @@ class NetsensePolicySettings:
     """Cap of k's back-off: a relax undone within k steps doubles k; one that holds halves it again."""
     probe_interval: int = 20
     """While app-limited at a lossy level, send one step a level lighter this often (0: never)."""
+    probe_interval_s: float = 2.0
+    """...or after this many seconds without a change or probe, whichever comes first (0: only by
+    steps). Seconds bound the recovery time however long a step takes."""
     queue_tolerance_s: float = 0.010
     """Standing queue (srtt - min_rtt) ignored before it starts to shrink the bandwidth."""
     safe_level: int = 0
@@ -523,7 +526,11 @@ class NetsensePolicySettings:
     app_window: int = 4
     """Application bandwidth samples are max-filtered over this many most recent observations."""
     min_sample_bytes: int = 256 * 1024
-    """A send smaller than this measures latency, not bandwidth: its sample is app-limited."""
+    """A send smaller than this measures latency, not bandwidth: its sample is app-limited..."""
+    min_sample_rtts: float = 8.0
+    """...unless it lasted at least this many min RTTs (and carried >= min_sample_bytes / 16): then
+    the ramp-up is a small part of it, as for a 150 kB push taking 30 ms over a 2 ms loopback RTT
+    (0: size alone decides)."""
 
 
 class BandwidthEstimate:
@@ -536,10 +543,11 @@ class BandwidthEstimate:
     never creates one: with nothing trusted the bandwidth stays unknown.
     """
 
-    def __init__(self, *, app_window: int, min_sample_bytes: int) -> None:
+    def __init__(self, *, app_window: int, min_sample_bytes: int, min_sample_rtts: float = 0.0) -> None:
         self.value_Bps: float | None = None
         """The current estimate (before queue and loss shrinkage), None while unknown."""
         self.min_sample_bytes = min_sample_bytes
+        self.min_sample_rtts = min_sample_rtts
         self._app: deque[tuple[float, bool]] = deque(maxlen=app_window)  # (bytes/s, app-limited)
         self._fresh_app = False
         self._fresh_bounds: list[float] = []  # app-limited rates since the last update: lower bounds
@@ -550,13 +558,20 @@ class BandwidthEstimate:
         return bool(self._app) and self._app[-1][1]
 
     def add_app_sample(self, *, bytes_sent: int, comm_s: float, min_rtt_s: float, app_limited: bool) -> None:
-        """Record one send; a latency-bound or small send is marked app-limited."""
+        """Record one send; a latency-bound or small, short send is marked app-limited."""
         if bytes_sent <= 0 or comm_s <= 0:
             return
         net_s = comm_s - min_rtt_s  # the ack's return trip carries no payload
         latency_bound = net_s <= 0.5 * comm_s
         rate = bytes_sent / (comm_s if latency_bound else net_s)
-        limited = app_limited or latency_bound or bytes_sent < self.min_sample_bytes
+        long_enough = (
+            self.min_sample_rtts > 0
+            and min_rtt_s > 0
+            and net_s >= self.min_sample_rtts * min_rtt_s
+            and bytes_sent >= self.min_sample_bytes / 16
+        )
+        small = bytes_sent < self.min_sample_bytes and not long_enough
+        limited = app_limited or latency_bound or small
         self._app.append((rate, limited))
         if limited:
             self._fresh_bounds.append(rate)
@@ -591,6 +606,8 @@ class NetsensePolicy(Policy):
         _require(s.k >= 1, n, "k", s.k, ">= 1")
         _require(s.max_k >= s.k, n, "max_k", s.max_k, ">= k")
         _require(s.probe_interval >= 0, n, "probe_interval", s.probe_interval, ">= 0")
+        _require(s.probe_interval_s >= 0, n, "probe_interval_s", s.probe_interval_s, ">= 0")
+        _require(s.min_sample_rtts >= 0, n, "min_sample_rtts", s.min_sample_rtts, ">= 0")
         _require(s.queue_tolerance_s >= 0, n, "queue_tolerance_s", s.queue_tolerance_s, ">= 0")
         _require(0 <= s.safe_level <= top, n, "safe_level", s.safe_level, f"a level index in [0, {top}]")
         _require(0 <= s.warmup_level <= top, n, "warmup_level", s.warmup_level, f"a level index in [0, {top}]")
@@ -598,7 +615,9 @@ class NetsensePolicy(Policy):
         _require(s.app_window >= 1, n, "app_window", s.app_window, ">= 1")
         _require(s.min_sample_bytes >= 0, n, "min_sample_bytes", s.min_sample_bytes, ">= 0")
         self.settings = s
-        self.bandwidth = BandwidthEstimate(app_window=s.app_window, min_sample_bytes=s.min_sample_bytes)
+        self.bandwidth = BandwidthEstimate(
+            app_window=s.app_window, min_sample_bytes=s.min_sample_bytes, min_sample_rtts=s.min_sample_rtts
+        )
         """Bandwidth estimator fed by `choose` (link) and `observe` (application samples)."""
         self.level: int | None = None
         """Committed level (probes excepted), None before the first decision."""
@@ -609,20 +628,26 @@ class NetsensePolicy(Policy):
         self._relax_to = 0
         self._since_change = 0
         self._since_probe = 0
+        self._moved_at: float | None = None  # link time of the last change or probe
         self._since_relax: int | None = None  # steps since the last relax, while it is on probation
         self._min_rtt_s = 0.0
 
     def effective_bandwidth(self, link: LinkState) -> float | None:
-        """The estimate shrunk by losses and by a standing queue beyond the tolerance.
+        """The estimate shrunk by losses and, on a saturated path, by a queue beyond the tolerance.
 
-        B_eff = B * (1 - min(loss, 0.5)) * min(1, (min_rtt + tolerance) / srtt): a queue that
-        persists between our sends means someone else shares the bottleneck.
+        B_eff = B * (1 - min(loss, 0.5)) * min(1, (min_rtt + tolerance) / srtt). The queue term
+        applies only while the latest samples (link and application) were not app-limited: a full
+        pipe plus a standing queue means the bottleneck is shared or overrun. RTT inflation while
+        we send too little to fill anything is as often the hosts' CPUs (30-50 ms srtt over a 2 ms
+        min RTT was seen with a PS and two workers in one process on 2 cores) as someone else's
+        queue, and the delivery rate already shows a competitor when we next fill the pipe.
         """
         bw = self.bandwidth.update(link)
         if bw is None:
             return None
         bw *= 1.0 - min(max(link.loss_rate, 0.0), 0.5)
-        if link.srtt_s and link.min_rtt_s is not None:
+        saturated = not (link.app_limited or self.bandwidth.last_sample_app_limited)
+        if saturated and link.srtt_s and link.min_rtt_s is not None:
             bw *= min(1.0, (link.min_rtt_s + self.settings.queue_tolerance_s) / link.srtt_s)
         return bw
 
@@ -664,8 +689,11 @@ class NetsensePolicy(Policy):
         assert index is not None
         if self._decisions <= s.warmup_steps and index > s.warmup_level:
             return emit(s.warmup_level, f"warm-up: law wanted {self.ladder[index].spec}")
+        if self._moved_at is None or self._since_change == 0:
+            self._moved_at = link.time_s
         if self._probe_due(link, reason):
             self._since_probe = 0
+            self._moved_at = link.time_s
             return emit(index - 1, f"probe: one step lighter than {self.ladder[index].spec}")
         return emit(index, reason)
 
@@ -715,13 +743,20 @@ class NetsensePolicy(Policy):
     def _probe_due(self, link: LinkState, reason: str) -> bool:
         s = self.settings
         app_limited = link.app_limited or self.bandwidth.last_sample_app_limited
+        steps = min(self._since_change, self._since_probe)
+        by_steps = s.probe_interval > 0 and steps >= s.probe_interval
+        by_time = (
+            s.probe_interval_s > 0
+            and steps >= 2  # at least one step at the committed level between probes
+            and self._moved_at is not None
+            and link.time_s - self._moved_at >= s.probe_interval_s
+        )
         return (
-            s.probe_interval > 0
+            (by_steps or by_time)
             and app_limited
             and self.level is not None
             and self.level > 0
             and reason.startswith("hold: P*")  # neither just moved nor already on the way lighter
-            and min(self._since_change, self._since_probe) >= s.probe_interval
         )
 
     def observe(

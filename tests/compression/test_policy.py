@@ -166,7 +166,7 @@ def test_relax_backs_off_when_undone_and_stays_bounded() -> None:
 
 
 def test_app_limited_low_samples_do_not_drive_it_heavier() -> None:
-    p = netsense(probe_interval=0)
+    p = netsense(probe_interval=0, probe_interval_s=0)
     start = run(p, [100] * 5)[-1]
     assert start is not None
     for step in range(5, 40):
@@ -186,7 +186,7 @@ def test_app_limited_higher_sample_raises_estimate() -> None:
 
 
 def test_upward_probe_while_app_limited() -> None:
-    p = netsense(probe_interval=5)
+    p = netsense(probe_interval=5, probe_interval_s=0)
     heavy = run(p, [20])[-1]
     assert heavy is not None and heavy > 0
     decisions = [
@@ -197,6 +197,50 @@ def test_upward_probe_while_app_limited() -> None:
     assert probes[0].step == 5
     assert all(d.level == heavy for d in decisions if not d.reason.startswith("probe"))
     assert p.level == heavy
+
+
+def test_probe_interval_in_seconds_bounds_recovery_when_steps_are_slow() -> None:
+    """Steps of 4 s: 20 steps between probes would be 80 s; `probe_interval_s` probes after 6 s."""
+    p = netsense(probe_interval=20, probe_interval_s=6.0)
+    heavy = run(p, [20])[-1]
+    assert heavy is not None and heavy > 0
+    decisions = [
+        p.choose(link=link(20, t=4.0 * s, app_limited=True), payload_bytes=S, compute_s=TC, step=s) for s in range(1, 9)
+    ]
+    probes = [d.step for d in decisions if d.reason.startswith("probe")]
+    assert probes == [2, 4, 6, 8]  # >= 6 s and >= 2 steps since the last change or probe
+    assert netsense(probe_interval=0, probe_interval_s=0).settings.probe_interval_s == 0
+    with pytest.raises(ConfigError, match="probe_interval_s"):
+        netsense(probe_interval_s=-1)
+
+
+def test_queue_shrinks_bandwidth_only_on_a_saturated_path() -> None:
+    """RTT inflation while app-limited (CPU contention on shared hosts) is not a competing flow."""
+    base = run(netsense(), [160])[-1]
+    assert run(netsense(), [160], queue=0.2)[-1] > base  # type: ignore[operator]
+    p = netsense()
+    run(p, [160])  # a trusted, saturated link sample sets the estimate
+    d = p.choose(link=link(1, t=1.0, queue=0.2, app_limited=True), payload_bytes=S, compute_s=TC, step=1)
+    assert d.bandwidth_Bps == pytest.approx(160 * MBIT) and d.level == base
+    p.observe(step=1, level=d.level, bytes_sent=S, comm_s=RTT + S / (160 * MBIT), app_limited=False)
+    d = p.choose(link=link(160, t=2.0, queue=0.2), payload_bytes=S, compute_s=TC, step=2)
+    assert d.bandwidth_Bps == pytest.approx(160 * MBIT * (RTT + 0.01) / (RTT + 0.2))
+
+
+def test_long_short_sends_count_as_bandwidth_samples() -> None:
+    """A 150 kB push that takes 30 ms over a 2 ms RTT spans 14 round trips: a rate, not a latency."""
+    est = netsense().bandwidth
+    est.add_app_sample(bytes_sent=150_000, comm_s=0.032, min_rtt_s=0.002, app_limited=False)
+    assert est.update(link(None)) == pytest.approx(150_000 / 0.030)
+    short = netsense().bandwidth  # 3 RTTs: ramp-up dominates, a lower bound only
+    short.add_app_sample(bytes_sent=150_000, comm_s=0.008, min_rtt_s=0.002, app_limited=False)
+    assert short.update(link(None)) is None
+    tiny = netsense().bandwidth  # long but tiny (< min_sample_bytes / 16): latency, not rate
+    tiny.add_app_sample(bytes_sent=8_000, comm_s=0.1, min_rtt_s=0.002, app_limited=False)
+    assert tiny.update(link(None)) is None
+    off = netsense(min_sample_rtts=0).bandwidth
+    off.add_app_sample(bytes_sent=150_000, comm_s=0.032, min_rtt_s=0.002, app_limited=False)
+    assert off.update(link(None)) is None
 
 
 def test_probe_discovers_freed_capacity_from_application_samples() -> None:
