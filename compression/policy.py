@@ -629,6 +629,8 @@ class NetsensePolicy(Policy):
         self._since_change = 0
         self._since_probe = 0
         self._moved_at: float | None = None  # link time of the last change or probe
+        self._predicted_wire_s: float | None = None  # of the last decision with a known bandwidth
+        self._last_send_slow = False  # the last send took much longer than predicted
         self._since_relax: int | None = None  # steps since the last relax, while it is on probation
         self._min_rtt_s = 0.0
 
@@ -694,8 +696,20 @@ class NetsensePolicy(Policy):
         if self._probe_due(link, reason):
             self._since_probe = 0
             self._moved_at = link.time_s
-            return emit(index - 1, f"probe: one step lighter than {self.ladder[index].spec}")
-        return emit(index, reason)
+            probe = self._probe_level(index, payload_bytes)
+            return self._sent(emit(probe, f"probe: {index - probe} lighter than {self.ladder[index].spec}"), bw, rtt)
+        return self._sent(emit(index, reason), bw, rtt)
+
+    def _probe_level(self, index: int, payload_bytes: int) -> int:
+        """The heaviest lighter level whose send is big enough to be a bandwidth sample (a probe too
+        small to measure anything reveals nothing); one level lighter when none is."""
+        big = [i for i in range(index) if self.ladder[i].wire_bytes(payload_bytes) >= self.settings.min_sample_bytes]
+        return max(big) if big else index - 1
+
+    def _sent(self, decision: Decision, bw: float, rtt: float) -> Decision:
+        """Remember the wire time predicted for this decision (codec time excluded, as `comm_s`)."""
+        self._predicted_wire_s = decision.predicted_bytes / bw + rtt
+        return decision
 
     def _step_law(self, preds: list[float]) -> str:
         """Apply the §5 law with hysteresis to the committed level; return the reason."""
@@ -757,6 +771,7 @@ class NetsensePolicy(Policy):
             and self.level is not None
             and self.level > 0
             and reason.startswith("hold: P*")  # neither just moved nor already on the way lighter
+            and not self._last_send_slow  # a send slower than predicted says less capacity, not more
         )
 
     def observe(
@@ -771,6 +786,8 @@ class NetsensePolicy(Policy):
         app_limited: bool | None = None,
     ) -> None:
         """Adds an application bandwidth sample (bytes over comm time less one min RTT)."""
+        predicted, self._predicted_wire_s = self._predicted_wire_s, None
+        self._last_send_slow = predicted is not None and comm_s > 1.5 * predicted + 0.005
         self.bandwidth.add_app_sample(
             bytes_sent=bytes_sent, comm_s=comm_s, min_rtt_s=self._min_rtt_s, app_limited=bool(app_limited)
         )

@@ -214,6 +214,31 @@ def test_probe_interval_in_seconds_bounds_recovery_when_steps_are_slow() -> None
         netsense(probe_interval_s=-1)
 
 
+def test_probe_is_big_enough_to_measure_and_skipped_after_a_slow_send() -> None:
+    """From topk 0.1% of 45 MB (44 kB, app-limited however fast the link) a probe jumps to the
+    heaviest level that sends >= min_sample_bytes; none follows a send slower than predicted."""
+    p = netsense(probe_interval=2, probe_interval_s=0)
+    heavy = run(p, [0.5])[-1]
+    assert heavy == 6
+
+    def probes(policy: NetsensePolicy, comm_s: float | None = None) -> list[int | None]:
+        found = []
+        for step in range(1, 4):
+            d = policy.choose(link=link(0.5, t=step, app_limited=True), payload_bytes=S, compute_s=TC, step=step)
+            wire = RTT + d.predicted_bytes / (0.5 * MBIT)
+            policy.observe(step=step, level=d.level, bytes_sent=d.predicted_bytes, comm_s=comm_s or wire)
+            found += [d.level] if d.reason.startswith("probe") else []
+        return found
+
+    assert probes(p) == [5]  # 405 kB >= 256 kB
+    q = netsense(probe_interval=2, probe_interval_s=0, min_sample_bytes=1 << 20)
+    run(q, [0.5])
+    assert probes(q) == [4]  # 3.8 MB: the first level over 1 MiB
+    slow = netsense(probe_interval=2, probe_interval_s=0)
+    run(slow, [0.5])
+    assert probes(slow, comm_s=10.0) == []  # every send far slower than predicted
+
+
 def test_queue_shrinks_bandwidth_only_on_a_saturated_path() -> None:
     """RTT inflation while app-limited (CPU contention on shared hosts) is not a competing flow."""
     base = run(netsense(), [160])[-1]
