@@ -40,7 +40,9 @@ DEFAULT_TARGETS = {"digits-cnn": 0.9, "charlm": 0.55, "resnet18-synth": 0.5}
 """Target test accuracy per registered model when --target-accuracy is not given."""
 
 EPILOG = """\
-Policies: none, fp16, fixed:<codec>, dc2, netsenseml-paper, netsense (comma-separated, run in order).
+Policies: none, fp16, fixed:<codec>, dc2, netsenseml-paper, netsense (comma-separated, run in order),
+and the peers ddp:none, ddp:fp16, ddp:powersgd (PyTorch DDP, gloo over TCP, across a kernel tbf
+bottleneck in network namespaces: root only, constant rate, no delay; --netns-link sets its spec).
 Time to target is training time (rank 0's clock, eval pauses excluded) at the first eval with
 accuracy >= target; ideal_step_s is the mean over steps of max(compute, bytes / the link's rate).
 Examples:
@@ -75,6 +77,7 @@ def register(kinds: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--ladder", help="levels for adaptive policies (default: the policy's default ladder)")
     p.add_argument("--downlink", choices=["same", "none"], default="same",
                    help="PS -> worker: the same policy (default) or fp32 for every policy")  # fmt: skip
+    p.add_argument("--netns-link", metavar="SPEC", help="tbf link of the ddp:* peers (default --link; rate and queue only)")
     p.add_argument("--insecure", action="store_true", help="no TLS verification / worker auth (the same for every policy)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
     p.set_defaults(func=run)
@@ -90,8 +93,14 @@ def parse_policies(text: str) -> list[str]:
         raise ConfigError(f"--policies {text!r} names no policy; e.g. --policies none,fp16,netsense")
     if len(set(names)) != len(names):
         raise ConfigError(f"--policies {text!r} repeats a policy")
+    from netsense.ddp_baseline import HOOKS
+
     ladder = Ladder.parse(DEFAULT_LADDER)
     for name in names:
+        if name.startswith("ddp:"):
+            if name[4:] not in HOOKS:
+                raise ConfigError(f"--policies: {name!r} is no DDP peer; use one of {', '.join('ddp:' + h for h in HOOKS)}")
+            continue
         make_policy(name, ladder)
     return names
 
@@ -162,6 +171,26 @@ def run_policy(
     figures["stopped_at_max_time"] = stopped
     figures["levels"] = _levels(decisions)
     return figures
+
+
+def _run_ddp(args: argparse.Namespace, policy: str, *, steps: int, batch_size: int, target: float) -> dict[str, Any]:
+    """A DDP peer's figures; ConfigError (before anything runs) where namespaces are unavailable."""
+    from netsense import ddp_baseline
+    from netsense.transport.netns import netns_available
+
+    ok, reason = netns_available()
+    if not ok:
+        raise ConfigError(f"{policy} needs network namespaces: {reason}; drop it from --policies")
+    link = args.netns_link or args.link or ""
+    print(f"== {policy}: {args.model} x{args.workers}, DDP gloo through netns tbf: {link or 'unshaped'}", flush=True)
+    events = ddp_baseline.run_ddp(
+        model=args.model, hook=policy[4:], link=link, workers=args.workers, steps=steps, seed=args.seed,
+        batch_size=batch_size, eval_every=args.eval_every, max_time_s=args.max_time,
+    )  # fmt: skip
+    figs = ddp_baseline.figures(events, link=link, target=target, global_batch=batch_size * args.workers)
+    figs["path"] = f"netns tbf {link}"
+    print(f"   {figs['steps']} steps in {figs['wall_s']:.1f} s, time to target {figs['time_to_target_s']}", flush=True)
+    return figs
 
 
 def _levels(decisions: dict[int, list[dict[str, Any]]]) -> dict[str, int]:
@@ -256,6 +285,10 @@ def run(args: argparse.Namespace) -> int:
         server__ladder=args.ladder, security__insecure=args.insecure or None,
     )  # fmt: skip
     for policy in policies:
+        if policy.startswith("ddp:"):
+            results["policies"][policy] = _run_ddp(args, policy, steps=steps, batch_size=batch_size, target=target)
+            write_outputs(results, out, plots=False)
+            continue
         config = override(base, train__policy=policy, server__policy=policy if args.downlink == "same" else None)
         print(f"== {policy}: {args.model} x{args.workers}, {spec.describe() if spec else 'unshaped loopback'}", flush=True)
         figs = run_policy(

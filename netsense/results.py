@@ -88,15 +88,19 @@ def rate_Bps(link: LinkSpec, t: float) -> float | None:
 
 
 def transfer_s(spec: DuplexSpec | None, t: float, up_bytes: float, down_bytes: float) -> float:
-    """Seconds the link needs for one synchronous step's bytes at link time `t` (push then pull)."""
+    """Least seconds the link needs for one step's bytes at link time `t`.
+
+    The directions are independent (full duplex), and a worker that has its update may push its
+    next gradient while another still pulls, so the bound is the busier direction, not the sum.
+    """
     if spec is None:
         return 0.0
-    total = 0.0
+    worst = 0.0
     for link, n in ((spec.up, up_bytes), (spec.down, down_bytes)):
         rate = rate_Bps(link, t)
         if rate is not None and n > 0:
-            total += n / rate if rate > 0 else math.inf
-    return total
+            worst = max(worst, n / rate if rate > 0 else math.inf)
+    return worst
 
 
 # --- per-step records ----------------------------------------------------------------------------
@@ -143,7 +147,7 @@ def step_records(
 
 
 def ideal_step_s(records: Sequence[Mapping[str, Any]], spec: DuplexSpec | None) -> float:
-    """Mean over steps of max(compute, bytes / link rate): the step time of perfect overlap.
+    """Mean over steps of max(compute, bytes / link rate): the step time of perfect overlap, a lower bound.
 
     A step whose compute time is unknown (a worker's first step) takes the run's median compute.
     """
