@@ -58,6 +58,7 @@ class PSClient:
         self.conn: ClientConnection | None = None
         self.welcome: Welcome | None = None
         self._bytes_base = (0, 0)  # traffic of connections closed by `reconnect`
+        self._keepalive: asyncio.Future[None] | None = None
 
     async def connect(self, connect_timeout_s: float = 10.0) -> Welcome:
         """Open the QUIC connection (TLS verified per the configuration) and authenticate."""
@@ -89,7 +90,18 @@ class PSClient:
             if exc.code == "auth":
                 raise AuthError(f"PS refused worker {ident.worker_id!r}: {exc.reason}") from None
             raise
+        self._keepalive = asyncio.ensure_future(self._keep_alive(self.conn))
         return self.welcome
+
+    async def _keep_alive(self, conn: ClientConnection) -> None:
+        """PING a third of the idle timeout after the last ping, so a worker waiting at the barrier
+        is not idle-closed; a dead PS still is (pings go unanswered), which triggers a reconnect."""
+        interval = max(0.2, (self.configuration.idle_timeout or 60.0) / 3)
+        while conn.closed_reason is None:
+            await asyncio.sleep(interval)
+            if conn.closed_reason is None:
+                conn.quic.send_ping(0)
+                conn.transmit()
 
     async def _request(self, msg: Any, expect: type) -> Any:
         assert self.conn is not None, "connect() first"
@@ -113,6 +125,8 @@ class PSClient:
     async def reconnect(self, connect_timeout_s: float = 10.0) -> Welcome:
         """Drop the current connection (no BYE: it is presumed dead) and connect + authenticate afresh."""
         old = self.conn
+        if self._keepalive is not None:
+            self._keepalive.cancel()
         if old is not None:
             self._bytes_base = (self.bytes_sent, self.bytes_received)
             self.conn = None
@@ -138,5 +152,7 @@ class PSClient:
         if self.conn is not None and self.conn.closed_reason is None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._request(Bye(reason), Ack), 2.0)
+        if self._keepalive is not None:
+            self._keepalive.cancel()
         await self._stack.aclose()
         self.conn = None

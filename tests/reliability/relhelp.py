@@ -17,6 +17,18 @@ VERBOSE: list[str] = []
 """Extra CLI verbosity flags (the secrets test sets -vv for its own processes)."""
 
 
+RUNNING: list[Proc] = []
+"""Every child started; the conftest kills survivors after each test."""
+
+
+def kill_all() -> None:
+    while RUNNING:
+        proc = RUNNING.pop()
+        if proc.p.poll() is None:
+            proc.p.kill()
+            proc.p.wait(10)
+
+
 class Proc:
     """A child process whose stdout JSON lines are collected on a thread; stderr goes to a file."""
 
@@ -29,6 +41,7 @@ class Proc:
             stdout=subprocess.PIPE, stderr=self._log, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )  # fmt: skip
+        RUNNING.append(self)
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.seen: list[dict[str, Any]] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -71,7 +84,8 @@ class Proc:
                 return self.seen
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def wait(self, timeout: float) -> int:
