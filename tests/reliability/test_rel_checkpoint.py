@@ -96,3 +96,11 @@ def test_a_pickle_with_code_is_refused_even_with_a_valid_digest(tmp_path) -> Non
         checkpoint.load(path)
     with pytest.raises(ConfigError):
         checkpoint.load_latest(tmp_path)
+
+
+def test_ps_resume_without_a_checkpoint_is_a_clear_error(tmp_path, certs, capsys) -> None:
+    from netsense.cli import main
+
+    rc = main(["ps", "--port", "0", "--certs", str(certs.ca.parent), "--resume", str(tmp_path / "none")])
+    assert rc == 2
+    assert "no valid checkpoint" in capsys.readouterr().err
