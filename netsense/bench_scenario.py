@@ -41,8 +41,9 @@ DEFAULT_TARGETS = {"digits-cnn": 0.9, "charlm": 0.55, "resnet18-synth": 0.5}
 
 EPILOG = """\
 Policies: none, fp16, fixed:<codec>, dc2, netsenseml-paper, netsense (comma-separated, run in order),
-and the peers ddp:none, ddp:fp16, ddp:powersgd (PyTorch DDP, gloo over TCP, across a kernel tbf
-bottleneck in network namespaces: root only, constant rate, no delay; --netns-link sets its spec).
+the peers ddp:none, ddp:fp16, ddp:powersgd (PyTorch DDP, gloo over TCP, across a kernel tbf
+bottleneck in network namespaces: root only, constant rate, no delay; --netns-link sets its spec),
+and netns:<policy>: a NetSense job across that same tbf path (PS and workers in the namespaces).
 Time to target is training time (rank 0's clock, eval pauses excluded) at the first eval with
 accuracy >= target; ideal_step_s is the mean over steps of max(compute, bytes / the link's rate).
 Examples:
@@ -77,7 +78,8 @@ def register(kinds: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--ladder", help="levels for adaptive policies (default: the policy's default ladder)")
     p.add_argument("--downlink", choices=["same", "none"], default="same",
                    help="PS -> worker: the same policy (default) or fp32 for every policy")  # fmt: skip
-    p.add_argument("--netns-link", metavar="SPEC", help="tbf link of the ddp:* peers (default --link; rate and queue only)")
+    p.add_argument("--netns-link", metavar="SPEC",
+                   help="tbf link of the ddp:* and netns:* runs (default --link; rate and queue only)")  # fmt: skip
     p.add_argument("--insecure", action="store_true", help="no TLS verification / worker auth (the same for every policy)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
     p.set_defaults(func=run)
@@ -97,6 +99,7 @@ def parse_policies(text: str) -> list[str]:
 
     ladder = Ladder.parse(DEFAULT_LADDER)
     for name in names:
+        name = name.removeprefix("netns:")
         if name.startswith("ddp:"):
             if name[4:] not in HOOKS:
                 raise ConfigError(f"--policies: {name!r} is no DDP peer; use one of {', '.join('ddp:' + h for h in HOOKS)}")
@@ -121,6 +124,33 @@ class _ScenarioLauncher(Launcher):
         return emu, port
 
 
+class _NetnsLauncher(_ScenarioLauncher):
+    """The PS in the server namespace, the workers in the client namespace: every push and pull
+    crosses the router's `tbf`, the same kernel bottleneck as the ddp:* peers."""
+
+    def __init__(self, *args: Any, topo: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.topo = topo
+
+    def _spawn(self, cmd: list[str]) -> Any:
+        import subprocess
+
+        from netsense.transport.netns import SERVER_IP
+
+        sub = next(a for a in cmd[3:] if not a.startswith("-"))  # [python, -m, netsense, -v..., SUB, ...]
+        cmd = list(cmd)
+        if sub == "ps":
+            role, cmd = "server", [*cmd, "--host", SERVER_IP]
+        else:
+            role = "client"
+            i = cmd.index("--ps") + 1
+            cmd[i] = f"{SERVER_IP}:{cmd[i].rpartition(':')[2]}"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        p = subprocess.Popen(self.topo.command(role, cmd), stdout=subprocess.PIPE, text=True, env=env)
+        self.procs.append(p)
+        return p
+
+
 class _TimeUp(Exception):
     """Raised from the event callback to stop a job at --max-time."""
 
@@ -136,8 +166,11 @@ def run_policy(
     target: float,
     global_batch: int,
     verbose: int = 0,
+    netns_link: str | None = None,
 ) -> dict[str, Any]:
-    """One policy's job; returns its figures (see `netsense.results.policy_figures`)."""
+    """One policy's job, across `netns_link`'s tbf when given, else through the emulator (or none).
+
+    Returns its figures (see `netsense.results.policy_figures`)."""
     from netsense.results import policy_figures
 
     if run_dir.exists():
@@ -154,12 +187,25 @@ def run_policy(
         elif kind == "eval" and rank == 0:
             evals.append(e)
 
-    launcher = _ScenarioLauncher(config, verbose=verbose, on_event=on_event, run_dir=run_dir, link=link, trace=trace)
     stopped = False
-    try:
-        launcher.run()
-    except _TimeUp:
-        stopped = True
+    if netns_link is None:
+        launcher = _ScenarioLauncher(config, verbose=verbose, on_event=on_event, run_dir=run_dir, link=link, trace=trace)
+        try:
+            launcher.run()
+        except _TimeUp:
+            stopped = True
+    else:
+        from netsense.transport.netns import NetnsTopology
+
+        # Real 1500-byte frames on the veths: QUIC packets must fit (no loopback-sized datagrams).
+        config = override(config, transport__max_datagram_size=1400)
+        with NetnsTopology(netns_link) as topo:
+            launcher = _NetnsLauncher(config, verbose=verbose, on_event=on_event, run_dir=run_dir, topo=topo)
+            launcher.link_t0 = time.monotonic()  # tbf is a constant rate: the clock only orders the steps
+            try:
+                launcher.run()
+            except _TimeUp:
+                stopped = True
     decisions = {}
     for rank in range(config.workers):
         path = Path(launcher._up_log(rank))
@@ -173,15 +219,21 @@ def run_policy(
     return figures
 
 
-def _run_ddp(args: argparse.Namespace, policy: str, *, steps: int, batch_size: int, target: float) -> dict[str, Any]:
-    """A DDP peer's figures; ConfigError (before anything runs) where namespaces are unavailable."""
-    from netsense import ddp_baseline
+def _netns_link(args: argparse.Namespace, policy: str) -> str:
+    """The tbf spec of a netns:* or ddp:* run; ConfigError where namespaces are unavailable."""
     from netsense.transport.netns import netns_available
 
     ok, reason = netns_available()
     if not ok:
         raise ConfigError(f"{policy} needs network namespaces: {reason}; drop it from --policies")
-    link = args.netns_link or args.link or ""
+    return args.netns_link or args.link or ""
+
+
+def _run_ddp(args: argparse.Namespace, policy: str, *, steps: int, batch_size: int, target: float) -> dict[str, Any]:
+    """A DDP peer's figures; ConfigError (before anything runs) where namespaces are unavailable."""
+    from netsense import ddp_baseline
+
+    link = _netns_link(args, policy)
     print(f"== {policy}: {args.model} x{args.workers}, DDP gloo through netns tbf: {link or 'unshaped'}", flush=True)
     events = ddp_baseline.run_ddp(
         model=args.model, hook=policy[4:], link=link, workers=args.workers, steps=steps, seed=args.seed,
@@ -289,12 +341,18 @@ def run(args: argparse.Namespace) -> int:
             results["policies"][policy] = _run_ddp(args, policy, steps=steps, batch_size=batch_size, target=target)
             write_outputs(results, out, plots=False)
             continue
-        config = override(base, train__policy=policy, server__policy=policy if args.downlink == "same" else None)
-        print(f"== {policy}: {args.model} x{args.workers}, {spec.describe() if spec else 'unshaped loopback'}", flush=True)
+        inner = policy.removeprefix("netns:")
+        config = override(base, train__policy=inner, server__policy=inner if args.downlink == "same" else None)
+        netns_link = _netns_link(args, policy) if policy.startswith("netns:") else None
+        where = f"netns tbf {netns_link}" if netns_link is not None else spec.describe() if spec else "unshaped loopback"
+        print(f"== {policy}: {args.model} x{args.workers}, {where}", flush=True)
         figs = run_policy(
-            config, run_dir=out / "runs" / _slug(policy), link=args.link, trace=args.trace, spec=spec,
-            max_time_s=args.max_time, target=target, global_batch=batch_size * args.workers, verbose=args.verbose,
+            config, run_dir=out / "runs" / _slug(policy), link=args.link, trace=args.trace,
+            spec=parse_link(netns_link) if netns_link is not None else spec, max_time_s=args.max_time, target=target,
+            global_batch=batch_size * args.workers, verbose=args.verbose, netns_link=netns_link,
         )  # fmt: skip
+        if netns_link is not None:
+            figs["path"] = f"netns tbf {netns_link}"
         results["policies"][policy] = figs
         ttt = figs["time_to_target_s"]
         print(

@@ -211,3 +211,38 @@ def test_ddp_peer_through_netns(tmp_path: Path) -> None:
     assert figs["steps"] == 4 and figs["time_to_target_s"] is not None
     # fp16 all-reduce of ~38k parameters: ~77 kB each way per step, plus TCP/IP framing.
     assert 4 * 70_000 < figs["bytes_up"] < 4 * 200_000
+
+
+def test_netns_and_ddp_rows_compare_with_netns_baselines() -> None:
+    policies = {
+        "none": _figs(time_to_target_s=9.0),
+        "netns:none": _figs(time_to_target_s=8.0),
+        "netns:fp16": _figs(time_to_target_s=4.0),
+        "ddp:powersgd": _figs(time_to_target_s=2.0),
+    }
+    assert best_fixed(policies) == "none" and best_fixed(policies, "netns:") == "netns:fp16"
+    table = markdown_table(_results(**policies))
+    row = next(line for line in table.splitlines() if "`ddp:powersgd`" in line)
+    assert "| 4.00x | 2.00x | 2.00x |" in row  # vs netns:none, netns:fp16, best netns fixed
+
+
+@pytest.mark.slow
+def test_netsense_and_ddp_cross_the_same_tbf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """netns:none (PS and workers in the namespaces) and ddp:none through one tbf spec."""
+    from netsense.transport.netns import netns_available
+
+    ok, reason = netns_available()
+    if not ok:
+        pytest.skip(reason)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "scn"
+    assert main([
+        "bench", "scenario", "--model", "digits-cnn", "--netns-link", "rate=50mbit,queue=50ms", "--policies",
+        "netns:none,ddp:none", "--steps", "4", "--eval-every", "2", "--target-accuracy", "0.01", "--out", str(out),
+    ]) == 0  # fmt: skip
+    results = json.loads((out / "results.json").read_text())
+    assert validate_results(results) == []
+    for f in results["policies"].values():
+        assert f["path"] == "netns tbf rate=50mbit,queue=50ms" and f["steps"] == 4
+    # NetSense: 2 workers push 153 kB each through the tbf per step; DDP's ring moves ~1 model each way.
+    assert results["policies"]["netns:none"]["bytes_up"] > 4 * 2 * 150_000
