@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         model,
         connect=connect_settings(config, host, port, args.server_name),
         rank=args.rank,
+        world_size=world,
         worker_id=worker_id,
         optimizer=optimizer,
         codec=config.train.codec,

@@ -27,6 +27,7 @@ from netsense.transport.wire import (
     Limits,
     Message,
     Params,
+    Probe,
     Pull,
     Push,
     Welcome,
@@ -270,12 +271,18 @@ class WorkerSession:
             return await self._on_auth(msg)
         if not self.authenticated:
             raise ProtocolError("auth", f"{type(msg).__name__.upper()} before authentication; send HELLO first")
+        if isinstance(msg, Probe):
+            return Ack(self.server.store.version)  # path measurement: the bytes are dropped
+        if self._hello is not None and self._hello.role == "probe":
+            if isinstance(msg, Bye):
+                return Ack(self.server.store.version)
+            raise ProtocolError("role", f"{type(msg).__name__.upper()} on a probe connection: it may send only PROBE and BYE")
         store = self.server.store
         assert self.worker_id is not None
         if isinstance(msg, Init):
             if self._hello is None or self._hello.rank != 0:
                 raise ProtocolError("init", "only rank 0 may initialize the parameters")
-            store.initialize(msg.tensors, msg.optimizer)
+            store.initialize(msg.tensors, msg.optimizer, msg.world_size)
             for wid in self.server.sessions:  # everyone already connected is in the first barrier
                 store.join(wid)
             await self.server.applied(StepApplied(store.version, (), 0))
@@ -325,6 +332,10 @@ class WorkerSession:
                 raise ProtocolError("auth", str(exc)) from None
         self.authenticated = True
         self._deadline.cancel()
+        if hello.role == "probe":  # measures the path only: never a session, never in the barrier
+            self.peer = f"probe {hello.worker_id!r}"
+            log.info("%s authenticated", self.peer)
+            return Welcome(self.server.store.version, self.server.store.initialized, len(self.server.store.live))
         self.worker_id = hello.worker_id
         self.peer = f"worker {hello.worker_id!r}"
         previous = self.server.sessions.get(hello.worker_id)

@@ -64,6 +64,7 @@ class ParameterStore:
         self._downlink_chosen: dict[tuple[str, str], Codec] = {}  # (key, spec) -> encoder
         self._last_update: Params | None = None
         self.applied_steps = 0
+        self.start_quorum = 1
         self.rejected_messages = 0
 
     # --- set-up ---------------------------------------------------------------------------
@@ -72,10 +73,15 @@ class ParameterStore:
     def initialized(self) -> bool:
         return bool(self.params)
 
-    def initialize(self, tensors: dict[str, Payload], optimizer: dict[str, object]) -> None:
-        """Take rank 0's initial parameters; ignored (not an error) if already initialized."""
+    def initialize(self, tensors: dict[str, Payload], optimizer: dict[str, object], world_size: int = 1) -> None:
+        """Take rank 0's initial parameters; ignored (not an error) if already initialized.
+
+        The first update waits for `world_size` workers (or the barrier timeout): otherwise a
+        worker that connects a moment after rank 0 would silently miss step 0.
+        """
         if self.initialized:
             return
+        self.start_quorum = world_size
         settings = OptimizerSettings.from_dict(dict(optimizer))
         if not tensors:
             raise ProtocolError("malformed", "INIT carries no tensors")
@@ -103,8 +109,12 @@ class ParameterStore:
     # --- membership -----------------------------------------------------------------------
 
     def join(self, worker_id: str) -> None:
-        """Add a worker to the barrier (a rejoin after a crash is a join)."""
+        """Add a worker to the barrier (a rejoin after a crash is a join).
+
+        A rejoining worker redoes its step from the start, so a partial push of its old
+        connection is discarded (its re-push would otherwise be refused as a duplicate)."""
         self.live.add(worker_id)
+        self._pending.pop(worker_id, None)
 
     def leave(self, worker_id: str) -> StepApplied | None:
         """Remove a worker and discard its partial step; may complete the barrier for the rest."""
@@ -117,6 +127,7 @@ class ParameterStore:
         if not any(self._complete(w) for w in self._pending):
             return [], None
         dropped = [w for w in self.live if not self._complete(w)]
+        self.start_quorum = 1  # the timeout also ends the wait for workers that never came
         for w in dropped:
             self.live.discard(w)
             self._pending.pop(w, None)
@@ -167,6 +178,8 @@ class ParameterStore:
         ready = [w for w in self._pending if self._complete(w)]
         if not ready or any(not self._complete(w) for w in self.live):
             return None
+        if self.version == 0 and len(ready) < self.start_quorum:
+            return None  # the first step waits for the whole job (see `initialize`)
         total = sum(self._pending[w].samples for w in ready)
         assert self._optimizer is not None
         for key, param in self.params.items():

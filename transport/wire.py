@@ -39,6 +39,8 @@ class Limits:
     """Most scalars one payload may carry."""
     max_dims: int = 8
     """Most dimensions a tensor shape may have."""
+    max_probe_bytes: int = 16 * 1024 * 1024
+    """Largest PROBE payload (path measurement bulk data, discarded by the PS)."""
 
 
 # --- messages -------------------------------------------------------------------------------
@@ -62,6 +64,13 @@ class Hello(Message):
     """Rank in the job; rank 0 provides the initial parameters."""
     client_nonce: bytes
     """32 random bytes chosen by the worker, mixed into the MAC."""
+    role: str = "worker"
+    """``worker`` joins the training barrier; ``probe`` (`netsense probe --ps`) only measures the path
+    with PROBE messages and is never counted as a worker."""
+
+
+HELLO_ROLES = ("worker", "probe")
+"""Roles a HELLO may claim."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,8 @@ class Init(Message):
     """Key -> lossless payload."""
     optimizer: dict[str, Any] = field(default_factory=dict)
     """Optimizer settings the PS should use (name, lr, ...); validated by the store."""
+    world_size: int = 1
+    """Workers the first step waits for (until the barrier timeout), so none misses step 0."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +179,15 @@ class Error(Message):
 
 
 @dataclass(frozen=True)
+class Probe(Message):
+    """Probe -> PS: bulk bytes to measure the path; answered with ACK once received, then dropped."""
+
+    TYPE: ClassVar[str] = "probe"
+    data: bytes
+    """Filler, at most `Limits.max_probe_bytes`."""
+
+
+@dataclass(frozen=True)
 class Bye(Message):
     """Worker -> PS: leaving on purpose (removed from the barrier at once)."""
 
@@ -177,7 +197,7 @@ class Bye(Message):
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
-    cls.TYPE: cls for cls in (Hello, Challenge, Auth, Welcome, Init, Push, Pull, Params, Ack, Error, Bye)
+    cls.TYPE: cls for cls in (Hello, Challenge, Auth, Welcome, Init, Push, Pull, Params, Ack, Error, Bye, Probe)
 }
 
 # --- encoding -------------------------------------------------------------------------------
@@ -310,12 +330,30 @@ def _opt_map(body: dict[str, Any], name: str) -> dict[str, Any]:
     return v
 
 
+def _role(body: dict[str, Any]) -> str:
+    role = body.get("role", "worker")  # absent: a peer from before roles existed, i.e. a worker
+    if role not in HELLO_ROLES:
+        raise _fail("malformed", f"field 'role' must be one of {HELLO_ROLES}, got {role!r}")
+    return role
+
+
+def _probe_data(body: dict[str, Any], limits: Limits) -> bytes:
+    v = body.get("data")
+    if not isinstance(v, bytes):
+        raise _fail("malformed", "field 'data' must be bin")
+    if len(v) > limits.max_probe_bytes:
+        raise _fail("oversize", f"probe of {len(v)} bytes > limit {limits.max_probe_bytes}")
+    return v
+
+
 _PARSERS: dict[str, Any] = {
-    "hello": lambda b, lim: Hello(_str(b, "worker_id", 128), _int(b, "rank", 0, 1 << 20), _bin(b, "client_nonce", 32)),
+    "hello": lambda b, lim: Hello(
+        _str(b, "worker_id", 128), _int(b, "rank", 0, 1 << 20), _bin(b, "client_nonce", 32), _role(b)
+    ),
     "challenge": lambda b, lim: Challenge(_bin(b, "server_nonce", 32)),
     "auth": lambda b, lim: Auth(_bin(b, "mac", 32)),
     "welcome": lambda b, lim: Welcome(_int(b, "version", 0), _bool(b, "initialized"), _int(b, "live_workers", 0)),
-    "init": lambda b, lim: Init(_tensors(b, "tensors", lim), _opt_map(b, "optimizer")),
+    "init": lambda b, lim: Init(_tensors(b, "tensors", lim), _opt_map(b, "optimizer"), _int(b, "world_size", 1, 1 << 20)),
     "push": lambda b, lim: Push(
         _int(b, "step", 0), _int(b, "samples", 1, 1 << 30), _int(b, "total_keys", 1, lim.max_keys), _tensors(b, "grads", lim)
     ),
@@ -326,4 +364,5 @@ _PARSERS: dict[str, Any] = {
     "ack": lambda b, lim: Ack(_int(b, "version", 0)),
     "error": lambda b, lim: Error(_str(b, "code", 64), _str(b, "reason")),
     "bye": lambda b, lim: Bye(_str(b, "reason")),
+    "probe": lambda b, lim: Probe(_probe_data(b, lim)),
 }

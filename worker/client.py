@@ -110,9 +110,9 @@ class PSClient:
             raise ProtocolError("type", f"expected {expect.__name__.upper()}, got {type(reply).__name__.upper()}")
         return reply
 
-    async def init(self, tensors: dict[str, Payload], optimizer: dict[str, Any]) -> int:
+    async def init(self, tensors: dict[str, Payload], optimizer: dict[str, Any], world_size: int = 1) -> int:
         """Rank 0: hand the PS its initial parameters; returns the PS version."""
-        return (await self._request(Init(tensors, optimizer), Ack)).version
+        return (await self._request(Init(tensors, optimizer, world_size), Ack)).version
 
     async def push(self, step: int, samples: int, total_keys: int, grads: dict[str, Payload]) -> int:
         """Send one bucket of gradients for `step`; returns the PS version after it."""

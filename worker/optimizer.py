@@ -87,6 +87,7 @@ class NetSenseOptimizer:
         *,
         connect: ConnectSettings,
         rank: int = 0,
+        world_size: int = 1,
         worker_id: str | None = None,
         optimizer: dict[str, object] | None = None,
         codec: str = "fp32",
@@ -100,6 +101,7 @@ class NetSenseOptimizer:
         self.model = model
         self.slots: list[KeySlot] = key_layout(model, chunk_elems)
         self.rank = rank
+        self.world_size = world_size
         self.codec_spec = codec
         self._codecs: dict[str, Codec] = {}
         self._codec(codec)  # fail fast on a bad spec
@@ -222,7 +224,7 @@ class NetSenseOptimizer:
         fp32 = make_codec("fp32")
         if not welcome.initialized and self.rank == 0:
             tensors = {s.key: fp32.encode(s.view(s.param.detach())) for s in self.slots}
-            await self.client.init(tensors, optimizer)
+            await self.client.init(tensors, optimizer, self.world_size)
         self._apply(await self.client.pull(-1, 0))
 
     async def _read_link(self) -> LinkState:
@@ -257,7 +259,7 @@ class NetSenseOptimizer:
                 if not welcome.initialized and self.rank == 0:
                     # A PS restarted without a checkpoint: rank 0 seeds it with the current replica.
                     fp32 = make_codec("fp32")
-                    await self.client.init({sl.key: fp32.encode(sl.view(sl.param.detach())) for sl in self.slots}, self._optimizer_settings)
+                    await self.client.init({sl.key: fp32.encode(sl.view(sl.param.detach())) for sl in self.slots}, self._optimizer_settings, self.world_size)
                 params = await self.client.pull(-1, 0)
             except (AuthError, PeerTimeout, PeerError, OSError) as exc:
                 if isinstance(exc, AuthError) and "refused" in str(exc):

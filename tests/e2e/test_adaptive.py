@@ -65,7 +65,7 @@ def test_decision_logs_both_directions_and_replicas_stay_exact(certs: CertPaths,
 
         def work(rank: int) -> None:
             with NetSenseOptimizer(
-                models[rank], connect=ps.connect_settings(), rank=rank, worker_id=f"w{rank}",
+                models[rank], connect=ps.connect_settings(), rank=rank, world_size=2, worker_id=f"w{rank}",
                 optimizer={"name": "sgd", "lr": 0.1}, policy="netsense" if rank == 0 else "fixed:topk:0.1+fp16",
                 ladder=ladder, decision_log=tmp_path / f"up-{rank}.jsonl",
             ) as opt:  # fmt: skip

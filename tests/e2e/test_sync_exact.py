@@ -40,7 +40,7 @@ def test_two_workers_match_single_process(ps: RunningPS, optimizer: dict) -> Non
     def work(rank: int) -> None:
         try:
             opt = opts[rank] = NetSenseOptimizer(
-                models[rank], connect=ps.connect_settings(), rank=rank, worker_id=f"w{rank}", optimizer=optimizer
+                models[rank], connect=ps.connect_settings(), rank=rank, world_size=2, worker_id=f"w{rank}", optimizer=optimizer
             )
             for step in range(steps):
                 x, y = _batch(step, rank)

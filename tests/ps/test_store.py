@@ -139,3 +139,20 @@ def test_lossy_downlink_shadow_is_what_workers_rebuild() -> None:
         r += make_codec("fp16").decode(update.tensors["w"])
         assert torch.equal(r, store.shadow["w"])  # bit for bit
     torch.testing.assert_close(r, store.params["w"], rtol=1e-2, atol=1e-2)
+
+
+def test_first_step_waits_for_the_whole_job_until_the_timeout() -> None:
+    s = ParameterStore()
+    s.initialize({"b": FP32.encode(torch.zeros(3))}, {"name": "sgd", "lr": 0.1}, world_size=2)
+    s.join("a")
+    assert _push(s, "a", 0, {"b": torch.ones(3)}) is None  # b has not even connected yet
+    s.join("b")
+    result = _push(s, "b", 0, {"b": torch.ones(3)})
+    assert result is not None and result.workers == ("a", "b")
+    # a second job where b never comes: the barrier timeout lets a go alone
+    s2 = ParameterStore()
+    s2.initialize({"b": FP32.encode(torch.zeros(3))}, {"name": "sgd", "lr": 0.1}, world_size=2)
+    s2.join("a")
+    _push(s2, "a", 0, {"b": torch.ones(3)})
+    dropped, result = s2.drop_incomplete()
+    assert dropped == [] and result is not None and result.workers == ("a",)
