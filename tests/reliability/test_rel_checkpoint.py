@@ -104,3 +104,11 @@ def test_ps_resume_without_a_checkpoint_is_a_clear_error(tmp_path, certs, capsys
     rc = main(["ps", "--port", "0", "--certs", str(certs.ca.parent), "--resume", str(tmp_path / "none")])
     assert rc == 2
     assert "no valid checkpoint" in capsys.readouterr().err
+
+
+def test_a_rejoin_discards_the_partial_push_of_the_old_connection() -> None:
+    s = _store({"name": "sgd", "lr": 0.1})
+    s.push("a", Push(0, 4, 2, {"w": FP32.encode(torch.zeros(4, 3))}))
+    s.join("a")  # the worker reconnected: it will push the whole step again
+    s.push("a", Push(0, 4, 2, {"w": FP32.encode(torch.zeros(4, 3)), "b": FP32.encode(torch.zeros(3))}))
+    assert s.version == 0 and s._complete("a")
