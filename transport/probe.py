@@ -3,7 +3,8 @@
 `probe_path` sends as fast as the connection allows for a while and reads the sending side's
 `NetworkSignal`; `ProbeSink` is the receiving end (a QUIC server that discards stream data and
 counts it); `probe_link` runs sink, `LinkEmulator` and sender on loopback to measure an emulated
-link. `netsense probe` is the CLI (docs/BENCHMARKS.md quotes its figures).
+link; `probe_ps` measures the path to a running PS with PROBE messages over an authenticated
+connection that never joins training. `netsense probe` is the CLI (docs/BENCHMARKS.md quotes its figures).
 """
 
 from __future__ import annotations
@@ -18,12 +19,16 @@ from aioquic.asyncio import QuicConnectionProtocol, connect, serve
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import QuicEvent, StreamDataReceived
 
-from .channel import _HighResLoop, tune_socket
+from netsense.errors import AuthError, PeerError, ProtocolError
+
+from .auth import auth_mac, new_nonce
+from .channel import _HighResLoop, open_connection, tune_socket
 from .emulator import LinkEmulator
 from .linkspec import DuplexSpec
 from .quic_state import connection_of
 from .signal import NetworkSignal, SignalReader
 from .tls import TransportSettings, client_configuration, make_dev_certs, server_configuration
+from .wire import Ack, Auth, Bye, Challenge, Hello, Limits, Probe, Welcome
 
 CHUNK = 256 * 1024
 AHEAD_BYTES = 2 * 1024 * 1024
@@ -162,3 +167,59 @@ async def probe_remote(
     """Measure the path to a remote sink (goodput from acknowledged bytes)."""
     signal, acked = await probe_path(host, port, configuration, seconds, socket_buffer_bytes=socket_buffer_bytes)
     return _result(signal, acked, seconds)
+
+
+PS_PROBE_BYTES = 1024 * 1024
+"""Payload of one PROBE message (well under the PS's `Limits.max_probe_bytes`)."""
+PS_PROBE_IN_FLIGHT = 4
+"""PROBE requests kept outstanding: enough to fill the window, bounded memory on both ends."""
+
+
+async def probe_ps(
+    host: str,
+    port: int,
+    configuration: QuicConfiguration,
+    seconds: float,
+    *,
+    secret: bytes | None,
+    probe_id: str = "netsense-probe",
+    socket_buffer_bytes: int = 8 << 20,
+) -> ProbeResult:
+    """Measure the path to a running PS: authenticate with role ``probe`` (never a worker, never in
+    the barrier), keep PROBE messages in flight for `seconds`, read the sending side's signal."""
+
+    async def request(conn: Any, msg: Any, expect: type) -> Any:
+        try:
+            reply = await conn.request(msg, 30.0)
+        except PeerError as exc:
+            if exc.code == "auth":
+                raise AuthError(f"PS at {host}:{port} refused the probe: {exc.reason}") from None
+            raise
+        if not isinstance(reply, expect):
+            raise ProtocolError("type", f"expected {expect.__name__.upper()}, got {type(reply).__name__.upper()}")
+        return reply
+
+    async with open_connection(host, port, configuration, limits=Limits(), socket_buffer_bytes=socket_buffer_bytes) as conn:
+        nonce = new_nonce()
+        challenge = await request(conn, Hello(probe_id, 0, nonce, role="probe"), Challenge)
+        mac = bytes(32) if secret is None else auth_mac(
+            secret, server_nonce=challenge.server_nonce, client_nonce=nonce, worker_id=probe_id
+        )
+        await request(conn, Auth(mac), Welcome)
+        reader = SignalReader(conn.quic)
+        base, start = reader.state.delivered, time.monotonic()
+        payload = Probe(b"\0" * PS_PROBE_BYTES)
+
+        async def pump() -> None:
+            while time.monotonic() < start + seconds:
+                await request(conn, payload, Ack)
+
+        await asyncio.gather(*(pump() for _ in range(PS_PROBE_IN_FLIGHT)))
+        elapsed = max(time.monotonic() - start, 1e-3)
+        signal = reader.read()
+        acked = (reader.state.delivered - base) / elapsed
+        try:
+            await asyncio.wait_for(request(conn, Bye("probe done"), Ack), 2.0)
+        except (asyncio.TimeoutError, PeerError, ProtocolError):
+            pass  # best effort: the connection closes either way
+    return _result(signal, acked, elapsed)

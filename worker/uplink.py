@@ -18,12 +18,17 @@ from netsense.compression.ladder import DEFAULT_LADDER, Ladder
 from netsense.compression.link import LinkState
 from netsense.compression.policy import Decision, Policy, make_policy
 from netsense.transport.decisions import DecisionLog
+from netsense.transport.quic_state import SensingConfig
 from netsense.transport.signal import SignalReader
 
 log = logging.getLogger(__name__)
 
 COMPUTE_EWMA_ALPHA = 0.3
 """Weight of the newest compute-time sample: a few steps smooth out scheduler noise."""
+SENSING = SensingConfig(bandwidth_window_s=0.25)
+"""Bandwidth max over 10 RTTs with a 0.25 s floor (BBR's filter), not the 2 s default: the filter
+slides with sample time, and a push is one burst after a compute gap, so each push is measured
+afresh and a rate drop shows at the next step (with 2 s it took 2-3 steps of ~1 s to show)."""
 
 
 def build_policy(policy: str | Policy, ladder: str | Ladder | None, settings: dict[str, Any] | None = None) -> Policy:
@@ -63,7 +68,7 @@ class UplinkController:
     def read_link(self, quic: Any) -> LinkState:
         """Snapshot of `quic`'s path; call on the thread that runs the connection's loop."""
         if self._reader is None or self._reader_quic is not quic:  # a reconnect makes a new connection
-            self._reader, self._reader_quic = SignalReader(quic), quic
+            self._reader, self._reader_quic = SignalReader(quic, SENSING), quic
         signal = self._reader.read()
         link = signal.to_link_state()
         # Until the connection has carried one dense payload, its samples come from handshake-sized

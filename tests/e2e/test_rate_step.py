@@ -1,0 +1,172 @@
+"""`netsense` under a mid-training rate step (DESIGN.md §5): 100 -> 20 -> 100 Mbit/s on the uplink.
+
+In-process PS, a `LinkEmulator` and 2 worker threads training a synthetic 1M-parameter MLP
+(4 MB of fp32 gradients) with a fixed compute time, so the link decides the step time. The emulator's
+rate is switched with `set_spec`; the two reaction times are read from the uplink decision logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from netsense.compression.ladder import DEFAULT_LADDER, Ladder
+from netsense.compression.policy import NetsensePolicySettings, predict
+from netsense.ps.server import PSServer, ServerSettings
+from netsense.transport.auth import load_secret
+from netsense.transport.decisions import read_decision_log
+from netsense.transport.emulator import LinkEmulator
+from netsense.transport.tls import LOOPBACK_MAX_DATAGRAM_SIZE, CertPaths, TransportSettings, server_configuration
+from netsense.worker.netthread import NetThread
+from netsense.worker.optimizer import ConnectSettings, NetSenseOptimizer
+
+HIGH_MBIT, LOW_MBIT = 100, 20
+LINK = "up.rate={mbit}mbit,delay=10ms,queue=50ms"
+"""Rate on the uplink only (the downlink is a small top-k update); 20 ms RTT, a 50 ms drop-tail queue."""
+PHASES_S = (15.0, 20.0, 20.0)
+"""Seconds at 100, then 20, then 100 Mbit/s."""
+COMPUTE_S = 0.8
+"""Fixed compute per step (a sleep: the 2 shared cores stay free for QUIC and the relay)."""
+WORKERS = 2
+TRANSPORT = TransportSettings(max_datagram_size=LOOPBACK_MAX_DATAGRAM_SIZE)
+DOWN_TO_FIT_S = 2.0
+UP_TO_LIGHTER_S = 10.0
+
+
+@dataclass
+class RateStepRun:
+    """What one run produced: the uplink records of every worker and when the rate changed."""
+
+    records: list[dict[str, Any]]
+    t_down: float
+    t_up: float
+    t_end: float
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(1000, 1000), torch.nn.ReLU(), torch.nn.Linear(1000, 1))
+
+
+def run_rate_step(certs: CertPaths, logs: Path, phases_s: tuple[float, float, float] = PHASES_S) -> RateStepRun:
+    """Train through the emulator while switching its rate; return the decision records."""
+    ps_net, emu_net = NetThread("rate-step-ps"), NetThread("rate-step-emu")
+    server = PSServer(ServerSettings(port=0, downlink_codec="topk:0.01+fp16"), secret=load_secret(certs.secret))
+    port = ps_net.run(server.start(server_configuration(certs.cert, certs.key, TRANSPORT)))
+    emu = LinkEmulator(upstream=("127.0.0.1", port), spec=LINK.format(mbit=HIGH_MBIT))
+    emu_net.run(emu.start())
+    host, eport = emu.address
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def work(rank: int) -> None:
+        model = _model()
+        gen = torch.Generator().manual_seed(rank)
+        connect = ConnectSettings(host, eport, ca=str(certs.ca), secret_file=str(certs.secret), transport=TRANSPORT)
+        try:
+            with NetSenseOptimizer(
+                model, connect=connect, rank=rank, worker_id=f"w{rank}", optimizer={"name": "sgd", "lr": 1e-4},
+                policy="netsense", decision_log=logs / f"up-{rank}.jsonl",
+            ) as opt:  # fmt: skip
+                while not stop.is_set():
+                    t0 = time.perf_counter()
+                    for p in model.parameters():
+                        p.grad = torch.randn(p.shape, generator=gen) * 0.01
+                    time.sleep(max(0.0, COMPUTE_S - (time.perf_counter() - t0)))
+                    opt.step(samples=1)
+        except BaseException as exc:  # surfaced in the main thread
+            errors.append(exc)
+            stop.set()
+
+    async def set_rate(mbit: int) -> float:
+        emu.set_spec(LINK.format(mbit=mbit))
+        return time.monotonic()
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(WORKERS)]
+    try:
+        for t in threads:
+            t.start()
+        stop.wait(phases_s[0])
+        t_down = emu_net.run(set_rate(LOW_MBIT))
+        stop.wait(phases_s[1])
+        t_up = emu_net.run(set_rate(HIGH_MBIT))
+        stop.wait(phases_s[2])
+        t_end = time.monotonic()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+        emu_net.run(emu.close())
+        emu_net.close()
+        ps_net.run(asyncio.sleep(0.05))
+        ps_net.run(_close(server))
+        ps_net.close()
+    assert not errors, errors
+    records = [r for rank in range(WORKERS) for r in read_decision_log(logs / f"up-{rank}.jsonl")]
+    return RateStepRun(sorted(records, key=lambda r: r["t"]), t_down, t_up, t_end)
+
+
+async def _close(server: PSServer) -> None:
+    server.close()
+
+
+def fits(rec: dict[str, Any], ladder: Ladder, mbit: float, eps: float) -> bool:
+    """Whether the record's level meets the §5 budget at the true per-worker rate: the workers push
+    at once, so each gets `mbit / WORKERS` of the shared uplink."""
+    bw = mbit * 1e6 / 8 / WORKERS
+    steps = [
+        predict(lv, payload_bytes=rec["payload_bytes"], bandwidth_Bps=bw, min_rtt_s=rec["min_rtt_s"] or 0.0,
+                compute_s=rec["compute_s"], overlap=False).step_s
+        for lv in ladder
+    ]  # fmt: skip
+    return steps[rec["level"]] <= (1 + eps) * min(steps)
+
+
+def reaction_times(run: RateStepRun) -> tuple[float | None, float | None, dict[str, Any]]:
+    """Per worker, seconds from the drop to its first decision whose level fits the budget at 20 Mbit/s,
+    and from the rise to its first decision (not a probe) lighter than the level it held when the
+    rate rose; the slower worker's times (None when a worker never got there)."""
+    ladder, eps = Ladder.parse(DEFAULT_LADDER), NetsensePolicySettings().eps
+    fit_s: list[float | None] = []
+    light_s: list[float | None] = []
+    info: dict[str, Any] = {}
+    for rank in range(WORKERS):
+        recs = [r for r in run.records if r["rank"] == rank and r["level"] is not None]
+        low = [r for r in recs if run.t_down <= r["t"] < run.t_up]
+        fit_s.append(next((r["t"] - run.t_down for r in low if fits(r, ladder, LOW_MBIT, eps)), None))
+        held = [r["level"] for r in low if not r["reason"].startswith("probe")][-1:]
+        high = [r for r in recs if r["t"] >= run.t_up and not r["reason"].startswith("probe")]
+        light_s.append(next((r["t"] - run.t_up for r in high if held and r["level"] < held[0]), None))
+        info[f"w{rank}"] = {
+            "before": sorted({r["spec"] for r in recs if r["t"] < run.t_down}),
+            "low": sorted({r["spec"] for r in low}),
+            "held": ladder[held[0]].spec if held else None,
+            "after": sorted({r["spec"] for r in recs if r["t"] >= run.t_up}),
+        }
+    worst = lambda xs: None if None in xs else max(xs)  # noqa: E731
+    info["fit_s"], info["lighter_s"] = fit_s, light_s
+    return worst(fit_s), worst(light_s), info
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    reason="requirement not met yet in one process on 2 loaded cores: measured 1.7-3.4 s to fit after the "
+    "drop and 8.7-18 s (or never) to go lighter after the rise (docs/BENCHMARKS.md, rate step)",
+    strict=False,
+)
+def test_rate_step_down_fits_within_2s_and_recovers_within_10s(certs: CertPaths, tmp_path: Path) -> None:
+    run = run_rate_step(certs, tmp_path)
+    t_fit, t_light, info = reaction_times(run)
+    for r in run.records:
+        print(f"{r['t'] - run.t_down:8.2f} w{r['rank']} {r['spec']:16s} bw={(r['bw_used_Bps'] or 0) * 8e-6:7.1f}Mbit "
+              f"srtt={(r['srtt_s'] or 0) * 1e3:5.1f}ms comm={r['comm_s'] or 0:.3f}s {r['reason'][:60]}")  # fmt: skip
+    print(f"reaction: fit after drop {t_fit} s, lighter after rise {t_light} s; {info}")
+    assert t_fit is not None and t_fit <= DOWN_TO_FIT_S, (t_fit, info)
+    assert t_light is not None and t_light <= UP_TO_LIGHTER_S, (t_light, info)
