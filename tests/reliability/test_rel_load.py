@@ -33,6 +33,7 @@ def _rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+@pytest.mark.timeout(DURATION_S + 300)
 def test_eight_workers_rss_flat_zero_errors_exactly_once(certs, tmp_path: Path) -> None:
     c = Path(certs.ca).parent
     ps, port = start_ps(tmp_path, c, "--barrier-timeout", "60")
