@@ -12,6 +12,7 @@ import os
 import random
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from netsense.compression import Codec, LinkState, Payload, make_codec
 from netsense.compression.policy import Policy
 from netsense.errors import AuthError, ConfigError, PeerError, PeerTimeout, ProtocolError
 from netsense.transport.auth import load_secret
+from netsense.transport.sharding import assign_shards
 from netsense.transport.tls import TransportSettings, client_configuration
 from netsense.transport.wire import Params
 
@@ -76,7 +78,9 @@ class StepStats:
 class NetSenseOptimizer:
     """Drop-in for ``torch.optim.Optimizer.step`` in data-parallel training via a NetSense PS.
 
-    The PS holds the optimizer (``optimizer`` settings are sent by rank 0 at start); this object
+    `connect` is one PS or a list of PS shards: keys are spread over the shards by
+    `assign_shards` (size-balanced, deterministic), each shard gets only its keys, and a step
+    pushes to and pulls from every shard in parallel. The PS holds the optimizer (``optimizer`` settings are sent by rank 0 at start); this object
     only moves gradients up and parameters down. Rank 0's initial parameters win: other ranks
     are overwritten with them at construction.
     """
@@ -85,7 +89,7 @@ class NetSenseOptimizer:
         self,
         model: torch.nn.Module,
         *,
-        connect: ConnectSettings,
+        connect: ConnectSettings | Sequence[ConnectSettings],
         rank: int = 0,
         world_size: int = 1,
         worker_id: str | None = None,
@@ -100,6 +104,13 @@ class NetSenseOptimizer:
     ) -> None:
         self.model = model
         self.slots: list[KeySlot] = key_layout(model, chunk_elems)
+        shards = [connect] if isinstance(connect, ConnectSettings) else list(connect)
+        if not 1 <= len(shards) <= len(self.slots):
+            raise ConfigError(f"{len(shards)} PS shards for {len(self.slots)} keys: use 1..{len(self.slots)} shards")
+        self.owner = assign_shards([(s.key, 4 * s.numel) for s in self.slots], len(shards))
+        """Key -> index of the PS shard that owns it (the same on every worker)."""
+        self.shard_slots: list[list[KeySlot]] = [[s for s in self.slots if self.owner[s.key] == i] for i in range(len(shards))]
+        """Each shard's keys, in layout order."""
         self.rank = rank
         self.world_size = world_size
         self.codec_spec = codec
@@ -117,22 +128,32 @@ class NetSenseOptimizer:
         self.feedback = None  # created on first lossy step (lossless codecs need no residuals)
         self.bucket_bytes = bucket_bytes
         self.version = -1
+        """Replica version: the lowest of the shards' versions (in sync mode all advance together)."""
+        self.versions = [-1] * len(shards)
+        """Version of each shard's keys in this replica."""
         self.last = StepStats()
         self.bytes_up = 0
         self.bytes_down = 0
         self._net = NetThread()
-        self._connect = connect
+        self._connect = shards[0]
+        self._shards = shards
         self.reconnects = 0
         """Connections re-established after a drop (PS restart, path change, timeout)."""
+        identity = worker_id or f"{socket.gethostname()}-{os.getpid()}-r{rank}"
         try:
-            self.client = PSClient(
-                connect.host,
-                connect.port,
-                _client_config(connect),
-                Identity(worker_id or f"{socket.gethostname()}-{os.getpid()}-r{rank}", rank, _secret(connect)),
-                socket_buffer_bytes=connect.transport.socket_buffer_bytes,
-            )
-            self._net.run(self._start(optimizer or {}, connect.connect_timeout_s))
+            self.clients = [
+                PSClient(
+                    c.host,
+                    c.port,
+                    _client_config(c),
+                    Identity(identity, rank, _secret(c)),
+                    socket_buffer_bytes=c.transport.socket_buffer_bytes,
+                )
+                for c in shards
+            ]
+            """One connection per PS shard."""
+            self.client = self.clients[0]
+            self._net.run(self._start(optimizer or {}, shards[0].connect_timeout_s))
         except BaseException:
             self._net.close()
             raise
@@ -158,17 +179,21 @@ class NetSenseOptimizer:
             grad = slot.param.grad
             g = slot.view(grad) if grad is not None else torch.zeros(slot.shape, dtype=slot.param.dtype)
             payloads[slot.key] = self._encode(slot.key, g, self._codec_for(slot.key, spec))
-        buckets = _buckets(payloads, self.bucket_bytes)
+        buckets = [
+            _buckets({s.key: payloads[s.key] for s in slots}, self.bucket_bytes) for slots in self.shard_slots
+        ]
         t1 = time.perf_counter()
         params = self._net.run(self._exchange(buckets, samples))
         t2 = time.perf_counter()
-        self._apply(params)
+        for shard, p in enumerate(params):
+            self._apply(p, shard)
         t3 = time.perf_counter()
         stats.version = self.version
         stats.encode_s, stats.wire_s, stats.apply_s = t1 - t0, t2 - t1, t3 - t2
-        stats.bytes_up = self.client.bytes_sent - self.bytes_up
-        stats.bytes_down = self.client.bytes_received - self.bytes_down
-        self.bytes_up, self.bytes_down = self.client.bytes_sent, self.client.bytes_received
+        sent = sum(c.bytes_sent for c in self.clients)
+        received = sum(c.bytes_received for c in self.clients)
+        stats.bytes_up, stats.bytes_down = sent - self.bytes_up, received - self.bytes_down
+        self.bytes_up, self.bytes_down = sent, received
         if decision is not None:
             self.uplink.observe(
                 bytes_sent=sum(p.wire_size for p in payloads.values()),
@@ -185,8 +210,11 @@ class NetSenseOptimizer:
         """Leave the job (BYE) and stop the network thread."""
         if self._net.loop.is_closed():
             return
+        async def close_all() -> None:
+            await asyncio.gather(*(c.close() for c in self.clients))
+
         try:
-            self._net.run(self.client.close(), timeout=10)
+            self._net.run(close_all(), timeout=10)
         finally:
             self.uplink.close()
             self._net.close()
@@ -220,47 +248,66 @@ class NetSenseOptimizer:
 
     async def _start(self, optimizer: dict[str, object], timeout: float) -> None:
         self._optimizer_settings = optimizer
-        welcome = await self.client.connect(timeout)
-        fp32 = make_codec("fp32")
+        await asyncio.gather(*(self._start_shard(i, timeout) for i in range(len(self.clients))))
+
+    async def _start_shard(self, shard: int, timeout: float) -> None:
+        client = self.clients[shard]
+        welcome = await client.connect(timeout)
         if not welcome.initialized and self.rank == 0:
-            tensors = {s.key: fp32.encode(s.view(s.param.detach())) for s in self.slots}
-            await self.client.init(tensors, optimizer, self.world_size)
-        self._apply(await self.client.pull(-1, 0))
+            await self._init_shard(shard)
+        self._apply(await client.pull(-1, 0), shard)
+
+    async def _init_shard(self, shard: int) -> None:
+        """Rank 0 seeds a shard with its keys of the current replica."""
+        fp32 = make_codec("fp32")
+        tensors = {s.key: fp32.encode(s.view(s.param.detach())) for s in self.shard_slots[shard]}
+        await self.clients[shard].init(tensors, self._optimizer_settings, self.world_size)
 
     async def _read_link(self) -> LinkState:
-        """The connection's path now (runs on the net thread, which owns the connection)."""
-        assert self.client.conn is not None, "not connected"
-        return self.uplink.read_link(self.client.conn.quic)
+        """The path now (runs on the net thread, which owns the connections); with shards, the one
+        that bounds the push (see `UplinkController.read_shards`)."""
+        assert all(c.conn is not None for c in self.clients), "not connected"
+        if len(self.clients) == 1:
+            return self.uplink.read_link(self.client.conn.quic)  # type: ignore[union-attr]
+        total = sum(s.numel for s in self.slots)
+        shares = [sum(s.numel for s in slots) / total for slots in self.shard_slots]
+        return self.uplink.read_shards([c.conn.quic for c in self.clients], shares)  # type: ignore[union-attr]
 
-    async def _exchange(self, buckets: list[dict[str, Payload]], samples: int) -> Params:
-        """One step's push + pull; if the connection drops, reconnect and retry or resync."""
+    async def _exchange(self, buckets: list[list[dict[str, Payload]]], samples: int) -> list[Params]:
+        """One step's push + pull on every shard at once (`buckets` per shard)."""
+        self._push_times = [0.0] * len(self.clients)
+        params = await asyncio.gather(*(self._exchange_shard(i, b, samples) for i, b in enumerate(buckets)))
+        self._push_s = max(self._push_times)  # the slowest shard's push bounds the step
+        return list(params)
+
+    async def _exchange_shard(self, shard: int, buckets: list[dict[str, Payload]], samples: int) -> Params:
+        """Push + pull on one shard; if its connection drops, reconnect and retry or resync."""
         while True:
-            step = self.version
+            step = self.versions[shard]
             try:
-                return await self._exchange_once(buckets, samples)
+                return await self._exchange_once(shard, buckets, samples)
             except PeerTimeout as exc:
-                params = await self._reconnect(exc)
+                params = await self._reconnect(exc, shard)
             if params.version != step:
                 # The PS moved on, or went back to a checkpoint: follow its version, drop this step.
-                log.warning("after reconnecting the PS is at version %d (step was %d); resynced", params.version, step)
+                log.warning("after reconnecting shard %d is at version %d (step was %d); resynced", shard, params.version, step)
                 return params
-            self._apply(params)  # same version: the gradients still fit, push them again
+            self._apply(params, shard)  # same version: the gradients still fit, push them again
 
-    async def _reconnect(self, cause: Exception) -> Params:
+    async def _reconnect(self, cause: Exception, shard: int = 0) -> Params:
         """Reconnect with capped exponential backoff, re-authenticate, pull the full parameters."""
-        s = self._connect
+        s, client = self._shards[shard], self.clients[shard]
         deadline = time.monotonic() + s.reconnect_deadline_s
         delay, attempt, started = s.reconnect_backoff_s, 0, time.monotonic()
         log.warning("connection to the PS lost (%s); reconnecting", cause)
         while True:
             attempt += 1
             try:
-                welcome = await self.client.reconnect(min(s.connect_timeout_s, max(0.1, deadline - time.monotonic())))
+                welcome = await client.reconnect(min(s.connect_timeout_s, max(0.1, deadline - time.monotonic())))
                 if not welcome.initialized and self.rank == 0:
                     # A PS restarted without a checkpoint: rank 0 seeds it with the current replica.
-                    fp32 = make_codec("fp32")
-                    await self.client.init({sl.key: fp32.encode(sl.view(sl.param.detach())) for sl in self.slots}, self._optimizer_settings, self.world_size)
-                params = await self.client.pull(-1, 0)
+                    await self._init_shard(shard)
+                params = await client.pull(-1, 0)
             except (AuthError, PeerTimeout, PeerError, OSError) as exc:
                 if isinstance(exc, AuthError) and "refused" in str(exc):
                     raise  # wrong secret: retrying cannot help
@@ -274,14 +321,14 @@ class NetSenseOptimizer:
             log.warning("reconnected to the PS after %.2f s (%d attempts), version %d", time.monotonic() - started, attempt, params.version)
             return params
 
-    async def _exchange_once(self, buckets: list[dict[str, Payload]], samples: int) -> Params:
-        step = self.version
+    async def _exchange_once(self, shard: int, buckets: list[dict[str, Payload]], samples: int) -> Params:
+        step, client, keys = self.versions[shard], self.clients[shard], len(self.shard_slots[shard])
         started = time.perf_counter()
-        pushes = [asyncio.ensure_future(self.client.push(step, samples, len(self.slots), b)) for b in buckets]
-        pull = asyncio.ensure_future(self.client.pull(step, step + 1))
+        pushes = [asyncio.ensure_future(client.push(step, samples, keys, b)) for b in buckets]
+        pull = asyncio.ensure_future(client.pull(step, step + 1))
         try:
             await asyncio.gather(*pushes)
-            self._push_s = time.perf_counter() - started  # first byte to the last push's ack
+            self._push_times[shard] = time.perf_counter() - started  # first byte to the last push's ack
         except PeerError as exc:
             pull.cancel()
             for p in pushes:
@@ -289,17 +336,18 @@ class NetSenseOptimizer:
             if exc.code != "stale":
                 raise
             # The barrier moved on without us (we were too slow): resync and skip this step.
-            log.warning("step %d dropped by the PS (%s); resyncing", step, exc.reason)
-            return await self.client.pull(-1, 0)
+            log.warning("step %d dropped by shard %d (%s); resyncing", step, shard, exc.reason)
+            return await client.pull(-1, 0)
         return await pull
 
-    def _apply(self, params: Params) -> None:
-        """Write a PARAMS message into the model; validates it against the key layout."""
-        if not params.full and params.base_version != self.version:
-            raise ProtocolError("version", f"delta for version {params.base_version}, replica is at {self.version}")
-        if params.full and len(params.tensors) != len(self.slots):
-            raise ProtocolError("keys", f"PS has {len(params.tensors)} keys, this model has {len(self.slots)}")
-        for slot in self.slots:
+    def _apply(self, params: Params, shard: int = 0) -> None:
+        """Write a PARAMS message of `shard` into the model; validates it against its keys."""
+        slots = self.shard_slots[shard]
+        if not params.full and params.base_version != self.versions[shard]:
+            raise ProtocolError("version", f"delta for version {params.base_version}, replica is at {self.versions[shard]}")
+        if params.full and len(params.tensors) != len(slots):
+            raise ProtocolError("keys", f"PS shard {shard} has {len(params.tensors)} keys, this model assigns it {len(slots)}")
+        for slot in slots:
             payload = params.tensors.get(slot.key)
             if payload is None:
                 if params.full:
@@ -313,7 +361,8 @@ class NetSenseOptimizer:
                 target.copy_(value)
             else:
                 target.add_(value.to(target.dtype))
-        self.version = params.version
+        self.versions[shard] = params.version
+        self.version = min(self.versions)
 
 
 def _buckets(payloads: dict[str, Payload], bucket_bytes: int) -> list[dict[str, Payload]]:

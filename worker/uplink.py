@@ -59,6 +59,7 @@ class UplinkController:
         self.log = DecisionLog(decision_log, direction="up", extra=log_fields) if decision_log else None
         self._reader: SignalReader | None = None
         self._reader_quic: Any = None
+        self._shard_readers: dict[int, tuple[Any, SignalReader]] = {}
         self._last_end: float | None = None
         self._pending: tuple[Decision, LinkState] | None = None
         self._step = 0
@@ -77,6 +78,30 @@ class UplinkController:
         if signal.delivered_bytes < self.payload_bytes or self._last_end is None:
             link = replace(link, bandwidth_Bps=None)
         return link
+
+    def read_shards(self, quics: list[Any], shares: list[float]) -> LinkState:
+        """Sharded push: the path that bounds it, as one link for the whole payload.
+
+        Shard i carries `shares[i]` of the payload over its own connection, in parallel with the
+        others, so the push takes max_i(share_i * S / B_i) = S / min_i(B_i / share_i): the policy
+        sees that connection's state with bandwidth B_i / share_i (the rate at which the whole
+        payload moves). Unknown on any shard (too little carried yet) is unknown for the push.
+        """
+        best: LinkState | None = None
+        for i, (quic, share) in enumerate(zip(quics, shares, strict=True)):
+            cached = self._shard_readers.get(i)
+            if cached is None or cached[0] is not quic:  # a reconnect makes a new connection
+                cached = self._shard_readers[i] = (quic, SignalReader(quic, SENSING))
+            signal = cached[1].read()
+            link = signal.to_link_state()
+            share = max(share, 1e-9)
+            if link.bandwidth_Bps is None or signal.delivered_bytes < share * self.payload_bytes or self._last_end is None:
+                return replace(link, bandwidth_Bps=None)
+            link = replace(link, bandwidth_Bps=link.bandwidth_Bps / share)
+            if best is None or link.bandwidth_Bps < best.bandwidth_Bps:  # type: ignore[operator]
+                best = link
+        assert best is not None, "no shard connections"
+        return best
 
     def choose(self, link: LinkState, *, started: float | None = None) -> Decision:
         """This step's decision; `started` is when `step()` began (perf_counter)."""
