@@ -50,10 +50,27 @@ def _legend(ax: Any) -> None:
         ax.legend(fontsize=7)
 
 
+def _true_rate(results: dict[str, Any], t_max: float) -> tuple[list[float], list[float]] | None:
+    """The configured uplink rate (Mbit/s) over [0, t_max] from the scenario's link or trace."""
+    from netsense.transport.linkspec import parse_link
+
+    s = results.get("scenario", {})
+    if not (s.get("link") or s.get("trace")) or t_max <= 0:
+        return None
+    try:
+        spec = parse_link(s.get("link") or "", trace=s.get("trace"))
+    except Exception:  # noqa: BLE001  (a trace file moved since the run: the figure goes without the line)
+        return None
+    if spec.up.rate is None:
+        return None
+    ts = [t_max * i / 400 for i in range(401)]
+    return ts, [spec.up.rate.rate_at(t) / 1e6 for t in ts]
+
+
 def plot_timeline(results: dict[str, Any], path: Path) -> None:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    true_drawn = False
     by_step = False
+    t_max = 0.0
     for name, f in results["policies"].items():
         tl = f.get("timeline") or {}
         t = tl.get("t_s") or []
@@ -64,16 +81,16 @@ def plot_timeline(results: dict[str, Any], path: Path) -> None:
         pts = [(x, y / 1e6) for x, y in zip(t, est) if y is not None]
         if pts:
             top.plot([p[0] for p in pts], [p[1] for p in pts], label=f"{name} estimate", linewidth=1)
-        true = [(x, y / 1e6) for x, y in zip(t, tl.get("true_bps") or []) if y is not None]
-        if true and not true_drawn:
-            top.step([p[0] for p in true], [p[1] for p in true], where="post", color="black", linestyle="--",
-                     linewidth=1.5, label="true uplink rate")  # fmt: skip
-            true_drawn = True
+        if not by_step:
+            t_max = max([t_max, *(x for x in t if x is not None)])
         levels = [(x, lv) for x, lv in zip(t, tl.get("level") or []) if lv is not None]
         if levels:
             bottom.step([p[0] for p in levels], [p[1] for p in levels], where="post", label=name, linewidth=1)
+    true = _true_rate(results, t_max) if not by_step else None
+    if true:
+        top.step(true[0], true[1], where="post", color="black", linestyle="--", linewidth=1.5, label="true uplink rate")
     top.set_ylabel("Mbit/s")
-    top.set_yscale("symlog", linthresh=1.0)
+    top.set_yscale("log")
     top.set_title(_title(results), fontsize=10)
     top.grid(alpha=0.3)
     _legend(top)
