@@ -230,7 +230,7 @@ def _netns_link(args: argparse.Namespace, policy: str) -> str:
 
 
 def _run_ddp(args: argparse.Namespace, policy: str, *, steps: int, batch_size: int, target: float) -> dict[str, Any]:
-    """A DDP peer's figures; ConfigError (before anything runs) where namespaces are unavailable."""
+    """A DDP peer's figures. It runs its whole step budget (--max-time + 120 s is a hard timeout)."""
     from netsense import ddp_baseline
 
     link = _netns_link(args, policy)
@@ -311,6 +311,9 @@ def run(args: argparse.Namespace) -> int:
     if args.eval_every < 1:
         raise ConfigError(f"--eval-every must be >= 1 (time to target needs evals), got {args.eval_every}")
     policies = parse_policies(args.policies)
+    for policy in policies:
+        if policy.startswith(("netns:", "ddp:")):
+            _netns_link(args, policy)  # fail before any policy runs, with the reason
     spec = parse_link(args.link or "", trace=args.trace) if (args.link or args.trace) else None
     target = args.target_accuracy if args.target_accuracy is not None else DEFAULT_TARGETS.get(args.model)
     if target is None:
