@@ -69,6 +69,7 @@ def resolve_config(args: argparse.Namespace) -> JobConfig:
         config,
         model=a.get("model"),
         workers=a.get("workers"),
+        servers=a.get("servers"),
         optimizer=opt,
         train__steps=a.get("steps"),
         train__batch_size=a.get("batch_size"),
@@ -103,6 +104,11 @@ def ensure_certs(certs_dir: str | None, *, create: bool) -> CertPaths:
             raise ConfigError(f"missing {', '.join(map(str, missing))}; create them with `netsense certs --out {d}`")
         make_dev_certs(d)
     return paths
+
+
+def parse_hostports(value: str) -> list[tuple[str, int]]:
+    """Comma-separated ``host:port`` list (one per PS shard, in shard order)."""
+    return [parse_hostport(v.strip()) for v in value.split(",") if v.strip()]
 
 
 def parse_hostport(value: str) -> tuple[str, int]:

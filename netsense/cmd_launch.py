@@ -23,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_config_flag(p)
     p.add_argument("--workers", type=int, help="number of worker processes (default 2)")
+    p.add_argument("--servers", type=int, help="number of PS shard processes; keys are spread over them by size (default 1)")
     p.add_argument("--summary-json", metavar="PATH", help="write the summary JSON here")
     p.add_argument("--run-dir", metavar="DIR", help="folder for the resolved config and logs (default: a temp dir)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

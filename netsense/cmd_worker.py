@@ -19,7 +19,7 @@ from netsense.cliargs import (
     add_train_flags,
     add_transport_flags,
     ensure_certs,
-    parse_hostport,
+    parse_hostports,
     resolve_config,
 )
 from netsense.config import JobConfig
@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_flag(p)
-    p.add_argument("--ps", help="PS address HOST:PORT (default: $NETSENSE_PS, torchrun's MASTER_ADDR or Slurm's "
+    p.add_argument("--ps", help="PS address HOST:PORT, or HOST:PORT,HOST:PORT,... for PS shards in shard order (default: $NETSENSE_PS, torchrun's MASTER_ADDR or Slurm's "
                    "first node with port 4433, else 127.0.0.1:4433)")
     p.add_argument("--rank", type=int, help="this worker's rank; 0 initializes the parameters (default: RANK / SLURM_PROCID, else 0)")
     p.add_argument("--world-size", type=int, help="number of workers (default: WORLD_SIZE / SLURM_NTASKS, else config `workers`)")
@@ -59,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def connect_settings(config: JobConfig, host: str, port: int, server_name: str | None = None) -> ConnectSettings:
-    """How a worker reaches and trusts the PS, from the job config."""
+    """How a worker reaches and trusts one PS (shard), from the job config."""
     sec = config.security
     if sec.insecure:
         return ConnectSettings(host, port, insecure=True, transport=config.transport)
@@ -73,9 +73,9 @@ def run(args: argparse.Namespace) -> int:
     config = resolve_config(args)
     env = from_environ()
     if args.ps:
-        host, port = parse_hostport(args.ps)
+        addresses = parse_hostports(args.ps)
     else:
-        host, port = env.ps_host or "127.0.0.1", env.ps_port or DEFAULT_PS_PORT
+        addresses = [(env.ps_host or "127.0.0.1", env.ps_port or DEFAULT_PS_PORT)]
     args.rank = args.rank if args.rank is not None else (env.rank or 0)
     world = args.world_size or env.world_size or config.workers
     if not 0 <= args.rank < world:
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     worker_id = args.worker_id or f"{socket.gethostname()}-r{args.rank}"
     with NetSenseOptimizer(
         model,
-        connect=connect_settings(config, host, port, args.server_name),
+        connect=[connect_settings(config, host, port, args.server_name) for host, port in addresses],
         rank=args.rank,
         world_size=world,
         worker_id=worker_id,

@@ -40,6 +40,8 @@ class JobConfig:
     """Registered model name or ``package.module:factory``."""
     workers: int = 2
     """Worker processes (``netsense launch``)."""
+    servers: int = 1
+    """PS shard processes (``netsense launch``); keys are spread over them by size."""
     optimizer: dict[str, Any] = field(default_factory=dict)
     """PS optimizer overrides on top of the task's default (see OptimizerSettings)."""
     train: TrainSettings = field(default_factory=TrainSettings)
@@ -54,6 +56,8 @@ class JobConfig:
     def __post_init__(self) -> None:
         if not 1 <= self.workers <= 256:
             raise ConfigError(f"workers must be in [1, 256], got {self.workers}")
+        if not 1 <= self.servers <= 64:
+            raise ConfigError(f"servers must be in [1, 64], got {self.servers}")
 
 
 def _check_type(value: Any, hint: Any, where: str) -> Any:

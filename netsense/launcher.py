@@ -1,4 +1,4 @@
-"""Local launcher: 1 PS + N workers as separate processes on loopback, supervised.
+"""Local launcher: S PS shards + N workers as separate processes on loopback, supervised.
 
 Any child that fails stops the whole job (others are terminated, then killed after a grace
 period); Ctrl-C does the same. Workers report progress as JSON lines on stdout, which drive the
@@ -106,18 +106,28 @@ class Launcher:
             stop_processes(self.procs)
 
     def _supervise(self, cfg_path: Path, n: int) -> dict[str, Any]:
-        down_log = self.config.server.decision_log or str(self.run_dir / "decisions-down.jsonl")
-        ps = self._spawn(self._cmd("ps", "--config", str(cfg_path), "--decision-log", down_log))
-        port = self._wait_ready(ps)
-        emulator = None
+        servers = self.config.servers
+        down_logs = [self._down_log(i) for i in range(servers)]
+        shards = []
+        for i in range(servers):
+            args = ["ps", "--config", str(cfg_path), "--decision-log", down_logs[i]]
+            ckpt = self.config.server.checkpoint_dir
+            if ckpt and servers > 1:
+                args += ["--checkpoint-dir", str(Path(ckpt) / f"shard-{i}")]  # each shard checkpoints alone
+            shards.append(self._spawn(self._cmd(*args)))
+        ports = [self._wait_ready(ps) for ps in shards]
+        emulators = []
         if self.link or self.trace:
-            emulator, port = self._start_emulator(port)
+            for i, p in enumerate(ports):  # one emulated path per shard connection
+                emulator, ports[i] = self._start_emulator(p)
+                emulators.append(emulator)
+        ps_arg = ",".join(f"127.0.0.1:{p}" for p in ports)
         events: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
         workers = []
         for rank in range(n):
             w = self._spawn(
                 self._cmd(
-                    "worker", "--config", str(cfg_path), "--ps", f"127.0.0.1:{port}", "--rank", str(rank),
+                    "worker", "--config", str(cfg_path), "--ps", ps_arg, "--rank", str(rank),
                     "--world-size", str(n), "--worker-id", f"worker-{rank}", "--events",
                     "--server-name", "127.0.0.1", "--decision-log", self._up_log(rank), *self.worker_args,
                 )
@@ -133,10 +143,13 @@ class Launcher:
                 self.on_event(rank, event)
             except queue.Empty:
                 pass
-            if ps.poll() is not None:
-                raise ProcessFailed(f"the parameter server exited early with status {ps.returncode}")
-            if emulator is not None and emulator.poll() is not None:
-                raise ProcessFailed(f"the link emulator exited early with status {emulator.returncode}")
+            for i, ps in enumerate(shards):
+                if ps.poll() is not None:
+                    shard = f" (shard {i})" if servers > 1 else ""
+                    raise ProcessFailed(f"the parameter server{shard} exited early with status {ps.returncode}")
+            for emulator in emulators:
+                if emulator.poll() is not None:
+                    raise ProcessFailed(f"the link emulator exited early with status {emulator.returncode}")
             codes = [w.poll() for w in workers]
             failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
             if failed:
@@ -156,9 +169,18 @@ class Launcher:
             "bytes_up": sum(d["bytes_up"] for d in done.values()),
             "bytes_down": sum(d["bytes_down"] for d in done.values()),
             "workers": n,
+            "servers": servers,
             "levels": _merge_levels(d.get("levels", {}) for d in done.values()),
-            "decision_logs": [down_log, *(self._up_log(r) for r in range(n))],
+            "decision_logs": [*down_logs, *(self._up_log(r) for r in range(n))],
         }
+
+    def _down_log(self, shard: int) -> str:
+        """Shard `shard`'s downlink decision log (the plain name when there is one shard)."""
+        configured = self.config.server.decision_log
+        path = Path(configured) if configured else self.run_dir / "decisions-down.jsonl"
+        if self.config.servers == 1:
+            return str(path)
+        return str(path.with_name(f"{path.stem}-shard{shard}{path.suffix or '.jsonl'}"))
 
     def _up_log(self, rank: int) -> str:
         """Worker `rank`'s uplink decision log: the configured path with the rank, or the run dir's."""
