@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-KINDS: tuple[str, ...] = ("codecs", "transport", "scenario")
+KINDS: tuple[str, ...] = ("codecs", "transport", "scenario", "shards")
 """Bench kinds, in --help order; a kind whose module does not exist yet is simply absent."""
 
 
