@@ -8,6 +8,7 @@ peers; encoding may keep state (a warm-started low-rank basis, a random generato
 from __future__ import annotations
 
 import math
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -156,9 +157,19 @@ def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
     return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
 
-def bytes_to_tensor(data: bytes, dtype: torch.dtype, numel: int, device: torch.device | str) -> torch.Tensor:
-    """Inverse of `tensor_to_bytes` for a flat tensor; the caller has checked the length."""
+def bytes_to_tensor(
+    data: bytes, dtype: torch.dtype, numel: int, device: torch.device | str, *, copy: bool = True
+) -> torch.Tensor:
+    """Inverse of `tensor_to_bytes` for a flat tensor; the caller has checked the length.
+
+    ``copy=False`` returns a tensor over `data` itself (no copy of the tensor bytes, the hot path
+    of a PUSH): only for callers that never write to the result, or convert it right away."""
     if numel == 0:
         return torch.empty(0, dtype=dtype, device=device)
-    flat = torch.frombuffer(bytearray(data), dtype=dtype, count=numel)
+    if copy:
+        flat = torch.frombuffer(bytearray(data), dtype=dtype, count=numel)
+    else:
+        with warnings.catch_warnings():  # read-only buffer: the caller promised not to write
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            flat = torch.frombuffer(data, dtype=dtype, count=numel)
     return flat.to(device) if torch.device(device).type != "cpu" else flat

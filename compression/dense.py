@@ -29,7 +29,9 @@ class Identity(Codec):
         dtype = check_payload_header(payload, codec=self.spec, parts=1, meta=0)
         n = payload.numel
         expect_bytes(payload.parts[0], n * dtype.itemsize, "fp32 values")
-        return bytes_to_tensor(payload.parts[0], dtype, n, device).reshape(payload.shape)
+        # Shares memory with the payload's bytes (no copy): receivers only read it (the store
+        # accumulates from it, a worker copies it into its replica).
+        return bytes_to_tensor(payload.parts[0], dtype, n, device, copy=False).reshape(payload.shape)
 
 
 class HalfCast(Codec):
@@ -49,8 +51,8 @@ class HalfCast(Codec):
         dtype = check_payload_header(payload, codec=self.spec, parts=1, meta=0)
         n = payload.numel
         expect_bytes(payload.parts[0], n * 2, f"{self.spec} values")
-        wire = bytes_to_tensor(payload.parts[0], self.wire_dtype, n, device)
-        return wire.to(dtype).reshape(payload.shape)
+        wire = bytes_to_tensor(payload.parts[0], self.wire_dtype, n, device, copy=False)  # .to() copies
+        return wire.to(dtype, copy=True).reshape(payload.shape)
 
     def nominal_ratio(self, numel: int) -> float:
         return 0.5

@@ -111,7 +111,7 @@ class MessageProtocol(QuicConnectionProtocol):
             self.transmit()
             return
         if event.end_stream:
-            data = bytes(self._buffers.pop(sid))
+            data = self._buffers.pop(sid)  # msgpack reads the bytearray in place: no copy of the tensors
             try:
                 msg = decode_message(data, self.limits)
             except ProtocolError as exc:

@@ -295,8 +295,9 @@ def _tensors(body: dict[str, Any], name: str, limits: Limits) -> dict[str, Paylo
     return out
 
 
-def decode_message(data: bytes, limits: Limits = Limits()) -> Message:
-    """Parse and validate one message; raise `ProtocolError` with a code and reason on any defect."""
+def decode_message(data: bytes | bytearray | memoryview, limits: Limits = Limits()) -> Message:
+    """Parse and validate one message (any bytes-like buffer, read in place); raise `ProtocolError`
+    with a code and reason on any defect."""
     if len(data) > limits.max_message_bytes:
         raise _fail("oversize", f"message of {len(data)} bytes > limit {limits.max_message_bytes}")
     try:
