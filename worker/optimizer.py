@@ -64,12 +64,23 @@ class ConnectSettings:
 
 @dataclass
 class StepStats:
-    """What one `step()` cost, for progress and benchmarks."""
+    """What one `step()` cost, for progress and benchmarks (the per-step breakdown)."""
 
     version: int = 0
+    compute_s: float = 0.0
+    """Since the previous `step()` returned: forward/backward and the data loader (0 on the first)."""
     encode_s: float = 0.0
+    """Policy choice and encoding (with error feedback) of every key."""
     wire_s: float = 0.0
+    """Push + pull on every shard: first push byte to the last PARAMS (includes `wait_s`)."""
+    push_s: float = 0.0
+    """First push byte to the last push's ack, on the slowest shard."""
+    wait_s: float = 0.0
+    """After the last push ack until the PARAMS arrived: the barrier (other workers) and the downlink."""
+    decode_s: float = 0.0
+    """Decoding the PARAMS payloads."""
     apply_s: float = 0.0
+    """Writing the decoded parameters into the model (excludes `decode_s`)."""
     bytes_up: int = 0
     bytes_down: int = 0
     codec: str = ""
@@ -125,6 +136,8 @@ class NetSenseOptimizer:
         )
         """Per-step level choice and the decision log (DESIGN.md §5)."""
         self._push_s = 0.0
+        self._decode_s = 0.0
+        self._step_end: float | None = None
         self.feedback = None  # created on first lossy step (lossless codecs need no residuals)
         self.bucket_bytes = bucket_bytes
         self.version = -1
@@ -185,11 +198,15 @@ class NetSenseOptimizer:
         t1 = time.perf_counter()
         params = self._net.run(self._exchange(buckets, samples))
         t2 = time.perf_counter()
+        self._decode_s = 0.0
         for shard, p in enumerate(params):
             self._apply(p, shard)
         t3 = time.perf_counter()
         stats.version = self.version
-        stats.encode_s, stats.wire_s, stats.apply_s = t1 - t0, t2 - t1, t3 - t2
+        stats.encode_s, stats.wire_s = t1 - t0, t2 - t1
+        stats.compute_s = t0 - self._step_end if self._step_end is not None else 0.0
+        stats.push_s, stats.wait_s = self._push_s, max(0.0, stats.wire_s - self._push_s)
+        stats.decode_s, stats.apply_s = self._decode_s, max(0.0, t3 - t2 - self._decode_s)
         sent = sum(c.bytes_sent for c in self.clients)
         received = sum(c.bytes_received for c in self.clients)
         stats.bytes_up, stats.bytes_down = sent - self.bytes_up, received - self.bytes_down
@@ -204,6 +221,7 @@ class NetSenseOptimizer:
             )
         self.uplink.mark_end()
         self.last = stats
+        self._step_end = time.perf_counter()
         return stats
 
     def close(self) -> None:
@@ -355,7 +373,9 @@ class NetSenseOptimizer:
                 continue
             if tuple(payload.shape) != slot.shape:
                 raise ProtocolError("shape", f"key {slot.key!r}: PS shape {payload.shape} != model shape {slot.shape}")
+            td = time.perf_counter()
             value = self._codec(payload.codec).decode(payload, device=slot.param.device)
+            self._decode_s += time.perf_counter() - td
             target = slot.view(slot.param.data)
             if params.full:
                 target.copy_(value)

@@ -20,6 +20,8 @@ from .task import TrainTask
 
 log = logging.getLogger(__name__)
 Emit = Callable[[dict[str, Any]], None]
+BREAKDOWN = ("compute_s", "encode_s", "push_s", "wait_s", "decode_s", "apply_s")
+"""StepStats fields each step event carries (wire = push + wait)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,8 @@ def train(
                 "bytes_down": opt.bytes_down,
                 "codec": stats.codec,
                 "wall_s": elapsed,
+                # the step-time breakdown (StepStats): where this step's time went
+                **{f: round(getattr(stats, f), 6) for f in BREAKDOWN},
             }
         )
         if rank == 0 and settings.eval_every and (step + 1) % settings.eval_every == 0 and step + 1 < steps:

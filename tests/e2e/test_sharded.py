@@ -106,3 +106,6 @@ def test_adaptive_policy_reads_every_shard(shards: list[RunningPS]) -> None:
             torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step(samples=len(x))
         assert opt.version == 4 and len(opt.uplink._shard_readers) == 2
+        s = opt.last  # the step-time breakdown
+        assert s.compute_s > 0 and s.encode_s > 0 and s.decode_s > 0 and 0 < s.push_s <= s.wire_s
+        assert s.wait_s == pytest.approx(s.wire_s - s.push_s)
