@@ -135,11 +135,33 @@ class Launcher:
             threading.Thread(target=_reader, args=(rank, w.stdout, events), daemon=True).start()
             workers.append(w)
         done: dict[int, dict[str, Any]] = {}
+        event_log = (self.run_dir / "events.jsonl").open("a")  # every worker event, for replay and plots
+        try:
+            self._watch(events, event_log, done, shards, emulators, workers, servers)
+        finally:
+            event_log.close()
+        missing = [r for r in range(n) if r not in done]
+        if missing:
+            raise ProcessFailed(f"workers {missing} exited without a summary")
+        return self._summary(done, n, servers, down_logs)
+
+    def _watch(
+        self,
+        events: queue.Queue[tuple[int, dict[str, Any]]],
+        event_log: IO[str],
+        done: dict[int, dict[str, Any]],
+        shards: list[subprocess.Popen[str]],
+        emulators: list[subprocess.Popen[str]],
+        workers: list[subprocess.Popen[str]],
+        servers: int,
+    ) -> None:
+        """Forward events until every worker exits 0; raise at the first process that fails."""
         while True:
             try:
                 rank, event = events.get(timeout=0.2)
                 if event.get("event") == "done":
                     done[rank] = event
+                event_log.write(json.dumps({"t": time.time(), "rank": rank, **event}) + "\n")
                 self.on_event(rank, event)
             except queue.Empty:
                 pass
@@ -155,10 +177,9 @@ class Launcher:
             if failed:
                 raise ProcessFailed(f"worker {failed[0][0]} exited with status {failed[0][1]}; stopped the job")
             if all(c == 0 for c in codes) and events.empty():
-                break
-        missing = [r for r in range(n) if r not in done]
-        if missing:
-            raise ProcessFailed(f"workers {missing} exited without a summary")
+                return
+
+    def _summary(self, done: dict[int, dict[str, Any]], n: int, servers: int, down_logs: list[str]) -> dict[str, Any]:
         first = done[0]
         return {
             "test_accuracy": first["test_accuracy"],

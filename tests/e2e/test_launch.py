@@ -46,6 +46,9 @@ def test_default_job_reaches_accuracy_and_cleans_up(tmp_path: Path) -> None:
     assert summary["bytes_up"] > 0 and summary["bytes_down"] > 0 and summary["samples_per_s"] > 0
     assert (tmp_path / "cache" / "netsense" / "dev-certs" / "ca.pem").exists()  # TLS on by default
     assert not _procs_mentioning(str(tmp_path / "run"))
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert sum(e["event"] == "step" for e in events) == 2 * 200  # every step of both workers, logged
+    assert {e["rank"] for e in events} == {0, 1}
 
 
 @pytest.mark.slow
