@@ -71,6 +71,8 @@ class Codec(ABC):
     """Canonical spec string; `make_codec(spec)` builds an equivalent codec."""
     lossless: bool = False
     """True when decode(encode(x)) == x exactly."""
+    unbiased: bool = False
+    """True when E[decode(encode(x))] == x (stochastic quantization): its error is variance."""
 
     @abstractmethod
     def encode(self, tensor: torch.Tensor) -> Payload:
@@ -83,6 +85,13 @@ class Codec(ABC):
     def nominal_ratio(self, numel: int) -> float:
         """Expected wire size relative to fp32 dense, for planning before anything is measured."""
         return 1.0
+
+    def nominal_progress(self, numel: int) -> float:
+        """Prior progress efficiency q in (0, 1]: the share of a vector's energy that survives a
+        round trip, 1 - ||x - C(x)||^2 / ||x||^2, as a conservative bound for planning before it
+        is measured on real gradients (docs/POLICIES.md). Lossless: 1; unknown lossy codecs: a low
+        guess, so that they are chosen only once measured."""
+        return 1.0 if self.lossless else 0.05
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.spec}>"

@@ -16,6 +16,7 @@ from collections.abc import Hashable
 import torch
 
 from .base import Codec, Payload
+from .progress import progress_from_error
 
 
 class ErrorFeedback:
@@ -28,6 +29,8 @@ class ErrorFeedback:
         """DGC momentum factor; 0 disables momentum correction."""
         self._residual: dict[Hashable, torch.Tensor] = {}
         self._velocity: dict[Hashable, torch.Tensor] = {}
+        self._energy = 0.0  # sum of ||g + r||^2 over lossy compress() calls since pop_progress()
+        self._error = 0.0  # sum of ||(g + r) - C(g + r)||^2, the mass left for later
 
     def compress(self, key: Hashable, grad: torch.Tensor, codec: Codec) -> tuple[Payload, torch.Tensor]:
         """Encode grad (+ momentum) + residual of `key`; returns the payload and its decoded tensor.
@@ -55,11 +58,22 @@ class ErrorFeedback:
             return payload, decoded
         decoded = codec.decode(payload, device=grad.device)
         sent = decoded.float()
-        self._residual[key] = total.sub_(sent) if owned else total - sent
+        energy = float(torch.dot(total.reshape(-1), total.reshape(-1)))
+        residual = self._residual[key] = total.sub_(sent) if owned else total - sent
+        self._energy += energy
+        self._error += float(torch.dot(residual.reshape(-1), residual.reshape(-1)))
         if self.momentum:
             # DGC momentum factor masking: sent coordinates restart their momentum.
             self._velocity[key].masked_fill_(sent != 0, 0.0)
         return payload, decoded
+
+    def pop_progress(self, *, unbiased: bool = False) -> float | None:
+        """Progress efficiency q of the lossy compressions since the last call, all keys together
+        (1 - error / energy, or 1 / (1 + error / energy) for an unbiased codec; see
+        `netsense.compression.progress`), and reset the sums; None when nothing lossy was sent."""
+        q = progress_from_error(self._energy, self._error, unbiased=unbiased)
+        self._energy = self._error = 0.0
+        return q
 
     def residual(self, key: Hashable) -> torch.Tensor | None:
         """The residual kept for `key` (fp32), or None."""

@@ -63,6 +63,9 @@ class Level:
     """True when decode(encode(x)) == x exactly; lossy levels need error feedback."""
     calibrated: bool = False
     """True when ratio and costs were measured here, False for nominal figures and defaults."""
+    progress: float = 1.0
+    """Prior progress efficiency q in (0, 1]: optimisation progress of one step at this level
+    relative to a lossless step (`Codec.nominal_progress`); policies refine it online."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.ratio) and self.ratio > 0):
@@ -71,6 +74,8 @@ class Level:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"level {self.spec!r}: {name} must be >= 0 and finite, got {value!r}")
+        if not (math.isfinite(self.progress) and 0 < self.progress <= 1):
+            raise ConfigError(f"level {self.spec!r}: progress must be in (0, 1], got {self.progress!r}")
 
     def wire_bytes(self, payload_bytes: int) -> float:
         """Predicted bytes on the wire for `payload_bytes` of dense fp32 gradient."""
@@ -97,6 +102,7 @@ def level_for(spec: str, *, numel: int = NOMINAL_NUMEL) -> Level:
         encode_s_per_mb=DEFAULT_LOSSLESS_S_PER_MB if lossless else DEFAULT_ENCODE_S_PER_MB,
         decode_s_per_mb=DEFAULT_LOSSLESS_S_PER_MB if lossless else DEFAULT_DECODE_S_PER_MB,
         lossless=lossless,
+        progress=1.0 if lossless else float(codec.nominal_progress(numel)),
     )
 
 
@@ -252,6 +258,7 @@ def _level_from_record(rec: Any, path: str | os.PathLike[str]) -> Level:
             decode_s_per_mb=float(rec["decode_s_per_mb"]),
             lossless=bool(rec["lossless"]),
             calibrated=bool(rec.get("calibrated", False)),
+            progress=float(rec["progress"]) if "progress" in rec else level_for(rec["spec"]).progress,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"{str(path)!r}: level record {rec!r} is missing or has a bad field: {exc}") from exc

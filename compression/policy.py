@@ -23,6 +23,7 @@ from netsense.errors import ConfigError
 
 from .ladder import Ladder, Level, level_for
 from .link import LinkState
+from .progress import ProgressEstimate
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,8 @@ class Decision:
     """Effective bandwidth (bytes/s) the prediction used, after queue and loss shrinkage."""
     policy: str = ""
     """Spec of the policy that decided, e.g. ``"netsense"``."""
+    progress: float | None = None
+    """Progress efficiency q of the chosen level the decision assumed (netsense), else None."""
 
     def to_record(
         self, link: LinkState, *, bytes_sent: int | None = None, comm_s: float | None = None
@@ -80,6 +83,7 @@ class Decision:
             "predicted_step_s": self.predicted_step_s,
             "comm_s": comm_s,
             "bw_used_Bps": self.bandwidth_Bps,
+            "progress": self.progress,
             "bw_Bps": link.bandwidth_Bps,
             "min_rtt_s": link.min_rtt_s,
             "srtt_s": link.srtt_s,
@@ -148,6 +152,15 @@ class Policy(ABC):
         application-measured RTT sample; `app_limited` marks a send known not to fill the pipe.
         The default ignores feedback; adaptive policies override."""
 
+    def observe_progress(self, *, level: int, progress: float) -> None:
+        """A measured progress efficiency q of ladder level `level` (docs/POLICIES.md): from the
+        level just sent, or from a candidate measured on a gradient sample. Default: ignored."""
+
+    def progress_candidates(self, step: int) -> list[int]:
+        """Ladder levels whose q the caller should measure on this step's gradient (cheaply, off the
+        critical path) and report with `observe_progress`. Default: none."""
+        return []
+
     def level_of(self, spec: str, payload_bytes: int) -> tuple[int | None, Level]:
         """Ladder index and level for `spec`; an off-ladder spec gets nominal, uncalibrated figures."""
         index = self.ladder.find(spec)
@@ -170,6 +183,7 @@ class Policy(ABC):
         compute_s: float,
         overlap: bool,
         step: int,
+        progress: float | None = None,
     ) -> Decision:
         comm = step_s = None
         if bandwidth_Bps is not None and bandwidth_Bps > 0:
@@ -195,6 +209,7 @@ class Policy(ABC):
             overlap=overlap,
             bandwidth_Bps=bandwidth_Bps,
             policy=self.name,
+            progress=progress,
         )
 
 
@@ -503,7 +518,7 @@ class NetsensePolicySettings:
     """Settings of our policy; one place for its defaults (docs/POLICIES.md explains each)."""
 
     eps: float = 0.1
-    """The least lossy level whose predicted step is within (1 + eps) of the best one wins."""
+    """The least lossy level whose predicted cost (P_l / q_l) is within (1 + eps) of the best one wins."""
     relax_eps: float = 0.05
     """Stricter tolerance a lighter level must meet to count as headroom (a dead band against flapping)."""
     k: int = 5
@@ -531,6 +546,20 @@ class NetsensePolicySettings:
     """...unless it lasted at least this many min RTTs (and carried >= min_sample_bytes / 16): then
     the ramp-up is a small part of it, as for a 150 kB push taking 30 ms over a 2 ms loopback RTT
     (0: size alone decides)."""
+    progress_aware: bool = True
+    """Weigh each level's step time by its progress efficiency q (cost P_l / q_l); False: the
+    step-time law of DESIGN.md §5 as first written (P_l alone), kept for comparison."""
+    tie_eps: float = 0.01
+    """Among levels of equal progress (q within `progress_tol`, e.g. fp32 and fp16), a cheaper one
+    wins when its predicted step is shorter by more than this fraction."""
+    progress_tol: float = 0.005
+    """Levels whose q differ by at most this count as equally progressive."""
+    progress_alpha: float = 0.3
+    """EWMA weight of the newest q measurement of a level."""
+    progress_floor: float = 0.01
+    """Lowest q used in P_l / q_l."""
+    progress_every: int = 10
+    """Ask for a measurement of every lossy level's q on a gradient sample this often (steps; 0: never)."""
 
 
 class BandwidthEstimate:
@@ -614,7 +643,14 @@ class NetsensePolicy(Policy):
         _require(s.warmup_steps >= 0, n, "warmup_steps", s.warmup_steps, ">= 0")
         _require(s.app_window >= 1, n, "app_window", s.app_window, ">= 1")
         _require(s.min_sample_bytes >= 0, n, "min_sample_bytes", s.min_sample_bytes, ">= 0")
+        _require(s.tie_eps >= 0, n, "tie_eps", s.tie_eps, ">= 0")
+        _require(0 <= s.progress_tol < 1, n, "progress_tol", s.progress_tol, "in [0, 1)")
+        _require(0 < s.progress_alpha <= 1, n, "progress_alpha", s.progress_alpha, "in (0, 1]")
+        _require(0 < s.progress_floor <= 1, n, "progress_floor", s.progress_floor, "in (0, 1]")
+        _require(s.progress_every >= 0, n, "progress_every", s.progress_every, ">= 0")
         self.settings = s
+        self.progress = ProgressEstimate(ladder, alpha=s.progress_alpha, floor=s.progress_floor)
+        """Progress efficiency q per level: codec priors, refined by `observe_progress`."""
         self.bandwidth = BandwidthEstimate(
             app_window=s.app_window, min_sample_bytes=s.min_sample_bytes, min_sample_rtts=s.min_sample_rtts
         )
@@ -674,6 +710,7 @@ class NetsensePolicy(Policy):
                 compute_s=compute_s,
                 overlap=overlap,
                 step=step,
+                progress=self._q(index),
             )
 
         if bw is None:
@@ -711,15 +748,39 @@ class NetsensePolicy(Policy):
         self._predicted_wire_s = decision.predicted_bytes / bw + rtt
         return decision
 
-    def _step_law(self, preds: list[float]) -> str:
-        """Apply the §5 law with hysteresis to the committed level; return the reason."""
+    def _q(self, index: int) -> float:
+        """q of level `index` as the law uses it (1 everywhere when not progress-aware)."""
+        return self.progress[index] if self.settings.progress_aware else 1.0
+
+    def _law(self, preds: list[float], eps: float, tie_eps: float) -> tuple[int, list[int]]:
+        """The levels the law accepts (ascending) and its pick, the first of them.
+
+        Cost C_l = P_l / q_l (time per unit of progress); A = levels with C_l <= (1 + eps) C*;
+        among A keep the most progressive (q within `progress_tol` of A's best q) and of those the
+        ones whose P_l is within (1 + tie_eps) of their fastest. Without progress awareness every q
+        is 1, so the tie rule would pick the fastest level outright: it then keeps §5's original
+        rule (least lossy within eps of the best P)."""
         s = self.settings
-        best = min(preds)
-        ok = [i for i, p in enumerate(preds) if p <= (1 + s.eps) * best]
-        target = ok[0]
+        q = [self._q(i) for i in range(len(preds))]
+        cost = [p / qi for p, qi in zip(preds, q)]
+        best = min(cost)
+        ok = [i for i, c in enumerate(cost) if c <= (1 + eps) * best]
+        if not s.progress_aware:
+            return ok[0], ok
+        q_best = max(q[i] for i in ok)
+        equal = [i for i in ok if q[i] >= q_best - s.progress_tol]
+        fastest = min(preds[i] for i in equal)
+        pick = [i for i in equal if preds[i] <= (1 + tie_eps) * fastest]
+        return pick[0], pick
+
+    def _step_law(self, preds: list[float]) -> str:
+        """Apply the law with hysteresis to the committed level; return the reason."""
+        s = self.settings
+        best = min(p / self._q(i) for i, p in enumerate(preds))
+        target, ok = self._law(preds, s.eps, s.tie_eps)
         if self.level is None:
             self._set_level(target)
-            return f"law: P*={best:.4g}s"
+            return f"law: C*={best:.4g}s"
         current = self.level
         self._since_change += 1
         self._since_probe += 1
@@ -734,18 +795,20 @@ class NetsensePolicy(Policy):
                 self.k_now = min(s.max_k, self.k_now * 2)
                 self._since_relax = None
             self._set_level(target)
-            return f"heavier: P_{current}={preds[current]:.4g}s > (1+eps) P*={best:.4g}s"
-        lighter = min(i for i, p in enumerate(preds) if p <= (1 + s.relax_eps) * best) if fits else target
+            return f"heavier: C_{current}={preds[current] / self._q(current):.4g}s, C*={best:.4g}s"
+        # Headroom is judged by the same law with the stricter tolerances (a dead band).
+        strict = s.relax_eps / s.eps if s.eps > 0 else 0.0
+        lighter = self._law(preds, s.relax_eps, s.tie_eps * strict)[0] if fits else target
         if lighter >= current:
             self._headroom = 0
-            return f"hold: P*={best:.4g}s"
+            return f"hold: C*={best:.4g}s"
         self._relax_to = max(self._relax_to, lighter) if self._headroom else lighter
         self._headroom += 1
         if self._headroom < self.k_now:
             return f"hold: headroom {self._headroom}/{self.k_now} toward {self.ladder[lighter].spec}"
         self._set_level(self._relax_to)
         self._since_relax = 0
-        return f"relax: {self.k_now} steps of headroom, P*={best:.4g}s"
+        return f"relax: {self.k_now} steps of headroom, C*={best:.4g}s"
 
     def _set_level(self, index: int) -> None:
         if index != self.level:
@@ -770,7 +833,7 @@ class NetsensePolicy(Policy):
             and app_limited
             and self.level is not None
             and self.level > 0
-            and reason.startswith("hold: P*")  # neither just moved nor already on the way lighter
+            and reason.startswith("hold: C*")  # neither just moved nor already on the way lighter
             and not self._last_send_slow  # a send slower than predicted says less capacity, not more
         )
 
@@ -791,6 +854,20 @@ class NetsensePolicy(Policy):
         self.bandwidth.add_app_sample(
             bytes_sent=bytes_sent, comm_s=comm_s, min_rtt_s=self._min_rtt_s, app_limited=bool(app_limited)
         )
+
+
+    def observe_progress(self, *, level: int, progress: float) -> None:
+        """Folds a measured q of `level` into its EWMA (the first measurement replaces the prior)."""
+        if 0 <= level < len(self.ladder) and math.isfinite(progress):
+            self.progress.update(level, progress)
+
+    def progress_candidates(self, step: int) -> list[int]:
+        """Every lossy level, every `progress_every` steps (from step 0): priors are worst-case
+        bounds, so a level is judged on its measured q before long, whether used or not."""
+        every = self.settings.progress_every
+        if not self.settings.progress_aware or every <= 0 or step % every:
+            return []
+        return [i for i, lv in enumerate(self.ladder) if not lv.lossless]
 
 
 register_policy("netsense", _settings_factory("netsense", NetsensePolicy, NetsensePolicySettings))

@@ -203,6 +203,7 @@ class QSGD(Codec):
     """Unbiased `bits`-bit stochastic quantization with one fp32 scale per `BUCKET` elements."""
 
     lossless = False
+    unbiased = True
 
     def __init__(self, bits: int) -> None:
         if bits not in BITS:
@@ -225,6 +226,14 @@ class QSGD(Codec):
 
     def nominal_ratio(self, numel: int) -> float:
         return quantized_wire_size(numel, self.bits) / max(1, 4 * numel)
+
+    def nominal_progress(self, numel: int) -> float:
+        # Unbiased, variance E||C(x) - x||^2 <= omega ||x||^2 with omega = d / levels^2 for a bucket
+        # of d elements (each rounding error <= half a step of 2 max|x| / levels, and ||x||^2 >=
+        # max|x|^2): the worst case. An unbiased compressor's noise costs ~(1 + omega)x the steps.
+        levels = (1 << self.bits) - 1
+        omega = min(BUCKET, max(1, numel)) / (levels * levels)
+        return 1.0 / (1.0 + omega)
 
 
 def _qsgd(arg: str | None) -> Codec:

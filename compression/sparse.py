@@ -202,6 +202,11 @@ class TopK(SparseCodec):
         per = value_bytes_per_element(self.value_mode) + expected_index_bytes(self.density)
         return min(1.0, self.density * per / 4)
 
+    def nominal_progress(self, numel: int) -> float:
+        # Top-k keeps at least a k/d share of the energy (equality when every magnitude is the
+        # same): the contraction bound delta = k/d of Stich et al. (2018).
+        return self.density
+
 
 class TopKApprox(TopK):
     """Top-k through a threshold estimated from a random sample of magnitudes.
@@ -313,6 +318,9 @@ class RandomK(SparseCodec):
 
     def nominal_ratio(self, numel: int) -> float:
         return min(1.0, self.density * value_bytes_per_element(self.value_mode) / 4)
+
+    def nominal_progress(self, numel: int) -> float:
+        return self.density  # k random entries carry a k/d share of the energy in expectation
 
 
 def _density_factory(cls: type[TopK] | type[RandomK]) -> object:

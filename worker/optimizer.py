@@ -84,6 +84,9 @@ class StepStats:
     bytes_up: int = 0
     bytes_down: int = 0
     codec: str = ""
+    staleness: int = 0
+    """Async PS (SSP): updates applied between the version this step's gradient was computed on
+    and its own update (the largest over shards); always 0 against a synchronous PS."""
 
 
 class NetSenseOptimizer:
@@ -136,6 +139,7 @@ class NetSenseOptimizer:
         )
         """Per-step level choice and the decision log (DESIGN.md §5)."""
         self._push_s = 0.0
+        self._staleness = [0]
         self._decode_s = 0.0
         self._step_end: float | None = None
         self.feedback = None  # created on first lossy step (lossless codecs need no residuals)
@@ -196,13 +200,16 @@ class NetSenseOptimizer:
             _buckets({s.key: payloads[s.key] for s in slots}, self.bucket_bytes) for slots in self.shard_slots
         ]
         t1 = time.perf_counter()
-        params = self._net.run(self._exchange(buckets, samples))
+        exchange = self._net.submit(self._exchange(buckets, samples))
+        if decision is not None:
+            self._track_progress(decision.level, spec)  # while the push is on the wire
+        params = exchange.result()
         t2 = time.perf_counter()
         self._decode_s = 0.0
         for shard, p in enumerate(params):
             self._apply(p, shard)
         t3 = time.perf_counter()
-        stats.version = self.version
+        stats.version, stats.staleness = self.version, max(self._staleness)
         stats.encode_s, stats.wire_s = t1 - t0, t2 - t1
         stats.compute_s = t0 - self._step_end if self._step_end is not None else 0.0
         stats.push_s, stats.wait_s = self._push_s, max(0.0, stats.wire_s - self._push_s)
@@ -254,6 +261,24 @@ class NetSenseOptimizer:
             self.feedback = ErrorFeedback()
         return self.feedback.compress(key, grad, codec)[0]
 
+    def _track_progress(self, level: int | None, spec: str) -> None:
+        """Feed the policy the progress efficiency q of the level just sent (error feedback's sums)
+        and, when it asks, of candidate levels measured on g + r, the next step's likely input."""
+        codec = self._codec_for(self.slots[0].key, spec)
+        if self.feedback is not None and not codec.lossless:
+            self.uplink.observe_progress(level, self.feedback.pop_progress(unbiased=codec.unbiased))
+        candidates = self.uplink.progress_candidates()
+        if not candidates:
+            return
+        tensors = []
+        for slot in self.slots:
+            if slot.param.grad is None:
+                continue
+            g = slot.view(slot.param.grad).float()
+            r = self.feedback.residual(slot.key) if self.feedback is not None else None
+            tensors.append(g + r if r is not None and r.shape == g.shape else g)
+        self.uplink.measure_progress(candidates, tensors)
+
     def _codec(self, spec: str) -> Codec:
         return make_codec(spec)
 
@@ -294,6 +319,7 @@ class NetSenseOptimizer:
     async def _exchange(self, buckets: list[list[dict[str, Payload]]], samples: int) -> list[Params]:
         """One step's push + pull on every shard at once (`buckets` per shard)."""
         self._push_times = [0.0] * len(self.clients)
+        self._staleness = [0] * len(self.clients)
         params = await asyncio.gather(*(self._exchange_shard(i, b, samples) for i, b in enumerate(buckets)))
         self._push_s = max(self._push_times)  # the slowest shard's push bounds the step
         return list(params)
@@ -343,18 +369,26 @@ class NetSenseOptimizer:
         step, client, keys = self.versions[shard], self.clients[shard], len(self.shard_slots[shard])
         started = time.perf_counter()
         pushes = [asyncio.ensure_future(client.push(step, samples, keys, b)) for b in buckets]
-        pull = asyncio.ensure_future(client.pull(step, step + 1))
+        # An async PS (SSP) applies our push on its own and answers a pull with the full parameters
+        # at whatever version is current; we pull only once the pushes are in, so the PS has counted
+        # this step before it decides whether we may start the next (one more RTT than sync mode).
+        asynchronous = client.welcome is not None and client.welcome.staleness >= 0
+        pull = None if asynchronous else asyncio.ensure_future(client.pull(step, step + 1))
         try:
-            await asyncio.gather(*pushes)
+            acks = await asyncio.gather(*pushes)
             self._push_times[shard] = time.perf_counter() - started  # first byte to the last push's ack
         except PeerError as exc:
-            pull.cancel()
+            if pull is not None:
+                pull.cancel()
             for p in pushes:
                 p.cancel()
             if exc.code != "stale":
                 raise
             # The barrier moved on without us (we were too slow): resync and skip this step.
             log.warning("step %d dropped by shard %d (%s); resyncing", step, shard, exc.reason)
+            return await client.pull(-1, 0)
+        if pull is None:
+            self._staleness[shard] = max(0, max(acks) - 1 - step)  # the last ack names our update's version
             return await client.pull(-1, 0)
         return await pull
 

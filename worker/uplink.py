@@ -14,9 +14,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from netsense.compression.base import Codec, make_codec
 from netsense.compression.ladder import DEFAULT_LADDER, Ladder
 from netsense.compression.link import LinkState
 from netsense.compression.policy import Decision, Policy, make_policy
+from netsense.compression.progress import measure_progress
 from netsense.transport.decisions import DecisionLog
 from netsense.transport.quic_state import SensingConfig
 from netsense.transport.signal import SignalReader
@@ -65,6 +67,7 @@ class UplinkController:
         self._step = 0
         self.levels: dict[str, int] = {}
         """Steps sent at each codec spec (the level histogram)."""
+        self._probe_codecs: dict[int, Codec] = {}  # own instances: stateful codecs keep their state
 
     def read_link(self, quic: Any) -> LinkState:
         """Snapshot of `quic`'s path; call on the thread that runs the connection's loop."""
@@ -129,6 +132,30 @@ class UplinkController:
         if self.log is None:
             return None
         return self.log.write(decision, link, bytes_sent=bytes_sent, comm_s=comm_s, **fields)
+
+    def progress_candidates(self) -> list[int]:
+        """Ladder levels the policy wants measured on this step's gradient (see `measure_progress`)."""
+        return self.policy.progress_candidates(self._step)
+
+    def measure_progress(self, levels: list[int], tensors: list[Any]) -> dict[int, float]:
+        """Measure q of each of `levels` on `tensors` (the error-feedback-corrected gradient of each
+        key, subsampled) and feed it to the policy; returns what was measured. Costs one encode +
+        decode of ~65k elements per level: call it while the push is on the wire."""
+        measured = {}
+        for level in levels:
+            codec = self._probe_codecs.get(level)
+            if codec is None:
+                codec = self._probe_codecs[level] = make_codec(self.policy.ladder[level].spec)
+            q = measure_progress(codec, tensors)
+            if q is not None:
+                self.policy.observe_progress(level=level, progress=q)
+                measured[level] = q
+        return measured
+
+    def observe_progress(self, level: int | None, progress: float | None) -> None:
+        """The measured q of the level just sent (from error feedback's sums)."""
+        if level is not None and progress is not None:
+            self.policy.observe_progress(level=level, progress=progress)
 
     def mark_end(self) -> None:
         """The step finished (also when it was dropped): compute time counts from now."""

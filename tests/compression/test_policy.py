@@ -104,6 +104,10 @@ def run(policy: Policy, bws: list[float | None], **kw: object) -> list[int | Non
 
 
 def netsense(**settings: object) -> NetsensePolicy:
+    # The mechanics below (hysteresis, probes, bandwidth estimation) are checked on the step-time
+    # law, whose picks are hand-checkable with `reference_level`; LADDER's levels carry q = 1, on
+    # which the progress-aware law would pick the fastest level. Its own tests use LADDER_Q.
+    settings.setdefault("progress_aware", False)
     p = make_policy("netsense", LADDER, **settings)
     assert isinstance(p, NetsensePolicy)
     return p

@@ -105,9 +105,11 @@ def test_decision_logs_both_directions_and_replicas_stay_exact(certs: CertPaths,
 
 
 @pytest.mark.slow
-def test_unconstrained_loopback_digits_cnn_stays_lossless(tmp_path: Path) -> None:
-    """Communication hides behind compute on loopback: `netsense` never leaves the lossless level
-    (separate processes via `netsense launch`, as a job really runs; asserted from the logs)."""
+def test_unconstrained_loopback_digits_cnn_stays_near_lossless(tmp_path: Path) -> None:
+    """On loopback `netsense` sends only levels that lose no measurable progress (q >= 0.99: fp32,
+    fp16, 8-bit): the CPU-bound QUIC path makes halving the bytes worth it (fp16 was 1.27x faster
+    to target than fp32 unshaped, docs/BENCHMARKS.md), sparsification never is (separate processes
+    via `netsense launch`, as a job really runs; asserted from the logs)."""
     steps = 20
     run = tmp_path / "run"
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
@@ -119,13 +121,14 @@ def test_unconstrained_loopback_digits_cnn_stays_lossless(tmp_path: Path) -> Non
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    lossless = DEFAULT_LADDER.split(",")[0]
-    assert summary["levels"] == {lossless: 2 * steps}
+    near_lossless = set(DEFAULT_LADDER.split(",")[:3])  # fp32, fp16, qsgd:8
+    assert set(summary["levels"]) <= near_lossless and sum(summary["levels"].values()) == 2 * steps
     known = 0
     for name in ("decisions-up-0.jsonl", "decisions-up-1.jsonl", "decisions-down.jsonl"):
         recs = read_decision_log(run / name)
         assert len(recs) >= steps - 1, name
-        bad = [(r["step"], r["spec"], r["reason"]) for r in recs if r["spec"] != lossless]
+        bad = [(r["step"], r["spec"], r["progress"], r["reason"]) for r in recs
+               if r["spec"] not in near_lossless or (r["progress"] is not None and r["progress"] < 0.99)]  # fmt: skip
         assert not bad, (name, bad)
         known += sum(r["bw_used_Bps"] is not None for r in recs)
     # 150 kB pushes are app-limited samples, so an uplink estimate may never form (then the safe

@@ -1,0 +1,91 @@
+"""Progress efficiency q_l: how much optimisation progress one step at a level makes (docs/POLICIES.md).
+
+A lossless step applies the whole error-feedback-corrected update v = g + r. A lossy level applies
+C(v) and keeps v - C(v) for later, so the share of v's energy that arrives now,
+
+    q = 1 - ||v - C(v)||^2 / ||v||^2        (for biased codecs: the contraction delta),
+    q = 1 / (1 + ||v - C(v)||^2 / ||v||^2)  (for unbiased codecs: 1 / (1 + omega)),
+
+is the quantity that the convergence bounds of compressed SGD scale with: with error feedback a
+delta-contraction slows the leading terms by up to 1/delta (Stich et al. 2018; Karimireddy et al.
+2019), an unbiased compressor of variance omega by ~(1 + omega) (Alistarh et al. 2017). We use
+1/q as a planning figure for "steps per unit of progress", not as a proven rate: in the asymptotic
+regime error feedback recovers most of the delay, so 1/q errs on the side of sending more.
+
+`ProgressEstimate` keeps one EWMA per ladder level, seeded with the codec's conservative prior
+(`Level.progress`); `measure_progress` measures a codec on a few gradient tensors (subsampled).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from .base import Codec
+from .ladder import Ladder
+
+DEFAULT_SAMPLE_NUMEL = 1 << 16
+"""Elements per candidate measurement: enough for top-k 0.1% to keep 65 entries, cheap to encode."""
+
+
+def progress_from_error(energy: float, error: float, *, unbiased: bool) -> float | None:
+    """q from ||v||^2 = `energy` and ||v - C(v)||^2 = `error`; None when v is zero (no evidence)."""
+    if not energy > 0:
+        return None
+    ratio = max(0.0, error / energy)
+    return 1.0 / (1.0 + ratio) if unbiased else max(0.0, 1.0 - ratio)
+
+
+def measure_progress(codec: Codec, tensors: Iterable[torch.Tensor], *, max_numel: int = DEFAULT_SAMPLE_NUMEL) -> float | None:
+    """q of `codec` applied to each tensor on its own (as the uplink applies it per key).
+
+    Tensors are used whole while their total fits `max_numel`; beyond that each keeps an evenly
+    spaced subsample of its share: rows of a matrix (so that shape-aware codecs still see one), or
+    elements of a vector (top-k's energy share at a density is a property of the magnitude
+    distribution, which a spread subsample preserves). Encode cost is O(max_numel).
+    """
+    items = [t.detach().float() for t in tensors if t.numel() > 0]
+    total = sum(t.numel() for t in items)
+    if total == 0:
+        return None
+    energy = error = 0.0
+    for x in items:
+        share = max(1, x.numel() * max_numel // total)
+        if x.numel() > share:
+            if x.dim() >= 2:
+                rows = max(1, x.shape[0] * share // x.numel())
+                x = x[:: max(1, x.shape[0] // rows)][:rows]
+            else:
+                x = x.reshape(-1)[:: x.numel() // share][:share]
+        x = x.contiguous()
+        diff = (x - codec.decode(codec.encode(x)).float()).reshape(-1)
+        flat = x.reshape(-1)
+        energy += float(torch.dot(flat, flat))
+        error += float(torch.dot(diff, diff))
+    return progress_from_error(energy, error, unbiased=codec.unbiased)
+
+
+class ProgressEstimate:
+    """Per-level EWMA of q, starting from the ladder's priors; never below `floor`."""
+
+    def __init__(self, ladder: Ladder, *, alpha: float = 0.3, floor: float = 0.01) -> None:
+        self.alpha = alpha
+        """Weight of the newest measurement."""
+        self.floor = floor
+        """Lowest q used (keeps P / q finite for a level that measured ~nothing)."""
+        self.values = [1.0 if lv.lossless else max(floor, lv.progress) for lv in ladder]
+        """Current q per level, in ladder order."""
+        self.measured = [lv.lossless for lv in ladder]
+        """Whether each level's q has been measured (a lossless level needs no measurement)."""
+
+    def update(self, level: int, q: float) -> None:
+        """Fold in one measurement of level `level`; the first replaces the prior outright."""
+        q = min(1.0, max(self.floor, q))
+        if not self.measured[level]:
+            self.values[level], self.measured[level] = q, True
+        else:
+            self.values[level] = self.alpha * q + (1 - self.alpha) * self.values[level]
+
+    def __getitem__(self, level: int) -> float:
+        return self.values[level]
