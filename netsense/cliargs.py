@@ -52,6 +52,14 @@ def add_policy_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decision-log", metavar="PATH", help="JSONL decision log: one line per step and direction")
 
 
+def add_staleness_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--staleness", type=int, metavar="S",
+        help="asynchronous PS: apply each push on arrival, a worker at most S versions ahead of the slowest (SSP); "
+        "default: synchronous",
+    )  # fmt: skip
+
+
 def add_transport_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-datagram-size", type=int, help="QUIC packet payload bytes (path MTU - 28; large on loopback)")
     p.add_argument("--barrier-timeout", type=float, help="seconds the PS waits for a slow worker before dropping it from a step")
@@ -83,6 +91,7 @@ def resolve_config(args: argparse.Namespace) -> JobConfig:
         train__eval_every=a.get("eval_every"),
         server__downlink_codec=a.get("downlink_codec"),
         server__barrier_timeout_s=a.get("barrier_timeout"),
+        server__staleness=a.get("staleness"),
         transport__max_datagram_size=a.get("max_datagram_size"),
         security__certs_dir=a.get("certs"),
         security__insecure=a.get("insecure"),

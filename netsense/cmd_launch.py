@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from netsense.cliargs import add_config_flag, add_security_flags, add_train_flags, add_transport_flags, resolve_config
+from netsense.cliargs import add_config_flag, add_security_flags, add_staleness_flag, add_train_flags, add_transport_flags, resolve_config
 from netsense.launcher import Launcher
 
 
@@ -31,6 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "e.g. rate=20mbit,delay=10ms")
     p.add_argument("--trace", metavar="FILE", help="rate trace for the emulated link (CSV or Mahimahi)")
     add_train_flags(p)
+    add_staleness_flag(p)
     add_transport_flags(p)
     add_security_flags(p)
     p.set_defaults(func=run)

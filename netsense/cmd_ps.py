@@ -10,7 +10,15 @@ import signal
 import sys
 
 from netsense.metrics import MetricsServer, PSCollector
-from netsense.cliargs import add_metrics_flag, add_config_flag, add_security_flags, add_transport_flags, ensure_certs, resolve_config
+from netsense.cliargs import (
+    add_config_flag,
+    add_metrics_flag,
+    add_security_flags,
+    add_staleness_flag,
+    add_transport_flags,
+    ensure_certs,
+    resolve_config,
+)
 from netsense.config import override
 from netsense.errors import ConfigError
 from netsense.ps import checkpoint
@@ -45,6 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--resume", nargs="?", const=True, default=None, metavar="DIR",
         help="resume from the newest valid checkpoint in DIR (default: --checkpoint-dir), and keep checkpointing there",
     )  # fmt: skip
+    add_staleness_flag(p)
     add_metrics_flag(p)
     add_transport_flags(p)
     add_security_flags(p)

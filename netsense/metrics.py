@@ -38,6 +38,7 @@ class PSCollector(Collector):
         yield _gauge("netsense_ps_version", "Parameter version (applied updates).", store.version)
         yield _counter("netsense_ps_steps_applied", "Updates applied since start.", store.applied_steps)
         yield _gauge("netsense_ps_live_workers", "Workers in the sync barrier.", len(store.live))
+        yield _gauge("netsense_ps_max_staleness", "Async mode: largest staleness of an applied gradient (0 in sync mode).", store.max_staleness)
         yield _counter("netsense_ps_errors_sent", "ERROR replies sent to peers.", s.errors_sent)
         up = CounterMetricFamily("netsense_ps_bytes_received", "Bytes received per worker.", labels=["worker"])
         down = CounterMetricFamily("netsense_ps_bytes_sent", "Bytes sent per worker.", labels=["worker"])
@@ -67,6 +68,7 @@ class WorkerCollector(Collector):
         for phase in ("encode", "wire", "apply"):
             breakdown.add_metric([phase], getattr(last, f"{phase}_s", 0.0))
         yield breakdown
+        yield _gauge("netsense_worker_staleness", "Async PS: staleness of the last step's gradient.", getattr(last, "staleness", 0))
         yield _gauge("netsense_worker_level", "Codec of the last step (label).", 1.0, {"codec": last.codec or "none"})
         signal = getattr(opt, "last_signal", None)
         if signal is not None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from aioquic.quic.configuration import QuicConfiguration
 
-from netsense.errors import AuthError, ProtocolError
+from netsense.errors import AuthError, ConfigError, ProtocolError
 from netsense.transport.auth import new_nonce, verify_mac
 from netsense.transport.channel import ServerConnection, server_port, start_server
 from netsense.transport.wire import (
@@ -77,6 +77,15 @@ class ServerSettings:
     """Most connections that may be mid-handshake at once; more are closed on arrival."""
     max_connections_per_host: int = 32
     """Most connections from one peer IP address at once."""
+    staleness: int | None = None
+    """None: synchronous training (BSP barrier). s >= 0: asynchronous, each push applied on arrival,
+    a worker at most s versions ahead of the slowest live one (SSP); pulls send full fp32 params,
+    so the downlink codec and policy are not used. A worker blocked past `barrier_timeout_s`
+    has the slowest workers dropped (they re-enter with their next push)."""
+
+    def __post_init__(self) -> None:
+        if self.staleness is not None and self.staleness < 0:
+            raise ConfigError(f"server.staleness must be >= 0 (or unset for synchronous training), got {self.staleness}")
 
 
 class PSServer:
@@ -86,7 +95,9 @@ class PSServer:
         self.settings = settings
         self.secret = secret
         self.limits = limits
-        self.store = ParameterStore(downlink_codec=settings.downlink_codec)
+        self.store = ParameterStore(downlink_codec=settings.downlink_codec, staleness=settings.staleness)
+        if settings.staleness is not None and (settings.policy or settings.downlink_codec != "fp32"):
+            log.warning("async mode (staleness %d) sends full fp32 parameters; the downlink codec/policy is ignored", settings.staleness)
         self.downlink = (
             DownlinkController(
                 settings.policy or f"fixed:{settings.downlink_codec}", ladder=settings.ladder, decision_log=settings.decision_log
@@ -98,6 +109,7 @@ class PSServer:
         self.sessions: dict[str, WorkerSession] = {}
         self._changed = asyncio.Condition()
         self._step_started_at: float | None = None
+        self._blocked: tuple[int | None, float] = (None, 0.0)  # async: (slowest clock, since when) while a worker waits on it
         self._params_cache: tuple[tuple[int, bool, int], bytes] | None = None
         self._server: Any = None
         self._watchdog: asyncio.Task[None] | None = None
@@ -145,7 +157,13 @@ class PSServer:
             return
         self._step_started_at = None
         self._maybe_checkpoint()
-        log.info("step -> version %d (%d workers, %d samples)", result.version, len(result.workers), result.samples)
+        log.info(
+            "step -> version %d (%d workers, %d samples, staleness %d)", result.version, len(result.workers), result.samples, result.staleness
+        )
+        await self.wake()
+
+    async def wake(self) -> None:
+        """Wake pullers: the version or (async mode) a clock or the live set changed."""
         async with self._changed:
             self._changed.notify_all()
 
@@ -191,6 +209,11 @@ class PSServer:
                 self._changed.wait_for(lambda: self.store.initialized and self.store.version >= version), self.settings.pull_timeout_s
             )
 
+    async def wait_turn(self, worker_id: str) -> None:
+        """Async mode: hold a worker's PULL while it is more than `staleness` ahead (SSP)."""
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(lambda: self.store.may_proceed(worker_id)), self.settings.pull_timeout_s)
+
     def params_bytes(self, params: Params) -> bytes:
         """Encoded PARAMS, cached: the same update goes to every worker, serialize it once."""
         key = (params.version, params.full, params.base_version)
@@ -199,13 +222,16 @@ class PSServer:
         return self._params_cache[1]
 
     def note_push(self) -> None:
-        if self._step_started_at is None:
+        if self._step_started_at is None and not self.store.asynchronous:
             self._step_started_at = time.monotonic()
 
     async def _barrier_watchdog(self) -> None:
         """Drop workers that hold up a step past the barrier timeout (a dead worker never pushes)."""
         while True:
             await asyncio.sleep(min(0.25, self.settings.barrier_timeout_s / 4))
+            if self.store.asynchronous:
+                await self._ssp_watchdog()
+                continue
             started = self._step_started_at
             if started is None or time.monotonic() - started < self.settings.barrier_timeout_s:
                 continue
@@ -214,6 +240,21 @@ class PSServer:
                 log.warning("barrier timeout: continuing without %s", ", ".join(sorted(dropped)))
             self._step_started_at = None if result or not self.store.step_started else time.monotonic()
             await self.applied(result)
+
+    async def _ssp_watchdog(self) -> None:
+        """Async mode: the slowest workers are dead if a worker waited on them, with their clock
+        unchanged, for the barrier timeout; drop them so the others go on."""
+        store, now = self.store, time.monotonic()
+        floor = store.min_live_clock if store.blocked else None
+        if floor != self._blocked[0]:
+            self._blocked = (floor, now)
+            return
+        if floor is None or now - self._blocked[1] < self.settings.barrier_timeout_s:
+            return
+        dropped, _ = store.drop_incomplete()
+        log.warning("SSP timeout: continuing without %s", ", ".join(sorted(dropped)))
+        self._blocked = (None, now)
+        await self.wake()
 
 
 class WorkerSession:
@@ -293,13 +334,19 @@ class WorkerSession:
                 self.server.downlink.before_step(store, self.server.sessions)
             result = store.push(self.worker_id, msg)
             await self.server.applied(result)
-            return Ack(store.version)
+            # The version this push made (async mode: the worker derives its staleness from it).
+            return Ack(result.version if result is not None else store.version)
         if isinstance(msg, Pull):
             if not store.initialized or store.version < msg.wait_for:
                 try:
                     await self.server.wait_version(max(msg.wait_for, 0))
                 except asyncio.TimeoutError:
                     raise ProtocolError("timeout", f"version {msg.wait_for} not reached within the pull timeout") from None
+            if store.asynchronous:
+                try:
+                    await self.server.wait_turn(self.worker_id)
+                except asyncio.TimeoutError:
+                    raise ProtocolError("timeout", f"more than {store.staleness} versions ahead for the whole pull timeout") from None
             data = self.server.params_bytes(store.pull(msg.have_version))
             if self.server.downlink is not None:
                 self.server.downlink.sent(self.conn.quic, store.version, len(data))
@@ -335,7 +382,7 @@ class WorkerSession:
         if hello.role == "probe":  # measures the path only: never a session, never in the barrier
             self.peer = f"probe {hello.worker_id!r}"
             log.info("%s authenticated", self.peer)
-            return Welcome(self.server.store.version, self.server.store.initialized, len(self.server.store.live))
+            return self._welcome()
         self.worker_id = hello.worker_id
         self.peer = f"worker {hello.worker_id!r}"
         previous = self.server.sessions.get(hello.worker_id)
@@ -346,7 +393,11 @@ class WorkerSession:
         if store.initialized:
             store.join(hello.worker_id)
         log.info("%s (rank %d) authenticated", self.peer, hello.rank)
-        return Welcome(store.version, store.initialized, len(store.live))
+        return self._welcome()
+
+    def _welcome(self) -> Welcome:
+        store = self.server.store
+        return Welcome(store.version, store.initialized, len(store.live), -1 if store.staleness is None else store.staleness)
 
     def on_bad_message(self, exc: ProtocolError) -> None:
         self.server.errors_sent += 1
@@ -364,3 +415,5 @@ class WorkerSession:
         result = self.server.store.leave(wid)
         if result is not None:
             asyncio.get_event_loop().create_task(self.server.applied(result))
+        elif self.server.store.asynchronous:  # the slowest clock may have moved: wake SSP waiters
+            asyncio.get_event_loop().create_task(self.server.wake())

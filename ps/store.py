@@ -7,6 +7,14 @@ key, so nothing is ever half-applied: partial pushes of a worker that leaves are
 Downlink (DESIGN.md §2): after each update the store encodes ``delta = params - shadow`` once,
 adds the decoded delta to `shadow`, and hands the same payloads to every worker, so every replica
 equals `shadow` bit for bit. With a lossless downlink codec it sends the parameters themselves.
+
+Asynchronous mode (``staleness=s``, DESIGN.md §2, SSP): a worker's gradient is applied alone as
+soon as that worker has pushed every key of its step (weighted by nothing but its own batch), each
+application is one version. Each worker has a clock, the number of its applied pushes; `may_proceed`
+says whether it is at most `s` ahead of the slowest live worker, and the server holds the worker's
+PULL until it is. Pulls then return the full fp32 parameters at whatever version is current: no
+per-worker shadows, so a worker can pick up any version (the downlink codec and policy do not
+apply in this mode).
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ class _Pending:
 
     samples: int
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    step: int = 0
+    """Version the gradients were computed on (async mode: any version up to the current one)."""
 
 
 @dataclass(frozen=True)
@@ -44,12 +54,22 @@ class StepApplied:
     """Workers whose gradients made up the update."""
     samples: int
     """Samples in the update."""
+    staleness: int = 0
+    """Updates applied between the version the gradient was computed on and this one (async mode)."""
 
 
 class ParameterStore:
     """Authoritative parameters, optimizer state, versions and the synchronous barrier."""
 
-    def __init__(self, *, downlink_codec: str = "fp32") -> None:
+    def __init__(self, *, downlink_codec: str = "fp32", staleness: int | None = None) -> None:
+        if staleness is not None and staleness < 0:
+            raise ValueError(f"staleness must be >= 0 (or None for synchronous), got {staleness}")
+        self.staleness = staleness
+        """None: synchronous barrier (BSP); s: asynchronous, at most s versions ahead (SSP)."""
+        self.clocks: dict[str, int] = {}
+        """Async mode: worker -> its applied pushes (kept after it leaves, for a rejoin)."""
+        self.max_staleness = 0
+        """Largest staleness of an applied gradient since start (async mode)."""
         self.version = 0
         self.params: dict[str, torch.Tensor] = {}
         self.shadow: dict[str, torch.Tensor] = {}
@@ -113,8 +133,38 @@ class ParameterStore:
 
         A rejoining worker redoes its step from the start, so a partial push of its old
         connection is discarded (its re-push would otherwise be refused as a duplicate)."""
-        self.live.add(worker_id)
+        self._enter(worker_id)
         self._pending.pop(worker_id, None)
+
+    def _enter(self, worker_id: str) -> None:
+        """Make a worker live; in async mode its clock starts at (or is raised to) the slowest live
+        worker's, so a newcomer or a returning worker never holds back the others."""
+        if self.asynchronous and worker_id not in self.live:
+            floor = self.min_live_clock
+            self.clocks[worker_id] = max(self.clocks.get(worker_id, 0), floor if floor is not None else 0)
+        self.live.add(worker_id)
+
+    @property
+    def asynchronous(self) -> bool:
+        return self.staleness is not None
+
+    @property
+    def min_live_clock(self) -> int | None:
+        """Async mode: the slowest live worker's clock (None without live workers)."""
+        return min((self.clocks.get(w, 0) for w in self.live), default=None)
+
+    def may_proceed(self, worker_id: str) -> bool:
+        """SSP rule: a worker with clock c may start its next step iff ``c - min_live_clock <= s``
+        (always true in sync mode, and for a worker that is not live: its next push re-enters it)."""
+        if self.staleness is None or worker_id not in self.live:
+            return True
+        floor = self.min_live_clock
+        return floor is None or self.clocks.get(worker_id, 0) - floor <= self.staleness
+
+    @property
+    def blocked(self) -> bool:
+        """Async mode: some live worker is more than `staleness` ahead of the slowest one."""
+        return self.staleness is not None and any(not self.may_proceed(w) for w in self.live)
 
     def leave(self, worker_id: str) -> StepApplied | None:
         """Remove a worker and discard its partial step; may complete the barrier for the rest."""
@@ -123,7 +173,18 @@ class ParameterStore:
         return self._maybe_apply()
 
     def drop_incomplete(self) -> tuple[list[str], StepApplied | None]:
-        """Barrier timeout: remove live workers that have not finished the current step."""
+        """Barrier timeout: remove live workers that have not finished the current step.
+
+        Async mode: remove the slowest live workers, if they hold back another one (SSP wait)."""
+        if self.asynchronous:
+            if not self.blocked:
+                return [], None
+            floor = self.min_live_clock
+            dropped = [w for w in self.live if self.clocks.get(w, 0) == floor]
+            for w in dropped:
+                self.live.discard(w)
+                self._pending.pop(w, None)
+            return dropped, None
         if not any(self._complete(w) for w in self._pending):
             return [], None
         dropped = [w for w in self.live if not self._complete(w)]
@@ -144,13 +205,16 @@ class ParameterStore:
         """Validate and record one PUSH; apply the update if it completes the barrier."""
         if not self.initialized:
             raise ProtocolError("not-initialized", "the store has no parameters yet; rank 0 must send INIT first")
-        if msg.step != self.version:
+        if msg.step > self.version or (msg.step != self.version and not self.asynchronous):
             raise ProtocolError("stale", f"push for step {msg.step} but the store is at version {self.version}; pull first")
         if msg.total_keys != len(self.params):
             raise ProtocolError("keys", f"worker counts {msg.total_keys} keys, the store has {len(self.params)}")
         pending = self._pending.get(worker_id)
-        if pending is not None and pending.samples != msg.samples:
-            raise ProtocolError("malformed", f"samples changed within step {msg.step}: {pending.samples} -> {msg.samples}")
+        if pending is not None and (pending.samples, pending.step) != (msg.samples, msg.step):
+            raise ProtocolError(
+                "malformed",
+                f"samples/step changed within a step: ({pending.samples}, {pending.step}) -> ({msg.samples}, {msg.step})",
+            )
         decoded = {}
         for key, payload in msg.grads.items():
             if key not in self.params:
@@ -164,10 +228,12 @@ class ParameterStore:
                 raise ProtocolError("non-finite", f"gradient of {key!r} has NaN/Inf; rejected")
             decoded[key] = grad
         # Validation passed for every key: only now does anything change.
-        self.live.add(worker_id)
+        self._enter(worker_id)
         if pending is None:
-            pending = self._pending[worker_id] = _Pending(msg.samples)
+            pending = self._pending[worker_id] = _Pending(msg.samples, step=msg.step)
         pending.grads.update(decoded)
+        if self.asynchronous:
+            return self._apply_one(worker_id) if self._complete(worker_id) else None
         return self._maybe_apply()
 
     def _complete(self, worker_id: str) -> bool:
@@ -175,28 +241,47 @@ class ParameterStore:
         return p is not None and len(p.grads) == len(self.params)
 
     def _maybe_apply(self) -> StepApplied | None:
+        if self.asynchronous:
+            return None  # each push applies on its own (`_apply_one`); nothing waits for a barrier
         ready = [w for w in self._pending if self._complete(w)]
         if not ready or any(not self._complete(w) for w in self.live):
             return None
         if self.version == 0 and len(ready) < self.start_quorum:
             return None  # the first step waits for the whole job (see `initialize`)
-        total = sum(self._pending[w].samples for w in ready)
-        assert self._optimizer is not None
-        for key, param in self.params.items():
-            acc = torch.zeros_like(param)
-            for w in ready:
-                p = self._pending[w]
-                acc.add_(p.grads[key].to(param.dtype), alpha=p.samples / total)
-            param.grad = acc
-        self._optimizer.step()
-        for param in self.params.values():
-            param.grad = None
+        total = self._optimizer_step(ready)
         base = self.version
         self.version += 1
         self.applied_steps += 1
         self._pending.clear()
         self._last_update = self._encode_update(base)
         return StepApplied(self.version, tuple(sorted(ready)), total)
+
+    def _apply_one(self, worker_id: str) -> StepApplied:
+        """Async mode: apply one worker's complete gradient alone; its clock advances."""
+        staleness = self.version - self._pending[worker_id].step
+        samples = self._optimizer_step([worker_id])
+        del self._pending[worker_id]
+        self.version += 1
+        self.applied_steps += 1
+        self.clocks[worker_id] = self.clocks.get(worker_id, 0) + 1
+        self.max_staleness = max(self.max_staleness, staleness)
+        self._last_update = None  # pulls send the full parameters (see `pull`)
+        return StepApplied(self.version, (worker_id,), samples, staleness)
+
+    def _optimizer_step(self, workers: list[str]) -> int:
+        """One optimizer step on the sample-weighted mean of `workers`' gradients; their samples."""
+        total = sum(self._pending[w].samples for w in workers)
+        assert self._optimizer is not None
+        for key, param in self.params.items():
+            acc = torch.zeros_like(param)
+            for w in workers:
+                p = self._pending[w]
+                acc.add_(p.grads[key].to(param.dtype), alpha=p.samples / total)
+            param.grad = acc
+        self._optimizer.step()
+        for param in self.params.values():
+            param.grad = None
+        return total
 
     # --- downlink -------------------------------------------------------------------------
 
@@ -230,6 +315,11 @@ class ParameterStore:
         """What a worker at `have_version` needs to reach the current version."""
         if not self.initialized:
             raise ProtocolError("not-initialized", "nothing to pull yet")
+        if self.asynchronous:
+            # Workers hold different versions: a delta would need a shadow per worker. The full
+            # fp32 parameters fit any replica, and are what the SSP analysis assumes.
+            fp32 = self._decoder("fp32")
+            return Params(self.version, True, {k: fp32.encode(v) for k, v in self.params.items()})
         last = self._last_update
         if last is not None and last.version == self.version and have_version == last.base_version and not last.full:
             return last
@@ -257,6 +347,7 @@ class ParameterStore:
             "optimizer_settings": self.optimizer_settings.to_dict(),
             "optimizer_state": _clone_tree(self._optimizer.state_dict()),
             "live": sorted(self.live),
+            "clocks": dict(self.clocks),
             "downlink_codec": self._downlink_spec,
         }
 
@@ -279,6 +370,7 @@ class ParameterStore:
         self.version = int(state["version"])  # type: ignore[call-overload]
         self.applied_steps = int(state["applied_steps"])  # type: ignore[call-overload]
         self.live = set(state["live"])  # type: ignore[call-overload]
+        self.clocks = {str(k): int(v) for k, v in dict(state.get("clocks", {})).items()}  # type: ignore[call-overload]
         self._downlink_spec = str(state.get("downlink_codec", self._downlink_spec))
         self._downlink = {k: make_codec(self._downlink_spec) for k in params}
         self._pending.clear()

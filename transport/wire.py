@@ -102,6 +102,9 @@ class Welcome(Message):
     """False until rank 0 has sent INIT."""
     live_workers: int
     """Workers currently in the sync barrier."""
+    staleness: int = -1
+    """-1: the PS is synchronous (BSP); s >= 0: asynchronous, a worker may run s versions ahead of
+    the slowest (SSP), so pulls return full parameters at whatever version is current."""
 
 
 @dataclass(frozen=True)
@@ -353,7 +356,10 @@ _PARSERS: dict[str, Any] = {
     ),
     "challenge": lambda b, lim: Challenge(_bin(b, "server_nonce", 32)),
     "auth": lambda b, lim: Auth(_bin(b, "mac", 32)),
-    "welcome": lambda b, lim: Welcome(_int(b, "version", 0), _bool(b, "initialized"), _int(b, "live_workers", 0)),
+    "welcome": lambda b, lim: Welcome(
+        _int(b, "version", 0), _bool(b, "initialized"), _int(b, "live_workers", 0),
+        _int(b, "staleness", -1, 1 << 20) if "staleness" in b else -1,  # absent: a PS from before async mode
+    ),
     "init": lambda b, lim: Init(_tensors(b, "tensors", lim), _opt_map(b, "optimizer"), _int(b, "world_size", 1, 1 << 20)),
     "push": lambda b, lim: Push(
         _int(b, "step", 0), _int(b, "samples", 1, 1 << 30), _int(b, "total_keys", 1, lim.max_keys), _tensors(b, "grads", lim)
