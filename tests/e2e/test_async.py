@@ -86,3 +86,15 @@ def test_a_sync_ps_reports_sync_mode(ps: RunningPS) -> None:
         assert opt.client.welcome is not None and opt.client.welcome.staleness == -1
         model(torch.randn(2, 3)).sum().backward()
         assert opt.step(samples=2).staleness == 0
+
+
+@pytest.mark.parametrize("command", ["ps", "launch"])
+def test_staleness_flag_sets_the_server_mode(command: str) -> None:
+    from netsense.cli import build_parser
+    from netsense.cliargs import resolve_config
+    from netsense.errors import ConfigError
+
+    assert resolve_config(build_parser().parse_args([command])).server.staleness is None
+    assert resolve_config(build_parser().parse_args([command, "--staleness", "3"])).server.staleness == 3
+    with pytest.raises(ConfigError, match="staleness must be >= 0"):
+        resolve_config(build_parser().parse_args([command, "--staleness", "-1"]))
