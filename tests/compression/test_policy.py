@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -486,3 +487,126 @@ def test_bandwidth_estimate_marks_small_and_latency_bound_sends() -> None:
     assert est.update(link(None)) == pytest.approx(10_000 / 0.03)  # a fresh higher lower bound raises it
     assert est.update(link(0.08)) == pytest.approx(10_000)  # a link value that is not app-limited wins at once
     assert est.update(link(1, app_limited=True)) == pytest.approx(1 * MBIT)  # app-limited but higher: raises
+
+
+# --- netsense, progress-aware (cost P_l / q_l) ------------------------------------------------
+
+# q per level as measured on real gradients with error feedback (orders seen on digits-cnn/charlm):
+# 16-bit and 8-bit lose nothing measurable, top-k 1% keeps a quarter of the update's energy.
+Q = (1.0, 1.0, 0.99, 0.9, 0.5, 0.25, 0.08)
+LADDER_Q = Ladder(tuple(dataclasses.replace(lv, progress=q) for lv, q in zip(LADDER, Q, strict=True)))
+
+
+def aware(**settings: object) -> NetsensePolicy:
+    p = make_policy("netsense", LADDER_Q, **settings)
+    assert isinstance(p, NetsensePolicy)
+    return p
+
+
+def run_aware(policy: NetsensePolicy, bws: list[float], **kw: object) -> list[int | None]:
+    out = []
+    for step, bw in enumerate(bws):
+        d = policy.choose(link=link(bw, t=float(step)), payload_bytes=S, compute_s=TC, step=step, **kw)  # type: ignore[arg-type]
+        out.append(d.level)
+    return out
+
+
+def aware_reference(bw_Bps: float, *, compute_s: float = TC, eps: float = 0.1, tie: float = 0.01) -> int:
+    """The progress-aware law written out independently: cost P/q, least lossy within (1+eps)
+    of the best cost, equal-q levels by predicted step (fp16 over fp32 when > 1% faster)."""
+    steps = [
+        compute_s + lv.ratio * S / bw_Bps + RTT + (lv.encode_s_per_mb + lv.decode_s_per_mb) * S / 1e6 for lv in LADDER_Q
+    ]
+    cost = [p / q for p, q in zip(steps, Q)]
+    ok = [i for i, c in enumerate(cost) if c <= (1 + eps) * min(cost)]
+    top = [i for i in ok if Q[i] >= max(Q[j] for j in ok) - 0.005]
+    return next(i for i in top if steps[i] <= (1 + tie) * min(steps[j] for j in top))
+
+
+@pytest.mark.parametrize("mbit", [0.5, 1, 5, 20, 50, 100, 200, 400, 1000, 3000])
+def test_progress_aware_first_decision_is_the_law(mbit: float) -> None:
+    assert run_aware(aware(), [mbit])[0] == aware_reference(mbit * MBIT)
+
+
+def test_progress_aware_prefers_light_levels_at_moderate_bandwidth() -> None:
+    """Where the step-time law already sparsifies (top-k 1% at 50-100 Mbit/s, qsgd:4 at 200-400),
+    time per unit of progress keeps 16/8/4-bit quantization: top-k's shorter step does not pay
+    for the 4x slower progress of a step that carries a quarter of the update."""
+    fp16, qsgd8, qsgd4, topk10 = 1, 2, 3, 4
+    for mbit, expect in ((400, fp16), (200, qsgd8), (100, qsgd4), (50, qsgd4)):
+        assert run_aware(aware(), [mbit])[0] == expect, mbit
+        assert run_aware(aware(progress_aware=False), [mbit])[0] > expect, mbit  # type: ignore[operator]
+    # Heavy sparsification only when the link is really slow (P dominated by r_l S / B).
+    assert all(run_aware(aware(), [mbit])[0] >= 5 for mbit in (0.5, 1, 5, 10))  # type: ignore[operator]
+    assert run_aware(aware(), [20])[0] <= topk10  # type: ignore[operator]
+
+
+def test_progress_aware_monotone_in_bandwidth() -> None:
+    levels = [run_aware(aware(), [mbit])[0] for mbit in (0.5, 1, 5, 20, 50, 100, 200, 500, 1000, 10_000)]
+    assert levels == sorted(levels, reverse=True)  # type: ignore[type-var]
+
+
+def test_progress_aware_no_flapping_on_a_noisy_link() -> None:
+    for mbit in (1, 10, 20, 50, 100, 200, 400, 1000):
+        for seed in range(3):
+            rng = random.Random(seed)
+            levels = run_aware(aware(), [mbit * rng.uniform(0.9, 1.1) for _ in range(200)])
+            changes = sum(a != b for a, b in zip(levels, levels[1:]))
+            assert changes <= 3, (mbit, seed, changes)
+
+
+def test_progress_aware_lossless_when_comm_hides_behind_compute() -> None:
+    """Overlapped and hidden: every P_l equals Tc, so q decides, and of the q = 1 levels the least
+    lossy stays (fp16 is not faster, only smaller)."""
+    bw = 30e6  # T_fp32 = 1.5 s + rtt + cost < Tc = 2 s
+    for step in range(20):
+        d = aware().choose(link=LinkState(float(step), bw, RTT, RTT), payload_bytes=S, compute_s=2.0, overlap=True, step=step)
+        assert d.level == 0 and d.progress == 1.0
+
+
+def test_fp16_wins_over_fp32_whenever_bytes_matter() -> None:
+    """fp16 loses no measurable progress, so it is chosen as soon as its predicted step is shorter by
+    more than tie_eps (1%), far inside the law's eps (10%): the strong baseline is never given away.
+    On a CPU-bound path the measured (not app-limited) delivery rate is lower, which widens the gap."""
+    # 10 Gbit/s: halving 45 MB saves 18 ms of 569 ms (3%), fp16's cast costs 90 ms more: fp32.
+    assert run_aware(aware(), [10_000])[0] == 0
+    # 3 Gbit/s: saves 60 ms (> 1%) but the cast still costs 90 ms: fp32. 1 Gbit/s: saves 180 ms: fp16.
+    assert run_aware(aware(), [3_000])[0] == 0
+    assert run_aware(aware(), [1_000])[0] == 1
+    # The step-time law kept fp32 while fp16 was within its 10% (the 100 Mbit/s digits-cnn case).
+    small = dict(payload_bytes=153_000, compute_s=0.1)
+    lk = link(100)  # 153 kB at 100 Mbit/s: P_fp32 = 132 ms, fp16 127 ms (4% faster), top-k 122 ms
+    assert make_policy("netsense", LADDER_Q, progress_aware=False).choose(link=lk, step=0, **small).level == 0  # type: ignore[arg-type]
+    assert aware().choose(link=lk, step=0, **small).level == 1  # type: ignore[arg-type]
+
+
+def test_measured_progress_moves_the_choice() -> None:
+    """Priors are worst-case bounds; a measurement replaces a level's prior, later ones are EWMA'd."""
+    ladder = Ladder.parse("fp32,fp16,qsgd:4,topk:0.01+fp16")
+    p = make_policy("netsense", ladder, k=2)
+    assert isinstance(p, NetsensePolicy)
+    assert p.progress.values[2] < 0.5 and p.progress.values[3] == 0.01  # priors
+    before = p.choose(link=link(20, t=0.0), payload_bytes=S, compute_s=TC, step=0)
+    assert before.level == 1  # with worst-case priors nothing lossier than fp16 pays at 20 Mbit/s
+    p.observe_progress(level=2, progress=0.97)
+    p.observe_progress(level=3, progress=0.3)
+    assert p.progress.values[2] == 0.97 and p.progress.measured[2]
+    d = p.choose(link=link(20, t=1.0), payload_bytes=S, compute_s=TC, step=1)
+    assert d.level == 2 and d.reason.startswith("heavier") and d.progress == 0.97  # 4-bit, not top-k
+    d = p.choose(link=link(5, t=2.0), payload_bytes=S, compute_s=TC, step=2)
+    assert d.level == 3 and d.progress == 0.3  # at 5 Mbit/s top-k's 4x shorter step pays for q = 0.3
+    p.observe_progress(level=3, progress=0.01)  # EWMA: 0.3 * 0.01 + 0.7 * 0.3
+    assert p.progress.values[3] == pytest.approx(0.213)
+    for _ in range(8):
+        p.observe_progress(level=3, progress=0.01)
+    levels = [p.choose(link=link(5, t=3.0 + s), payload_bytes=S, compute_s=TC, step=3 + s).level for s in range(4)]
+    assert levels[0] == 3 and levels[-1] == 2  # top-k measured poor: back to 4-bit after k steps of headroom
+    assert p.progress_candidates(10) == [1, 2, 3] and p.progress_candidates(11) == []
+    assert aware(progress_every=0).progress_candidates(0) == []
+    assert aware(progress_aware=False).progress_candidates(0) == []
+
+
+def test_progress_settings_validated() -> None:
+    for bad in ({"tie_eps": -1}, {"progress_alpha": 0}, {"progress_floor": 0}, {"progress_every": -1}, {"progress_tol": 1}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            aware(**bad)

@@ -1,0 +1,69 @@
+"""Progress efficiency q: codec priors, measurement on tensors, the per-level EWMA, error feedback's sums."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from netsense.compression import ErrorFeedback, Ladder, make_codec
+from netsense.compression.progress import ProgressEstimate, measure_progress, progress_from_error
+
+
+def test_priors_are_conservative_bounds() -> None:
+    ladder = Ladder.parse("fp32,fp16,bf16,qsgd:8,qsgd:4,topk:0.1+fp16,topk:0.01+fp16,randk:0.01+fp16")
+    q = {lv.spec: lv.progress for lv in ladder}
+    assert q["fp32"] == 1.0 and q["fp16"] > 0.999999 and q["bf16"] > 0.9999
+    assert q["qsgd:8"] == pytest.approx(1 / (1 + 512 / 255**2)) and q["qsgd:4"] == pytest.approx(1 / (1 + 512 / 15**2))
+    assert q["topk:0.1+fp16"] == 0.1 and q["topk:0.01+fp16"] == 0.01 and q["randk:0.01+fp16"] == 0.01
+    gen = torch.Generator().manual_seed(0)
+    x = [torch.randn(50_000, generator=gen), torch.randn(200, 300, generator=gen)]
+    for lv in ladder:  # measured on a random tensor, every prior is a lower bound (rand-k's in expectation)
+        measured = measure_progress(make_codec(lv.spec), x)
+        slack = 0.1 * lv.progress if lv.spec.startswith("randk") else 1e-6
+        assert measured is not None and measured >= lv.progress - slack, lv.spec
+
+
+def test_measure_progress_top_k_keeps_the_energy_share_of_its_entries() -> None:
+    x = torch.zeros(10_000)
+    x[:100] = 10.0  # 1% of the entries hold 10_000 of 10_000 + 0.01 * 9_900 energy
+    x[100:] = 0.1
+    q = measure_progress(make_codec("topk:0.01"), [x])
+    assert q == pytest.approx(10_000 / (10_000 + 0.01 * 9_900))
+    assert measure_progress(make_codec("topk:0.01"), [torch.zeros(10)]) is None
+    assert progress_from_error(4.0, 1.0, unbiased=False) == 0.75
+    assert progress_from_error(4.0, 1.0, unbiased=True) == 0.8
+    assert progress_from_error(1.0, 4.0, unbiased=False) == 0.0
+
+
+def test_measure_progress_subsamples_large_tensors() -> None:
+    gen = torch.Generator().manual_seed(1)
+    big = torch.randn(4_000_000, generator=gen)
+    whole = measure_progress(make_codec("topk:0.01"), [big], max_numel=big.numel())
+    sampled = measure_progress(make_codec("topk:0.01"), [big], max_numel=1 << 16)
+    assert whole is not None and sampled is not None and sampled == pytest.approx(whole, rel=0.15)
+    matrix = measure_progress(make_codec("topk:0.01"), [torch.randn(4000, 1000, generator=gen)], max_numel=1 << 16)
+    assert matrix is not None and matrix == pytest.approx(whole, rel=0.15)
+
+
+def test_progress_estimate_first_measurement_replaces_the_prior() -> None:
+    est = ProgressEstimate(Ladder.parse("fp32,topk:0.01+fp16"), alpha=0.5, floor=0.02)
+    assert est.values == [1.0, 0.02] and est.measured == [True, False]  # prior 0.01 raised to the floor
+    est.update(1, 0.4)
+    assert est[1] == 0.4 and est.measured[1]
+    est.update(1, 0.2)
+    assert est[1] == pytest.approx(0.3)
+    est.update(1, 5.0)
+    assert est[1] == pytest.approx(0.65)  # clamped to 1 before averaging
+
+
+def test_error_feedback_reports_the_share_it_sent() -> None:
+    ef = ErrorFeedback()
+    codec = make_codec("topk:0.25")  # one entry of four, one of two
+    ef.compress("a", torch.tensor([4.0, 3.0, 0.0, 0.0]), codec)
+    ef.compress("b", torch.tensor([1.0, 0.0]), codec)
+    assert ef.pop_progress() == pytest.approx(1 - 9 / 26)  # energy 25 + 1, residual 9 (the 3.0)
+    assert ef.pop_progress() is None  # sums were reset
+    ef.compress("a", torch.tensor([0.0, 0.0, 0.0, 1.0]), codec)  # v = [0, 3, 0, 1]: 3 sent, 1 kept
+    assert ef.pop_progress() == pytest.approx(1 - 1 / 10)
+    ef.compress("a", torch.ones(4), make_codec("fp32"))  # lossless: flushes, adds nothing to the sums
+    assert ef.pop_progress() is None
