@@ -33,6 +33,12 @@ slides with sample time, and a push is one burst after a compute gap, so each pu
 afresh and a rate drop shows at the next step (with 2 s it took 2-3 steps of ~1 s to show)."""
 
 
+STARTUP_STEPS = 1
+"""Pushes not fed back to the policy as bandwidth samples: the first one runs in slow start right
+after the handshake (its rate says little about the path, and it would seed the estimate low, as
+the masked link value of `read_link` would have)."""
+
+
 def build_policy(policy: str | Policy, ladder: str | Ladder | None, settings: dict[str, Any] | None = None) -> Policy:
     """A policy from a spec (``"netsense"``, ``"fixed:qsgd:4"``) over `ladder` (spec string or
     object; None: `DEFAULT_LADDER`), or `policy` itself when it is already built."""
@@ -125,7 +131,8 @@ class UplinkController:
             return None
         decision, link = self._pending
         self._pending = None
-        self.policy.observe(step=decision.step, level=decision.level, bytes_sent=bytes_sent, comm_s=comm_s)
+        if self._step >= STARTUP_STEPS:
+            self.policy.observe(step=decision.step, level=decision.level, bytes_sent=bytes_sent, comm_s=comm_s)
         self.levels[decision.spec] = self.levels.get(decision.spec, 0) + 1
         self._step += 1
         self._last_end = time.perf_counter()
