@@ -59,6 +59,8 @@ class Decision:
     """Spec of the policy that decided, e.g. ``"netsense"``."""
     progress: float | None = None
     """Progress efficiency q of the chosen level the decision assumed (netsense), else None."""
+    progress_levels: tuple[float, ...] | None = None
+    """q of every ladder level at decision time (netsense), else None."""
 
     def to_record(
         self, link: LinkState, *, bytes_sent: int | None = None, comm_s: float | None = None
@@ -84,6 +86,7 @@ class Decision:
             "comm_s": comm_s,
             "bw_used_Bps": self.bandwidth_Bps,
             "progress": self.progress,
+            "progress_levels": None if self.progress_levels is None else [round(q, 4) for q in self.progress_levels],
             "bw_Bps": link.bandwidth_Bps,
             "min_rtt_s": link.min_rtt_s,
             "srtt_s": link.srtt_s,
@@ -184,6 +187,7 @@ class Policy(ABC):
         overlap: bool,
         step: int,
         progress: float | None = None,
+        progress_levels: tuple[float, ...] | None = None,
     ) -> Decision:
         comm = step_s = None
         if bandwidth_Bps is not None and bandwidth_Bps > 0:
@@ -210,6 +214,7 @@ class Policy(ABC):
             bandwidth_Bps=bandwidth_Bps,
             policy=self.name,
             progress=progress,
+            progress_levels=progress_levels,
         )
 
 
@@ -711,6 +716,7 @@ class NetsensePolicy(Policy):
                 overlap=overlap,
                 step=step,
                 progress=self._q(index),
+                progress_levels=tuple(self.progress.values),
             )
 
         if bw is None:

@@ -601,6 +601,9 @@ def test_measured_progress_moves_the_choice() -> None:
         p.observe_progress(level=3, progress=0.01)
     levels = [p.choose(link=link(5, t=3.0 + s), payload_bytes=S, compute_s=TC, step=3 + s).level for s in range(4)]
     assert levels[0] == 3 and levels[-1] == 2  # top-k measured poor: back to 4-bit after k steps of headroom
+    rec = d.to_record(link(5), bytes_sent=1, comm_s=0.1)
+    assert rec["progress"] == 0.3 and rec["progress_levels"] == [1.0, 1.0, 0.97, 0.3]
+    json.dumps(rec, allow_nan=False)
     assert p.progress_candidates(10) == [1, 2, 3] and p.progress_candidates(11) == []
     assert aware(progress_every=0).progress_candidates(0) == []
     assert aware(progress_aware=False).progress_candidates(0) == []
