@@ -13,6 +13,7 @@ import random
 import socket
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from netsense.transport.wire import Params
 from .client import Identity, PSClient
 from .layout import DEFAULT_CHUNK_ELEMS, KeySlot, key_layout
 from .netthread import NetThread
+from .overlap import BackwardPushes, slots_by_param
 from .uplink import UplinkController, build_policy
 
 log = logging.getLogger(__name__)
@@ -84,6 +86,8 @@ class StepStats:
     bytes_up: int = 0
     bytes_down: int = 0
     codec: str = ""
+    early_buckets: int = 0
+    """Overlap: buckets pushed from gradient hooks during backward, before `step()` was called."""
     staleness: int = 0
     """Async PS (SSP): updates applied between the version this step's gradient was computed on
     and its own update (the largest over shards); always 0 against a synchronous PS."""
@@ -97,6 +101,11 @@ class NetSenseOptimizer:
     pushes to and pulls from every shard in parallel. The PS holds the optimizer (``optimizer`` settings are sent by rank 0 at start); this object
     only moves gradients up and parameters down. Rank 0's initial parameters win: other ranks
     are overwritten with them at construction.
+
+    ``overlap=True`` pushes keys from gradient hooks during backward (`worker/overlap.py`); pushes
+    need the batch's sample count, which is the last `step()`'s unless ``zero_grad(samples=n)``
+    says otherwise (the first step without it is not overlapped). One backward per step: the
+    hooks would push the first of several accumulated backwards.
     """
 
     def __init__(
@@ -115,6 +124,7 @@ class NetSenseOptimizer:
         ladder: str | None = None,
         decision_log: str | os.PathLike[str] | None = None,
         policy_settings: dict[str, object] | None = None,
+        overlap: bool = False,
     ) -> None:
         self.model = model
         self.slots: list[KeySlot] = key_layout(model, chunk_elems)
@@ -174,11 +184,23 @@ class NetSenseOptimizer:
         except BaseException:
             self._net.close()
             raise
+        self.overlap = overlap
+        """Push keys from gradient hooks during backward (see `worker/overlap.py`)."""
+        self._backward: BackwardPushes | None = None
+        self._next_samples: int | None = None
+        self._param_slots = slots_by_param(self.slots)
+        self._hooks = (
+            [s.param.register_post_accumulate_grad_hook(self._grad_ready) for s in self.slots if s.start == 0] if overlap else []
+        )
 
     # --- public ----------------------------------------------------------------------------
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
+    def zero_grad(self, set_to_none: bool = True, *, samples: int | None = None) -> None:
+        """Clear the gradients; with overlap, `samples` is the coming batch's size (default: the
+        last step's), which the pushes sent during backward carry."""
         self.model.zero_grad(set_to_none=set_to_none)
+        if samples is not None:
+            self._next_samples = samples
 
     @torch.no_grad()
     def step(self, samples: int = 1, codec: str | None = None) -> StepStats:
@@ -186,21 +208,42 @@ class NetSenseOptimizer:
 
         The codec is `codec` when given, else the uplink policy's choice for this step."""
         t0 = time.perf_counter()
-        decision = None
-        if codec is None:
-            decision = self.uplink.choose(self._net.run(self._read_link()), started=t0)
-        spec = codec or (decision.spec if decision is not None else self.codec_spec)
+        early, self._backward = self._backward, None  # overlap: what the gradient hooks already did
+        if early is not None:
+            if codec is not None and codec != early.spec:
+                raise ConfigError(f"step(codec={codec!r}) with overlap=True: the hooks already encoded with {early.spec!r}")
+            if early.samples is not None and early.samples != samples:
+                raise ConfigError(
+                    f"step(samples={samples}) but the pushes sent during backward carry {early.samples}: "
+                    "with overlap=True call zero_grad(samples=n) before backward when the batch size changes"
+                )
+            decision, spec = early.decision, early.spec
+        else:
+            decision = None
+            if codec is None:
+                decision = self.uplink.choose(self._net.run(self._read_link()), started=t0)
+            spec = codec or (decision.spec if decision is not None else self.codec_spec)
+        self._next_samples = samples
         stats = StepStats(codec=spec)
-        payloads: dict[str, Payload] = {}
+        payloads: dict[str, Payload] = dict(early.payloads) if early is not None else {}
         for slot in self.slots:
+            if slot.key in payloads:
+                continue
             grad = slot.param.grad
             g = slot.view(grad) if grad is not None else torch.zeros(slot.shape, dtype=slot.param.dtype)
             payloads[slot.key] = self._encode(slot.key, g, self._codec_for(slot.key, spec))
-        buckets = [
-            _buckets({s.key: payloads[s.key] for s in slots}, self.bucket_bytes) for slots in self.shard_slots
-        ]
+        if early is None:
+            buckets = [_buckets({s.key: payloads[s.key] for s in slots}, self.bucket_bytes) for slots in self.shard_slots]
+        else:  # the pushed buckets first (their futures pair with them), then the rest
+            sent = {k for shard in early.sent for b in shard for k in b}
+            buckets = [
+                early.sent[i] + _buckets({s.key: payloads[s.key] for s in slots if s.key not in sent}, self.bucket_bytes)
+                for i, slots in enumerate(self.shard_slots)
+            ]
         t1 = time.perf_counter()
-        exchange = self._net.submit(self._exchange(buckets, samples))
+        exchange = self._net.submit(
+            self._exchange(buckets, samples, early.futures if early else None, early.push_started if early else None)
+        )
         if decision is not None:
             self._track_progress(decision.level, spec)  # while the push is on the wire
         params = exchange.result()
@@ -210,7 +253,8 @@ class NetSenseOptimizer:
             self._apply(p, shard)
         t3 = time.perf_counter()
         stats.version, stats.staleness = self.version, max(self._staleness)
-        stats.encode_s, stats.wire_s = t1 - t0, t2 - t1
+        stats.early_buckets = sum(len(f) for f in early.futures) if early is not None else 0
+        stats.encode_s, stats.wire_s = t1 - t0 + (early.encode_s if early else 0.0), t2 - t1
         stats.compute_s = t0 - self._step_end if self._step_end is not None else 0.0
         stats.push_s, stats.wait_s = self._push_s, max(0.0, stats.wire_s - self._push_s)
         stats.decode_s, stats.apply_s = self._decode_s, max(0.0, t3 - t2 - self._decode_s)
@@ -238,6 +282,8 @@ class NetSenseOptimizer:
         async def close_all() -> None:
             await asyncio.gather(*(c.close() for c in self.clients))
 
+        for hook in self._hooks:
+            hook.remove()
         try:
             self._net.run(close_all(), timeout=10)
         finally:
@@ -282,6 +328,31 @@ class NetSenseOptimizer:
     def _codec(self, spec: str) -> Codec:
         return make_codec(spec)
 
+    @torch.no_grad()
+    def _grad_ready(self, param: torch.Tensor) -> None:
+        """Overlap: a parameter's gradient is final for this backward; encode its keys, push full buckets."""
+        early = self._backward
+        if early is None:
+            t = time.perf_counter()
+            decision = self.uplink.choose(self._net.run(self._read_link()), started=t)
+            early = self._backward = BackwardPushes(
+                [len(s) for s in self.shard_slots],
+                self.bucket_bytes,
+                decision.spec if decision is not None else self.codec_spec,
+                decision,
+                self._next_samples,
+                self._push_early,
+            )
+        t = time.perf_counter()
+        for slot in self._param_slots[id(param)]:
+            early.add(self.owner[slot.key], slot.key, self._encode(slot.key, slot.view(param.grad), self._codec_for(slot.key, early.spec)))
+        early.encode_s += time.perf_counter() - t
+
+    def _push_early(self, shard: int, bucket: dict[str, Payload]) -> Future[int]:
+        assert self._backward is not None and self._backward.samples is not None
+        step, keys = self.versions[shard], len(self.shard_slots[shard])
+        return self._net.submit(self.clients[shard].push(step, self._backward.samples, keys, bucket))
+
     def _codec_for(self, key: str, spec: str) -> Codec:
         """Per-key encoder instances: stateful codecs (warm starts) keep state per key."""
         codec = self._codecs.get(f"{key}|{spec}")
@@ -316,22 +387,34 @@ class NetSenseOptimizer:
         shares = [sum(s.numel for s in slots) / total for slots in self.shard_slots]
         return self.uplink.read_shards([c.conn.quic for c in self.clients], shares)  # type: ignore[union-attr]
 
-    async def _exchange(self, buckets: list[list[dict[str, Payload]]], samples: int) -> list[Params]:
-        """One step's push + pull on every shard at once (`buckets` per shard)."""
+    async def _exchange(
+        self,
+        buckets: list[list[dict[str, Payload]]],
+        samples: int,
+        inflight: list[list[Future[int]]] | None = None,
+        started: float | None = None,
+    ) -> list[Params]:
+        """One step's push + pull on every shard at once (`buckets` per shard); with overlap, the
+        first buckets of a shard are already on their way (`inflight`, pushed since `started`)."""
         self._push_times = [0.0] * len(self.clients)
         self._staleness = [0] * len(self.clients)
-        params = await asyncio.gather(*(self._exchange_shard(i, b, samples) for i, b in enumerate(buckets)))
+        params = await asyncio.gather(
+            *(self._exchange_shard(i, b, samples, inflight[i] if inflight else [], started) for i, b in enumerate(buckets))
+        )
         self._push_s = max(self._push_times)  # the slowest shard's push bounds the step
         return list(params)
 
-    async def _exchange_shard(self, shard: int, buckets: list[dict[str, Payload]], samples: int) -> Params:
+    async def _exchange_shard(
+        self, shard: int, buckets: list[dict[str, Payload]], samples: int, inflight: list[Future[int]], started: float | None
+    ) -> Params:
         """Push + pull on one shard; if its connection drops, reconnect and retry or resync."""
         while True:
             step = self.versions[shard]
             try:
-                return await self._exchange_once(shard, buckets, samples)
+                return await self._exchange_once(shard, buckets, samples, inflight, started)
             except PeerTimeout as exc:
                 params = await self._reconnect(exc, shard)
+            inflight, started = [], None  # a retry pushes every bucket again
             if params.version != step:
                 # The PS moved on, or went back to a checkpoint: follow its version, drop this step.
                 log.warning("after reconnecting shard %d is at version %d (step was %d); resynced", shard, params.version, step)
@@ -365,10 +448,18 @@ class NetSenseOptimizer:
             log.warning("reconnected to the PS after %.2f s (%d attempts), version %d", time.monotonic() - started, attempt, params.version)
             return params
 
-    async def _exchange_once(self, shard: int, buckets: list[dict[str, Payload]], samples: int) -> Params:
+    async def _exchange_once(
+        self,
+        shard: int,
+        buckets: list[dict[str, Payload]],
+        samples: int,
+        inflight: Sequence[Future[int]] = (),
+        started: float | None = None,
+    ) -> Params:
         step, client, keys = self.versions[shard], self.clients[shard], len(self.shard_slots[shard])
-        started = time.perf_counter()
-        pushes = [asyncio.ensure_future(client.push(step, samples, keys, b)) for b in buckets]
+        started = started if inflight and started is not None else time.perf_counter()
+        pushes = [asyncio.wrap_future(f) for f in inflight]
+        pushes += [asyncio.ensure_future(client.push(step, samples, keys, b)) for b in buckets[len(inflight) :]]
         # An async PS (SSP) applies our push on its own and answers a pull with the full parameters
         # at whatever version is current; we pull only once the pushes are in, so the PS has counted
         # this step before it decides whether we may start the next (one more RTT than sync mode).

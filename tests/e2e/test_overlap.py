@@ -1,0 +1,97 @@
+"""Overlap (pushes from gradient hooks during backward) trains exactly like the plain sync step."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from netsense.worker.optimizer import NetSenseOptimizer
+
+from ..conftest import RunningPS, start_ps, stop_ps
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 * step + rank)
+    n = 4 + rank  # unequal batch sizes: the early pushes must carry the right sample count
+    return torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+@pytest.fixture(params=[1, 2], ids=["one-ps", "two-shards"])
+def servers(request, certs) -> Iterator[list[RunningPS]]:  # type: ignore[no-untyped-def]
+    running = [start_ps(certs) for _ in range(request.param)]
+    yield running
+    for ps in running:
+        stop_ps(ps)
+
+
+@pytest.mark.parametrize("hint", [False, True], ids=["samples-from-last-step", "zero-grad-samples"])
+def test_overlap_matches_single_process(servers: list[RunningPS], hint: bool) -> None:
+    steps, optimizer = 6, {"name": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 1e-3}
+    models = [_model(), _model()]
+    opts: list[NetSenseOptimizer | None] = [None, None]
+    errors: list[BaseException] = []
+    early: list[int] = []
+
+    def work(rank: int) -> None:
+        try:
+            opt = opts[rank] = NetSenseOptimizer(
+                models[rank], connect=[ps.connect_settings() for ps in servers], rank=rank, world_size=2,
+                worker_id=f"w{rank}", optimizer=optimizer, bucket_bytes=256, overlap=True,
+            )  # fmt: skip
+            for step in range(steps):
+                x, y = _batch(step, rank)
+                opt.zero_grad(samples=len(x) if hint else None)
+                torch.nn.functional.cross_entropy(models[rank](x), y).backward()
+                early.append(opt.step(samples=len(x)).early_buckets)
+        except BaseException as exc:  # surfaced in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for o in opts:
+        if o is not None:
+            o.close()
+    assert not errors, errors
+    # Without a hint the first step does not know its sample count and pushes after backward.
+    assert all(n > 0 for n in early[(0 if hint else 2) :]) and (hint or early[:2] == [0, 0])
+
+    ref = _model()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    for step in range(steps):
+        (x0, y0), (x1, y1) = _batch(step, 0), _batch(step, 1)
+        ref_opt.zero_grad()
+        torch.nn.functional.cross_entropy(ref(torch.cat([x0, x1])), torch.cat([y0, y1])).backward()
+        ref_opt.step()
+    params = {k: v for ps in servers for k, v in ps.server.store.params.items()}
+    assert all(ps.server.store.version == steps for ps in servers)
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(params[name], p.detach(), rtol=1e-5, atol=1e-6)
+    for m in models:  # every replica equals the PS after the last pull
+        for name, p in m.named_parameters():
+            assert torch.equal(p.detach(), params[name])
+
+
+def test_a_changed_batch_size_without_a_hint_is_refused(servers: list[RunningPS]) -> None:
+    from netsense.errors import ConfigError
+
+    model = _model()
+    with NetSenseOptimizer(model, connect=[ps.connect_settings() for ps in servers], overlap=True, bucket_bytes=1 << 20) as opt:
+        for n in (4, 4):
+            opt.zero_grad()
+            model(torch.randn(n, 6)).sum().backward()
+            opt.step(samples=n)
+        opt.zero_grad()
+        model(torch.randn(3, 6)).sum().backward()
+        with pytest.raises(ConfigError, match="zero_grad\\(samples=n\\)"):
+            opt.step(samples=3)

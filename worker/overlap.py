@@ -1,0 +1,92 @@
+"""Overlap of the push with backward (DESIGN.md §2): gradient hooks encode each key as soon as
+its gradient is final and push full buckets while earlier layers are still computing.
+
+`NetSenseOptimizer(overlap=True)` registers `Tensor.register_post_accumulate_grad_hook` on every
+parameter; backward fires them roughly in reverse layer order. One `BackwardPushes` collects one
+backward's keys per shard; a bucket goes out (on the network thread, via the `push` callback) once
+it holds `bucket_bytes`, or once its shard has every key. `step()` then encodes what no hook saw
+(parameters without a gradient), pushes the rest and waits for the pushes in flight and the pull.
+What reaches the PS is the same keys, values and sample count as without overlap, so training is
+identical (tested); only the bucket boundaries and the time of sending differ.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from netsense.compression import Payload
+
+from .layout import KeySlot
+
+PushFn = Callable[[int, dict[str, Payload]], "Future[Any]"]
+"""push(shard, bucket) -> a future of the PUSH, scheduled on the network thread."""
+
+
+@dataclass
+class BackwardPushes:
+    """The keys one backward pass has encoded (and, when the sample count is known, pushed)."""
+
+    shard_keys: list[int]
+    """Keys each shard owns (a shard's last bucket goes out when all are encoded)."""
+    bucket_bytes: int
+    """Push a shard's bucket once it holds this many encoded bytes."""
+    spec: str
+    """Codec of this step (the policy chose it at the first hook)."""
+    decision: Any
+    """The policy's `Decision`, or None for a fixed codec."""
+    samples: int | None
+    """Sample count the pushes carry; None: not known before `step()`, so nothing is pushed early."""
+    push: PushFn
+    """Sends one bucket of one shard; returns its future."""
+    encode_s: float = 0.0
+    """Time spent encoding inside the hooks."""
+    push_started: float | None = None
+    """`perf_counter()` of the first early push."""
+    payloads: dict[str, Payload] = field(default_factory=dict)
+    """Every key encoded so far."""
+    sent: list[list[dict[str, Payload]]] = field(default_factory=list)
+    """Per shard: buckets already pushed, in order."""
+    futures: list[list[Future[Any]]] = field(default_factory=list)
+    """Per shard: the futures of `sent`."""
+    _open: list[dict[str, Payload]] = field(default_factory=list)
+    _open_bytes: list[int] = field(default_factory=list)
+    _encoded: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.shard_keys)
+        self.sent, self.futures = [[] for _ in range(n)], [[] for _ in range(n)]
+        self._open, self._open_bytes, self._encoded = [{} for _ in range(n)], [0] * n, [0] * n
+
+    def add(self, shard: int, key: str, payload: Payload) -> None:
+        """One key of `shard` is encoded; push its bucket if full or if the shard is complete."""
+        self.payloads[key] = payload
+        self._open[shard][key] = payload
+        self._open_bytes[shard] += payload.wire_size
+        self._encoded[shard] += 1
+        if self._open_bytes[shard] >= self.bucket_bytes or self._encoded[shard] == self.shard_keys[shard]:
+            self._flush(shard)
+
+    def unsent(self, shard: int) -> dict[str, Payload]:
+        """Keys of `shard` encoded but not pushed yet (`step()` pushes them)."""
+        return self._open[shard]
+
+    def _flush(self, shard: int) -> None:
+        if self.samples is None or not self._open[shard]:
+            return  # the sample count comes with `step()`: these keys wait for it
+        bucket, self._open[shard], self._open_bytes[shard] = self._open[shard], {}, 0
+        if self.push_started is None:
+            self.push_started = time.perf_counter()
+        self.sent[shard].append(bucket)
+        self.futures[shard].append(self.push(shard, bucket))
+
+
+def slots_by_param(slots: list[KeySlot]) -> dict[int, list[KeySlot]]:
+    """id(parameter) -> its keys (one, or the chunks of a large tensor)."""
+    out: dict[int, list[KeySlot]] = {}
+    for s in slots:
+        out.setdefault(id(s.param), []).append(s)
+    return out
