@@ -40,6 +40,10 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-every", type=int, help="rank 0 evaluates every N steps")
     p.add_argument("--lr", type=float, help="PS optimizer learning rate")
     p.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], help="PS optimizer")
+    p.add_argument(
+        "--overlap", action="store_true", default=None,
+        help="push each key from a gradient hook during backward, overlapping the push with compute",
+    )  # fmt: skip
 
 
 def add_policy_flags(p: argparse.ArgumentParser) -> None:
@@ -86,6 +90,7 @@ def resolve_config(args: argparse.Namespace) -> JobConfig:
         train__policy=a.get("policy"),
         train__ladder=a.get("ladder"),
         train__decision_log=a.get("decision_log"),
+        train__overlap=a.get("overlap"),
         server__policy=a.get("downlink_policy"),
         server__ladder=a.get("ladder"),
         train__eval_every=a.get("eval_every"),

@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         policy=config.train.policy,
         ladder=config.train.ladder,
         decision_log=config.train.decision_log,
+        overlap=config.train.overlap,
     ) as opt:
         metrics = MetricsServer(WorkerCollector(opt), args.metrics_port) if args.metrics_port is not None else None
         if metrics is not None:

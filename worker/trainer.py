@@ -45,6 +45,8 @@ class TrainSettings:
     """Comma-separated codec specs the policy picks from, least lossy first (None: DEFAULT_LADDER)."""
     decision_log: str | None = None
     """JSONL file for one decision record per step (None: no log)."""
+    overlap: bool = False
+    """Push keys from gradient hooks during backward, so the push overlaps compute (same result)."""
 
 
 def global_batch(step: int, *, seed: int, n: int, size: int) -> torch.Tensor:
@@ -106,7 +108,7 @@ def train(
         idx = worker_batch(step, rank=rank, world_size=world_size, batch_size=b, seed=settings.seed, n=n)
         out = model(task.train_inputs[idx])
         loss = task.loss(out, task.train_targets[idx])
-        opt.zero_grad()
+        opt.zero_grad(samples=len(idx))  # with overlap, the pushes sent during backward carry it
         loss.backward()
         stats = opt.step(samples=len(idx))
         loss_value = loss.item()

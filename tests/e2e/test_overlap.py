@@ -95,3 +95,12 @@ def test_a_changed_batch_size_without_a_hint_is_refused(servers: list[RunningPS]
         model(torch.randn(3, 6)).sum().backward()
         with pytest.raises(ConfigError, match="zero_grad\\(samples=n\\)"):
             opt.step(samples=3)
+
+
+@pytest.mark.parametrize("command", ["worker", "launch"])
+def test_overlap_flag_reaches_the_train_settings(command: str) -> None:
+    from netsense.cli import build_parser
+    from netsense.cliargs import resolve_config
+
+    assert resolve_config(build_parser().parse_args([command])).train.overlap is False
+    assert resolve_config(build_parser().parse_args([command, "--overlap"])).train.overlap is True
