@@ -585,6 +585,9 @@ class BandwidthEstimate:
         self._app: deque[tuple[float, bool]] = deque(maxlen=app_window)  # (bytes/s, app-limited)
         self._fresh_app = False
         self._fresh_bounds: list[float] = []  # app-limited rates since the last update: lower bounds
+        self.lower_bound_Bps: float | None = None
+        """Max of the recent app-limited evidence (the last `app_window` application samples and the
+        link's app-limited value at the last update): the path carries at least this much."""
 
     @property
     def last_sample_app_limited(self) -> bool:
@@ -624,6 +627,8 @@ class BandwidthEstimate:
             self.value_Bps = max([self.value_Bps, *bounds])
         self._fresh_app = False
         self._fresh_bounds = []
+        limited = [r for r, lim in self._app if lim] + ([link_bw] if link_bw is not None and link.app_limited else [])
+        self.lower_bound_Bps = max(limited, default=None)
         return self.value_Bps
 
 
@@ -719,17 +724,26 @@ class NetsensePolicy(Policy):
                 progress_levels=tuple(self.progress.values),
             )
 
-        if bw is None:
+        bound = self.bandwidth.lower_bound_Bps if bw is None and s.progress_aware else None
+        if bw is None and bound is None:
             if self.level is None:
                 self.level = s.safe_level
             return emit(self.level, "unknown-bandwidth")
+        if bw is None:
+            bw = bound  # `emit` reports it as the bandwidth used
+        assert bw is not None
         rtt = link.min_rtt_s or 0.0
         preds = [
             predict(lv, payload_bytes=payload_bytes, bandwidth_Bps=bw, min_rtt_s=rtt, compute_s=compute_s,
                     overlap=overlap).step_s
             for lv in self.ladder
         ]
-        reason = self._step_law(preds)
+        if bound is not None:
+            # Only a lower bound is known (every send so far was app-limited: small, latency-bound):
+            # it overstates comm time, so it may choose only among levels that lose no measurable
+            # progress (fp32, fp16, and 8-bit once measured): the worst it costs is a cast.
+            preds = [p if self._q(i) >= 1 - s.progress_tol else math.inf for i, p in enumerate(preds)]
+        reason = self._step_law(preds) + (" (lower bound B)" if bound is not None else "")
         index = self.level
         assert index is not None
         if self._decisions <= s.warmup_steps and index > s.warmup_level:

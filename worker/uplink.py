@@ -34,9 +34,10 @@ afresh and a rate drop shows at the next step (with 2 s it took 2-3 steps of ~1 
 
 
 STARTUP_STEPS = 1
-"""Pushes not fed back to the policy as bandwidth samples: the first one runs in slow start right
-after the handshake (its rate says little about the path, and it would seed the estimate low, as
-the masked link value of `read_link` would have)."""
+"""Pushes that are not bandwidth evidence: the first one runs in slow start right after the
+handshake, so it is not fed back to the policy, and the link's own estimate stays masked for the
+next decision too (its window still holds that push: 4.6 Mbit/s was seen on an idle loopback,
+which sent one worker to top-k for 5 steps)."""
 
 
 def build_policy(policy: str | Policy, ladder: str | Ladder | None, settings: dict[str, Any] | None = None) -> Policy:
@@ -84,7 +85,7 @@ class UplinkController:
         # Until the connection has carried one dense payload, its samples come from handshake-sized
         # bursts (seen: 70 kB/s on loopback); until one step is timed there is no compute time to
         # weigh communication against. Either way the policy gets "bandwidth unknown" (safe level).
-        if signal.delivered_bytes < self.payload_bytes or self._last_end is None:
+        if signal.delivered_bytes < self.payload_bytes or self._last_end is None or self._step <= STARTUP_STEPS:
             link = replace(link, bandwidth_Bps=None)
         return link
 
@@ -104,7 +105,12 @@ class UplinkController:
             signal = cached[1].read()
             link = signal.to_link_state()
             share = max(share, 1e-9)
-            if link.bandwidth_Bps is None or signal.delivered_bytes < share * self.payload_bytes or self._last_end is None:
+            if (
+                link.bandwidth_Bps is None
+                or signal.delivered_bytes < share * self.payload_bytes
+                or self._last_end is None
+                or self._step <= STARTUP_STEPS
+            ):
                 return replace(link, bandwidth_Bps=None)
             link = replace(link, bandwidth_Bps=link.bandwidth_Bps / share)
             if best is None or link.bandwidth_Bps < best.bandwidth_Bps:  # type: ignore[operator]

@@ -613,3 +613,23 @@ def test_progress_settings_validated() -> None:
     for bad in ({"tie_eps": -1}, {"progress_alpha": 0}, {"progress_floor": 0}, {"progress_every": -1}, {"progress_tol": 1}):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             aware(**bad)
+
+
+def test_lower_bound_only_chooses_among_lossless_progress_levels() -> None:
+    """Every send app-limited (small, latency-bound: the PS's 150 kB updates at 100 Mbit/s), so the
+    bandwidth never becomes known: the lower bound may move it off fp32 to fp16, never to a level
+    that loses progress, however low the bound."""
+    for rate_mbit, expect in ((100, 1), (0.5, 1)):
+        p = aware(probe_interval=0, probe_interval_s=0)
+        levels = []
+        for step in range(10):
+            d = p.choose(link=link(None, t=step), payload_bytes=153_000, compute_s=0.05, step=step)
+            levels.append(d.level)
+            sent = d.predicted_bytes
+            p.observe(step=step, level=d.level, bytes_sent=sent, comm_s=RTT + sent / (rate_mbit * MBIT), app_limited=True)
+        assert levels[0] == 0 and set(levels[1:]) == {expect}, (rate_mbit, levels)
+        assert d.reason.endswith("(lower bound B)") and p.bandwidth.value_Bps is None
+    # The step-time law keeps §5's rule: no estimate, no move.
+    q = netsense()
+    q.observe(step=0, level=0, bytes_sent=153_000, comm_s=0.05, app_limited=True)
+    assert q.choose(link=link(None, t=1.0), payload_bytes=153_000, compute_s=0.05, step=1).reason == "unknown-bandwidth"
