@@ -125,6 +125,7 @@ class NetSenseOptimizer:
         decision_log: str | os.PathLike[str] | None = None,
         policy_settings: dict[str, object] | None = None,
         overlap: bool = False,
+        overlap_bucket_bytes: int = 1 << 20,
     ) -> None:
         self.model = model
         self.slots: list[KeySlot] = key_layout(model, chunk_elems)
@@ -186,6 +187,9 @@ class NetSenseOptimizer:
             raise
         self.overlap = overlap
         """Push keys from gradient hooks during backward (see `worker/overlap.py`)."""
+        self.overlap_bucket_bytes = overlap_bucket_bytes
+        """Bucket size of the pushes sent from hooks: smaller than `bucket_bytes`, so the first push
+        leaves early in backward (a 4 MiB bucket held the whole 4 MB test MLP until backward ended)."""
         self._backward: BackwardPushes | None = None
         self._next_samples: int | None = None
         self._param_slots = slots_by_param(self.slots)
@@ -337,7 +341,7 @@ class NetSenseOptimizer:
             decision = self.uplink.choose(self._net.run(self._read_link()), started=t)
             early = self._backward = BackwardPushes(
                 [len(s) for s in self.shard_slots],
-                self.bucket_bytes,
+                self.overlap_bucket_bytes,
                 decision.spec if decision is not None else self.codec_spec,
                 decision,
                 self._next_samples,
