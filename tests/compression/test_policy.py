@@ -604,7 +604,7 @@ def test_measured_progress_moves_the_choice() -> None:
     rec = d.to_record(link(5), bytes_sent=1, comm_s=0.1)
     assert rec["progress"] == 0.3 and rec["progress_levels"] == [1.0, 1.0, 0.97, 0.3]
     json.dumps(rec, allow_nan=False)
-    assert p.progress_candidates(10) == [1, 2, 3] and p.progress_candidates(11) == []
+    assert p.progress_candidates(50) == [1, 2, 3] and p.progress_candidates(10) == []
     assert aware(progress_every=0).progress_candidates(0) == []
     assert aware(progress_aware=False).progress_candidates(0) == []
 
