@@ -70,17 +70,21 @@ class WorkerCollector(Collector):
         yield breakdown
         yield _gauge("netsense_worker_staleness", "Async PS: staleness of the last step's gradient.", getattr(last, "staleness", 0))
         yield _gauge("netsense_worker_level", "Codec of the last step (label).", 1.0, {"codec": last.codec or "none"})
-        signal = getattr(opt, "last_signal", None)
-        if signal is not None:
-            for field, doc in (
-                ("bandwidth", "Bottleneck bandwidth estimate, bytes/s."),
-                ("min_rtt", "Minimum RTT, seconds."),
-                ("srtt", "Smoothed RTT, seconds."),
-                ("loss_rate", "Recent loss rate."),
-            ):
-                value = getattr(signal, field, None)
-                if value is not None:
-                    yield _gauge(f"netsense_worker_link_{field}", doc, float(value))
+        latest = getattr(getattr(opt, "uplink", None), "last", None)
+        if latest is None:
+            return
+        decision, link = latest
+        if decision.level is not None:
+            yield _gauge("netsense_worker_level_index", "Ladder index of the last uplink level (0 = lossless).", decision.level)
+        for name, value, doc in (
+            ("bandwidth_bytes_per_second", link.bandwidth_Bps, "Bottleneck bandwidth estimate of the PS path."),
+            ("min_rtt_seconds", link.min_rtt_s, "Minimum RTT of the PS path."),
+            ("srtt_seconds", link.srtt_s, "Smoothed RTT of the PS path."),
+            ("queue_delay_seconds", link.queue_delay_s, "Standing queue estimate: srtt - min RTT."),
+            ("loss_rate", link.loss_rate, "Recent fraction of packets lost."),
+        ):
+            if value is not None:
+                yield _gauge(f"netsense_worker_link_{name}", doc, float(value))
 
 
 class MetricsServer:

@@ -72,6 +72,8 @@ class UplinkController:
         self._last_end: float | None = None
         self._pending: tuple[Decision, LinkState] | None = None
         self._step = 0
+        self.last: tuple[Decision, LinkState] | None = None
+        """The latest decision and the link state it was taken on."""
         self.levels: dict[str, int] = {}
         """Steps sent at each codec spec (the level histogram)."""
         self._probe_codecs: dict[int, Codec] = {}  # own instances: stateful codecs keep their state
@@ -129,6 +131,7 @@ class UplinkController:
             link=link, payload_bytes=self.payload_bytes, compute_s=self.compute_s or 0.0, overlap=False, step=self._step
         )
         self._pending = (decision, link)
+        self.last = (decision, link)  # read by the metrics endpoint
         return decision
 
     def observe(self, *, bytes_sent: int, comm_s: float, **fields: Any) -> dict[str, Any] | None:
