@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "  netsense plot runs/20mbit",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("dir", metavar="DIR", help="folder holding results.json")
+    p.add_argument("dir", metavar="DIR", help="a bench folder (results.json) or a `netsense launch --run-dir` folder")
     p.set_defaults(func=run)
 
 
@@ -28,6 +28,13 @@ def run(args: argparse.Namespace) -> int:
     from netsense.results import markdown_table, validate_results
 
     path = Path(args.dir) / "results.json"
+    if not path.exists():
+        from netsense.plot_run import is_run_dir, plot_run
+
+        if is_run_dir(Path(args.dir)):  # a `netsense launch` run folder
+            for p in plot_run(args.dir):
+                print(p)
+            return 0
     try:
         results = json.loads(path.read_text())
     except OSError as exc:

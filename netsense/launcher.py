@@ -98,6 +98,9 @@ class Launcher:
             certs = ensure_certs(config.security.certs_dir, create=True)
             config = override(config, security__certs_dir=str(certs.ca.parent))
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "launch.json").write_text(
+            json.dumps({"link": self.link, "trace": self.trace, "workers": config.workers, "servers": config.servers})
+        )  # what `netsense plot RUN_DIR` needs to draw the link's true rate
         cfg_path = self.run_dir / "config.json"
         cfg_path.write_text(json.dumps(to_dict(override(config, server__host="127.0.0.1", server__port=0)), indent=2))
         try:
