@@ -6,6 +6,7 @@ Digits-CNN through the real CLI; each test is about a minute on two loaded cores
 from __future__ import annotations
 
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -33,8 +34,14 @@ def test_worker_sigkill_mid_step_then_restart_and_rejoin(certs, tmp_path: Path) 
     killed = time.monotonic()
     w0.next_event(_step(23), 60)  # the PS continues with the live worker
     continued_after = time.monotonic() - killed
-    w1b = start_worker(tmp_path, c, port, 1, 2, *train, name="w1-restarted")
-    first = w1b.next_event(lambda e: e.get("event") == "step", 120)
+    # Pause the survivor while the replacement starts: alone it could finish all STEPS before a
+    # new interpreter has imported torch, and the replacement would then have nothing to rejoin.
+    w0.p.send_signal(signal.SIGSTOP)
+    try:
+        w1b = start_worker(tmp_path, c, port, 1, 2, *train, name="w1-restarted")
+        first = w1b.next_event(lambda e: e.get("event") == "step", 120)
+    finally:
+        w0.p.send_signal(signal.SIGCONT)
     assert first["step"] > 21  # it pulled the current parameters and continued from the PS's version
     assert w0.wait(300) == 0 and w1b.wait(300) == 0, w0.log()[-2000:]
     stopped = stop_ps(ps)
