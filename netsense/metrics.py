@@ -65,7 +65,7 @@ class WorkerCollector(Collector):
         yield _counter("netsense_worker_bytes_up", "Bytes sent to the PS.", opt.bytes_up)
         yield _counter("netsense_worker_bytes_down", "Bytes received from the PS.", opt.bytes_down)
         breakdown = GaugeMetricFamily("netsense_worker_step_seconds", "Last step's time by phase.", labels=["phase"])
-        for phase in ("encode", "wire", "apply"):
+        for phase in ("compute", "encode", "push", "wait", "decode", "apply"):
             breakdown.add_metric([phase], getattr(last, f"{phase}_s", 0.0))
         yield breakdown
         yield _gauge("netsense_worker_staleness", "Async PS: staleness of the last step's gradient.", getattr(last, "staleness", 0))

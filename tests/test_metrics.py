@@ -39,7 +39,7 @@ def test_ps_and_worker_metrics(ps: RunningPS) -> None:
         assert w["netsense_worker_version"] == [({}, 3.0)]
         assert w["netsense_worker_bytes_up"][0][1] == opt.bytes_up > 0
         phases = {s[0]["phase"] for s in w["netsense_worker_step_seconds"]}
-        assert phases == {"encode", "wire", "apply"}
+        assert phases == {"compute", "encode", "push", "wait", "decode", "apply"}
         assert w["netsense_worker_level_index"] == [({}, 0.0)]  # fp32: the lossless level
         assert w["netsense_worker_link_min_rtt_seconds"][0][1] > 0
         assert "netsense_worker_link_queue_delay_seconds" in w and "netsense_worker_link_loss_rate" in w
