@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import math
 import random
 import signal
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from quic_certs import self_signed_files
 from netsense.transport.emulator import Bottleneck, LinkEmulator
 from netsense.transport.linkspec import LinkSpec, parse_link
 
@@ -355,38 +355,13 @@ async def test_close_releases_sockets_and_stats_need_start() -> None:
 # -- QUIC through the emulator ------------------------------------------------------------------
 
 
-def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return cert_path, key_path
 
 
 async def test_quic_transfer_through_emulator(tmp_path: Path) -> None:
     from aioquic.asyncio import connect, serve
     from aioquic.quic.configuration import QuicConfiguration
 
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed_files(tmp_path)
     server_config = QuicConfiguration(is_client=False, alpn_protocols=["netsense-test"])
     server_config.load_cert_chain(cert, key)
 

@@ -6,7 +6,6 @@ simulated clock): deterministic, no sockets. The estimator tests feed synthetic 
 
 from __future__ import annotations
 
-import datetime
 import ssl
 from types import SimpleNamespace
 
@@ -17,11 +16,9 @@ from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet_builder import QuicSentPacket
 from aioquic.quic.packet import QuicPacketType
 from aioquic.tls import Epoch
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
+from quic_certs import self_signed
 from netsense.errors import ConfigError
 from netsense.transport import quic_state
 from netsense.transport.quic_state import (
@@ -41,21 +38,6 @@ SERVER_ADDR = ("10.0.0.2", 4433)
 MDS = 1200
 
 
-def _self_signed() -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .sign(key, hashes.SHA256())
-    )
-    return cert, key
 
 
 class Pair:
@@ -64,7 +46,7 @@ class Pair:
     DELAY = 0.005
 
     def __init__(self, cc: str = SENSING_CC) -> None:
-        cert, key = _self_signed()
+        cert, key = self_signed()
         server_cfg = QuicConfiguration(is_client=False, congestion_control_algorithm=cc)
         server_cfg.certificate, server_cfg.private_key = cert, key
         client_cfg = QuicConfiguration(

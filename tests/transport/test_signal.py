@@ -8,7 +8,6 @@ estimate must find the emulated rate and propagation delay.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import socket
 import ssl
 import time
@@ -18,11 +17,8 @@ import pytest
 from aioquic.asyncio import QuicConnectionProtocol, connect, serve
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import QuicEvent, StreamDataReceived
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
+from quic_certs import self_signed
 from netsense.compression.link import LinkState
 from netsense.errors import ConfigError
 from netsense.transport.quic_state import SENSING_CC, connection_of
@@ -32,21 +28,6 @@ MONOTONE = ("lost_packets", "lost_bytes", "sent_packets", "bytes_sent", "deliver
 CHUNK = 256 * 1024
 
 
-def _self_signed() -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .sign(key, hashes.SHA256())
-    )
-    return cert, key
 
 
 def _free_udp_port() -> int:
@@ -113,7 +94,7 @@ async def bulk_transfer(
 ) -> BulkResult:
     """Send as fast as the connection allows for `seconds`, then 12 kB every 20 ms for `trickle_s`
     (an application sending compressed steps); read a signal every 50 ms."""
-    cert, key = _self_signed()
+    cert, key = self_signed()
     server_cfg = QuicConfiguration(is_client=False, max_data=1 << 26, max_stream_data=1 << 26)
     server_cfg.certificate, server_cfg.private_key = cert, key
     client_cfg = QuicConfiguration(
@@ -217,7 +198,7 @@ async def test_bulk_transfer_on_loopback_gives_a_plausible_signal() -> None:
 
 async def test_reading_before_any_traffic_gives_empty_estimates() -> None:
     """A fresh connection: no samples yet, so bandwidth is None and the link state falls back."""
-    cert, key = _self_signed()
+    cert, key = self_signed()
     server_cfg = QuicConfiguration(is_client=False)
     server_cfg.certificate, server_cfg.private_key = cert, key
     client_cfg = QuicConfiguration(is_client=True, verify_mode=ssl.CERT_NONE, congestion_control_algorithm=SENSING_CC)
@@ -253,7 +234,7 @@ def test_fallback_is_capped_by_what_was_in_flight() -> None:
 
 
 async def test_reader_refuses_a_connection_without_the_sensing_controller() -> None:
-    cert, key = _self_signed()
+    cert, key = self_signed()
     server_cfg = QuicConfiguration(is_client=False)
     server_cfg.certificate, server_cfg.private_key = cert, key
     port = _free_udp_port()
