@@ -37,17 +37,27 @@ DEFAULT_SPECS: tuple[str, ...] = (
 """One or more specs of every codec family; threshold 2.5 keeps ~1.2% of a standard normal."""
 
 
-def _median_time(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
-    times = []
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _interleaved_times(fns: list[Callable[[], object]], repeats: int, device: torch.device) -> list[list[float]]:
+    """Seconds of each of `fns` per repeat, the functions run in turn within each repeat.
+
+    On a shared machine the speed of memory and cores drifts by 2-4x within a minute (other
+    processes, page-fault cost); timing the clone right next to each codec makes both see the
+    same conditions, so their ratio stays meaningful where absolute times do not.
+    """
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for fn, samples in zip(fns, times):
+            _sync(device)
+            start = time.perf_counter()
+            fn()
+            _sync(device)
+            samples.append(time.perf_counter() - start)
+    return times
 
 
 def matrix_shape(numel: int) -> tuple[int, int]:
@@ -59,19 +69,27 @@ def matrix_shape(numel: int) -> tuple[int, int]:
 def run_codec_bench(
     numel: int = 11_000_000, specs: list[str] | None = None, repeats: int = 3, device: str = "cpu"
 ) -> dict:
-    """Median encode/decode seconds and wire ratio (wire_size / fp32 bytes) per codec spec."""
+    """Median encode/decode seconds, wire ratio (wire_size / fp32 bytes) and the median of one
+    clone timed alongside, per codec spec; `clone_s` is the median over every clone timed."""
     dev = torch.device(device)
     gen = torch.Generator().manual_seed(0)
     tensor = torch.randn(matrix_shape(numel), generator=gen).to(dev)
-    result: dict = {"numel": numel, "clone_s": _median_time(tensor.clone, repeats, dev), "codecs": {}}
+    _interleaved_times([tensor.clone], 3, dev)  # warm-up: the first fresh pages cost more
+    clones: list[float] = []
+    result: dict = {"numel": numel, "clone_s": 0.0, "codecs": {}}
     for spec in specs if specs is not None else DEFAULT_SPECS:
         codec = make_codec(spec)
         payload = codec.encode(tensor)  # warm-up: allocator, low-rank basis
-        encode_s = _median_time(lambda: codec.encode(tensor), repeats, dev)
-        decode_s = _median_time(lambda: codec.decode(payload, device=dev), repeats, dev)
+        codec.decode(payload, device=dev)
+        clone_t, encode_t, decode_t = _interleaved_times(
+            [tensor.clone, lambda: codec.encode(tensor), lambda: codec.decode(payload, device=dev)], repeats, dev
+        )
+        clones += clone_t
         result["codecs"][spec] = {
-            "encode_s": encode_s,
-            "decode_s": decode_s,
+            "encode_s": statistics.median(encode_t),
+            "decode_s": statistics.median(decode_t),
+            "clone_s": statistics.median(clone_t),
             "ratio": payload.wire_size / (4 * numel),
         }
+    result["clone_s"] = statistics.median(clones) if clones else 0.0
     return result

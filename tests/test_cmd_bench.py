@@ -22,7 +22,7 @@ def test_codecs_writes_finite_figures_and_consistent_ratios(tmp_path: Path, caps
     assert math.isfinite(result["clone_s"]) and result["clone_s"] > 0
     assert list(result["codecs"]) == SPECS
     for figures in result["codecs"].values():
-        assert set(figures) == {"encode_s", "decode_s", "ratio"}
+        assert set(figures) == {"encode_s", "decode_s", "clone_s", "ratio"}
         assert all(math.isfinite(v) and v > 0 for v in figures.values())
     ratios = {spec: f["ratio"] for spec, f in result["codecs"].items()}
     assert ratios["fp32"] == pytest.approx(1.0, abs=0.01)

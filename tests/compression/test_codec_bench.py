@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from netsense.compression.bench import DEFAULT_SPECS, matrix_shape, run_codec_bench
+import torch
+
+from netsense.compression.bench import DEFAULT_SPECS, _interleaved_times, matrix_shape, run_codec_bench
 from netsense.compression import make_codec
 
 
@@ -10,7 +12,8 @@ def test_result_has_exactly_the_promised_keys() -> None:
     assert result["numel"] == 20_000 and result["clone_s"] > 0
     assert list(result["codecs"]) == ["fp32", "topk:0.01+fp16"]
     for figures in result["codecs"].values():
-        assert set(figures) == {"encode_s", "decode_s", "ratio"}
+        assert set(figures) == {"encode_s", "decode_s", "clone_s", "ratio"}
+        assert figures["clone_s"] > 0
     assert 1.0 < result["codecs"]["fp32"]["ratio"] < 1.01
     assert result["codecs"]["topk:0.01+fp16"]["ratio"] < 0.0125
 
@@ -25,3 +28,10 @@ def test_default_specs_cover_every_codec_family() -> None:
 def test_matrix_shape_is_near_square() -> None:
     assert matrix_shape(11_000_000) == (3125, 3520)
     assert matrix_shape(13) == (1, 13)
+
+
+def test_clone_is_timed_in_turn_with_each_codec() -> None:
+    calls: list[str] = []
+    times = _interleaved_times([lambda: calls.append("clone"), lambda: calls.append("encode")], 3, torch.device("cpu"))
+    assert calls == ["clone", "encode"] * 3
+    assert [len(t) for t in times] == [3, 3]
