@@ -51,20 +51,10 @@ def parse_specs(text: str | None) -> list[str]:
 
 
 def check_device(name: str) -> str:
-    """`name` if torch can run on it here, else a ConfigError saying why."""
-    import torch
+    """`name` if torch can run on it here, else a ConfigError saying why (the worker's check)."""
+    from netsense.worker.device import resolve_device
 
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise ConfigError(f"--device {name!r} is not a device: use cpu or cuda[:N]") from exc
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"--device {name!r}: CUDA is not available on this machine; use --device cpu")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"--device {name!r}: only {torch.cuda.device_count()} CUDA device(s) present")
-    elif device.type != "cpu":
-        raise ConfigError(f"--device {name!r}: only cpu and cuda are supported")
+    resolve_device(name)
     return name
 
 

@@ -41,6 +41,11 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, help="PS optimizer learning rate")
     p.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], help="PS optimizer")
     p.add_argument(
+        "--device", metavar="DEV",
+        help="where workers train: cpu (default), cuda (rank r on GPU r mod count) or cuda:N; "
+        "model, gradients and codecs stay there, only encoded bytes go to the host",
+    )  # fmt: skip
+    p.add_argument(
         "--overlap", action="store_true", default=None,
         help="push each key from a gradient hook during backward, overlapping the push with compute",
     )  # fmt: skip
@@ -91,6 +96,7 @@ def resolve_config(args: argparse.Namespace) -> JobConfig:
         train__ladder=a.get("ladder"),
         train__decision_log=a.get("decision_log"),
         train__overlap=a.get("overlap"),
+        train__device=a.get("device"),
         server__policy=a.get("downlink_policy"),
         server__ladder=a.get("ladder"),
         train__eval_every=a.get("eval_every"),

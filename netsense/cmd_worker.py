@@ -26,6 +26,7 @@ from netsense.config import JobConfig
 from netsense.errors import ConfigError
 from netsense.launchenv import DEFAULT_PS_PORT, from_environ
 from netsense.models import load_task
+from netsense.worker.device import resolve_device
 from netsense.worker.optimizer import ConnectSettings, NetSenseOptimizer
 from netsense.worker.trainer import build_model, train
 
@@ -80,8 +81,11 @@ def run(args: argparse.Namespace) -> int:
     world = args.world_size or env.world_size or config.workers
     if not 0 <= args.rank < world:
         raise ConfigError(f"rank {args.rank} is outside world size {world}")
+    # Before the task loads or anything connects: a missing GPU is a start-up error, not a CUDA
+    # failure in the first step. torchrun's LOCAL_RANK picks the GPU; on one machine, the rank.
+    device = resolve_device(config.train.device, local_rank=env.local_rank if env.local_rank is not None else args.rank)
     task = load_task(config.model)
-    model = build_model(task, config.train.seed)
+    model = build_model(task, config.train.seed).to(device)  # built on the CPU: the same init on every device
     optimizer = {**task.optimizer, **config.optimizer}
 
     def emit(event: dict[str, Any]) -> None:

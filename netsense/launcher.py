@@ -25,6 +25,7 @@ from netsense.cliargs import ensure_certs
 from netsense.config import JobConfig, override, to_dict
 from netsense.errors import ProcessFailed
 from netsense.transport.tls import LOOPBACK_MAX_DATAGRAM_SIZE, TransportSettings
+from netsense.worker.device import resolve_device
 
 log = logging.getLogger(__name__)
 _GRACE_S = 5.0
@@ -91,6 +92,7 @@ class Launcher:
 
     def run(self) -> dict[str, Any]:
         config = self.config
+        resolve_device(config.train.device)  # no GPU: say so before any process starts
         if config.transport.max_datagram_size == TransportSettings.max_datagram_size:
             # Everything runs on loopback: the WAN-safe 1200-byte default would waste most of the CPU.
             config = override(config, transport__max_datagram_size=LOOPBACK_MAX_DATAGRAM_SIZE)
@@ -194,6 +196,7 @@ class Launcher:
             "bytes_down": sum(d["bytes_down"] for d in done.values()),
             "workers": n,
             "servers": servers,
+            "device": first.get("device", "cpu"),
             "levels": _merge_levels(d.get("levels", {}) for d in done.values()),
             "decision_logs": [*down_logs, *(self._up_log(r) for r in range(n))],
         }

@@ -234,7 +234,7 @@ class NetSenseOptimizer:
             if slot.key in payloads:
                 continue
             grad = slot.param.grad
-            g = slot.view(grad) if grad is not None else torch.zeros(slot.shape, dtype=slot.param.dtype)
+            g = slot.view(grad) if grad is not None else torch.zeros(slot.shape, dtype=slot.param.dtype, device=slot.param.device)
             payloads[slot.key] = self._encode(slot.key, g, self._codec_for(slot.key, spec))
         if early is None:
             buckets = [_buckets({s.key: payloads[s.key] for s in slots}, self.bucket_bytes) for slots in self.shard_slots]

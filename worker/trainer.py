@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .device import model_device, parse_device
 from .optimizer import NetSenseOptimizer
 from .task import TrainTask
 
@@ -47,6 +48,12 @@ class TrainSettings:
     """JSONL file for one decision record per step (None: no log)."""
     overlap: bool = False
     """Push keys from gradient hooks during backward, so the push overlaps compute (same result)."""
+    device: str = "cpu"
+    """Where a worker trains: ``cpu``, ``cuda`` (local rank r on GPU r mod count) or ``cuda:N``. The
+    model, gradients, residuals and codecs stay there; only encoded bytes cross to the host."""
+
+    def __post_init__(self) -> None:
+        parse_device(self.device)  # syntax only: CUDA is checked where the worker starts
 
 
 def global_batch(step: int, *, seed: int, n: int, size: int) -> torch.Tensor:
@@ -67,10 +74,12 @@ def worker_batch(step: int, *, rank: int, world_size: int, batch_size: int, seed
 def evaluate(task: TrainTask, model: torch.nn.Module, batch: int = 1024) -> tuple[float, float]:
     """(test accuracy, test loss) of `model` on the held-out split."""
     model.eval()
+    device = model_device(model)
     acc = loss = 0.0
     n = len(task.test_inputs)
     for start in range(0, n, batch):
-        x, y = task.test_inputs[start : start + batch], task.test_targets[start : start + batch]
+        x = task.test_inputs[start : start + batch].to(device)
+        y = task.test_targets[start : start + batch].to(device)
         out = model(x)
         acc += task.accuracy(out, y) * len(x)
         loss += task.loss(out, y).item() * len(x)
@@ -98,6 +107,7 @@ def train(
     steps = settings.steps if settings.steps is not None else task.steps
     b = settings.batch_size or task.batch_size
     n = len(task.train_inputs)
+    device = model_device(model)  # the data stays on the host; each batch moves to the model
     t_start = time.perf_counter()
     loss_value = float("nan")
     samples = 0
@@ -106,8 +116,8 @@ def train(
         # checkpoint, continues where the job is rather than where this process was.
         step = opt.version
         idx = worker_batch(step, rank=rank, world_size=world_size, batch_size=b, seed=settings.seed, n=n)
-        out = model(task.train_inputs[idx])
-        loss = task.loss(out, task.train_targets[idx])
+        out = model(task.train_inputs[idx].to(device))
+        loss = task.loss(out, task.train_targets[idx].to(device))
         opt.zero_grad(samples=len(idx))  # with overlap, the pushes sent during backward carry it
         loss.backward()
         stats = opt.step(samples=len(idx))
@@ -142,6 +152,7 @@ def train(
         "bytes_down": opt.bytes_down,
         "workers": world_size,
         "levels": dict(opt.uplink.levels),
+        "device": str(device),
     }
     if rank == 0:
         acc, test_loss = evaluate(task, model)
