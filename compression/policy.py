@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeVar
 
 from netsense.errors import ConfigError
 
+from .costs import CodecCosts, TransportCost
 from .ladder import Ladder, Level, level_for
 from .link import LinkState
 from .progress import ProgressEstimate
@@ -110,16 +111,25 @@ class Prediction:
     """Predicted cost of sending one level this step (DESIGN.md §5)."""
 
     comm_s: float
-    """T_l = r_l * S / B + min_rtt + e_l."""
+    """T_l = r_l * S * max(1 / B, c) + min_rtt + e_l (c: measured seconds per wire byte, 0 if unknown)."""
     step_s: float
     """P_l = Tc + T_l, or max(Tc, T_l) when communication overlaps compute."""
 
 
 def predict(
-    level: Level, *, payload_bytes: int, bandwidth_Bps: float, min_rtt_s: float, compute_s: float, overlap: bool
+    level: Level,
+    *,
+    payload_bytes: int,
+    bandwidth_Bps: float,
+    min_rtt_s: float,
+    compute_s: float,
+    overlap: bool,
+    per_byte_s: float = 0.0,
 ) -> Prediction:
-    """The §5 step-time model for one level."""
-    comm = level.wire_bytes(payload_bytes) / bandwidth_Bps + min_rtt_s + level.codec_s(payload_bytes)
+    """The §5 step-time model for one level; `per_byte_s` is the transport's measured cost of a
+    wire byte (`TransportCost`), which bounds the rate where the hosts, not the link, limit it."""
+    wire_s = level.wire_bytes(payload_bytes) * max(1.0 / bandwidth_Bps, per_byte_s)
+    comm = wire_s + min_rtt_s + level.codec_s(payload_bytes)
     return Prediction(comm, max(compute_s, comm) if overlap else compute_s + comm)
 
 
@@ -164,6 +174,12 @@ class Policy(ABC):
         critical path) and report with `observe_progress`. Default: none."""
         return []
 
+    def observe_costs(
+        self, *, level: int, dense_bytes: int, encode_s: float | None = None, decode_s: float | None = None
+    ) -> None:
+        """A timing of ladder level `level`: `encode_s` / `decode_s` seconds for `dense_bytes` of
+        fp32 input (either may be None). Default: ignored (the ladder's figures stand)."""
+
     def level_of(self, spec: str, payload_bytes: int) -> tuple[int | None, Level]:
         """Ladder index and level for `spec`; an off-ladder spec gets nominal, uncalibrated figures."""
         index = self.ladder.find(spec)
@@ -188,6 +204,7 @@ class Policy(ABC):
         step: int,
         progress: float | None = None,
         progress_levels: tuple[float, ...] | None = None,
+        per_byte_s: float = 0.0,
     ) -> Decision:
         comm = step_s = None
         if bandwidth_Bps is not None and bandwidth_Bps > 0:
@@ -198,6 +215,7 @@ class Policy(ABC):
                 min_rtt_s=link.min_rtt_s or 0.0,
                 compute_s=compute_s,
                 overlap=overlap,
+                per_byte_s=per_byte_s,
             )
             comm, step_s = pred.comm_s, pred.step_s
         return Decision(
@@ -567,6 +585,15 @@ class NetsensePolicySettings:
     """Ask for a measurement of every lossy level's q on a gradient sample this often (steps; 0: never).
     One round costs ~4-5 ms per lossy level on digits-cnn (6 keys, 2 shared cores): every 10 steps
     that was ~12% of a 20 ms loopback step; q drifts over hundreds of steps."""
+    measured_costs: bool = True
+    """Predict with each level's measured encode/decode seconds per MB (`observe_costs`: the
+    sender's timings and the candidate rounds) instead of the ladder's figures once timed."""
+    cost_window: int = 8
+    """Timings per level whose median is its measured cost."""
+    transport_cost: bool = True
+    """Charge wire bytes at least the transport's measured marginal cost per byte (`TransportCost`,
+    fitted over the sends of different levels), not only 1 / B: on CPU-bound paths (loopback QUIC)
+    bytes cost host time that a delivery-rate bandwidth does not show."""
 
 
 class BandwidthEstimate:
@@ -660,7 +687,15 @@ class NetsensePolicy(Policy):
         _require(0 < s.progress_alpha <= 1, n, "progress_alpha", s.progress_alpha, "in (0, 1]")
         _require(0 < s.progress_floor <= 1, n, "progress_floor", s.progress_floor, "in (0, 1]")
         _require(s.progress_every >= 0, n, "progress_every", s.progress_every, ">= 0")
+        _require(s.cost_window >= 1, n, "cost_window", s.cost_window, ">= 1")
         self.settings = s
+        self.costs = CodecCosts(ladder, window=s.cost_window)
+        """Measured encode/decode cost per level (the ladder's figures until timed)."""
+        self.transport = TransportCost()
+        """Measured marginal seconds per wire byte, fitted across levels."""
+        self._payload_bytes = 0  # S of the last decision
+        self._queue_s = 0.0  # the link's standing queue at the last decision
+        self._now_s = 0.0  # link time of the last decision
         self.progress = ProgressEstimate(ladder, alpha=s.progress_alpha, floor=s.progress_floor)
         """Progress efficiency q per level: codec priors, refined by `observe_progress`."""
         self.bandwidth = BandwidthEstimate(
@@ -709,12 +744,15 @@ class NetsensePolicy(Policy):
         self._decisions += 1
         if link.min_rtt_s is not None:
             self._min_rtt_s = link.min_rtt_s
+        self._payload_bytes, self._queue_s, self._now_s = payload_bytes, link.queue_delay_s, link.time_s
         bw = self.effective_bandwidth(link)
+        levels = self._levels_now()
+        per_byte = self._per_byte_s()
 
         def emit(index: int, reason: str) -> Decision:
             return self._decision(
                 level_index=index,
-                level=self.ladder[index],
+                level=levels[index],
                 reason=reason,
                 link=link,
                 bandwidth_Bps=bw,
@@ -724,6 +762,7 @@ class NetsensePolicy(Policy):
                 step=step,
                 progress=self._q(index),
                 progress_levels=tuple(self.progress.values),
+                per_byte_s=per_byte,
             )
 
         bound = self.bandwidth.lower_bound_Bps if bw is None and s.progress_aware else None
@@ -737,8 +776,8 @@ class NetsensePolicy(Policy):
         rtt = link.min_rtt_s or 0.0
         preds = [
             predict(lv, payload_bytes=payload_bytes, bandwidth_Bps=bw, min_rtt_s=rtt, compute_s=compute_s,
-                    overlap=overlap).step_s
-            for lv in self.ladder
+                    overlap=overlap, per_byte_s=per_byte).step_s
+            for lv in levels
         ]
         if bound is not None:
             # Only a lower bound is known (every send so far was app-limited: small, latency-bound):
@@ -757,13 +796,55 @@ class NetsensePolicy(Policy):
             self._moved_at = link.time_s
             probe = self._probe_level(index, payload_bytes)
             return self._sent(emit(probe, f"probe: {index - probe} lighter than {self.ladder[index].spec}"), bw, rtt)
+        explore = self._explore_level(link, reason)
+        if explore is not None:
+            self._since_probe = 0
+            self._moved_at = link.time_s
+            return self._sent(emit(explore, f"explore: per-byte cost unknown, {self.ladder[explore].spec}"), bw, rtt)
         return self._sent(emit(index, reason), bw, rtt)
+
+    def _explore_level(self, link: LinkState, reason: str) -> int | None:
+        """A heavier level to send once, on the probes' cadence, while the transport's per-byte cost
+        is unknown: the fit needs sends of two sizes, and a path where fp32 ties fp16 on bandwidth
+        alone may never send fp16 otherwise. Only a level that loses no measurable progress and is
+        `MIN_SIZE_SPREAD` smaller (fp16 from fp32): the worst it costs is one cast."""
+        s, index = self.settings, self.level
+        if not (s.transport_cost and s.progress_aware) or index is None or not reason.startswith("hold: C*"):
+            return None
+        if self.transport.s_per_byte(link.time_s) is not None:
+            return None
+        steps = min(self._since_change, self._since_probe)
+        due = (s.probe_interval > 0 and steps >= s.probe_interval) or (
+            s.probe_interval_s > 0
+            and steps >= 2
+            and self._moved_at is not None
+            and link.time_s - self._moved_at >= s.probe_interval_s
+        )
+        if not due:
+            return None
+        size = self.ladder[index].ratio
+        return next(
+            (
+                j
+                for j in range(index + 1, len(self.ladder))
+                if self._q(j) >= 1 - s.progress_tol and self.ladder[j].ratio * self.transport.min_spread <= size
+            ),
+            None,
+        )
 
     def _probe_level(self, index: int, payload_bytes: int) -> int:
         """The heaviest lighter level whose send is big enough to be a bandwidth sample (a probe too
         small to measure anything reveals nothing); one level lighter when none is."""
         big = [i for i in range(index) if self.ladder[i].wire_bytes(payload_bytes) >= self.settings.min_sample_bytes]
         return max(big) if big else index - 1
+
+    def _levels_now(self) -> list[Level]:
+        """The ladder with measured codec costs where timed (the ladder's figures otherwise)."""
+        return self.costs.levels() if self.settings.measured_costs else list(self.ladder)
+
+    def _per_byte_s(self) -> float:
+        """The transport's measured marginal seconds per wire byte (0 while unknown or off)."""
+        return (self.transport.s_per_byte(self._now_s) or 0.0) if self.settings.transport_cost else 0.0
 
     def _sent(self, decision: Decision, bw: float, rtt: float) -> Decision:
         """Remember the wire time predicted for this decision (codec time excluded, as `comm_s`)."""
@@ -876,6 +957,26 @@ class NetsensePolicy(Policy):
         self.bandwidth.add_app_sample(
             bytes_sent=bytes_sent, comm_s=comm_s, min_rtt_s=self._min_rtt_s, app_limited=bool(app_limited)
         )
+        if level is not None and 0 <= level < len(self.ladder):
+            # The receiver decodes before it acknowledges (the PS acks a push once decoded), so its
+            # decode is part of comm_s but not of the transport's per-byte cost.
+            peer_decode = self.costs.decode_s_per_mb(level) * self._payload_bytes / 1e6
+            self.transport.observe(
+                level=level,
+                bytes_sent=bytes_sent,
+                comm_s=comm_s,
+                time_s=self._now_s if time_s is None else time_s,
+                min_rtt_s=self._min_rtt_s,
+                peer_decode_s=peer_decode,
+                queue_s=self._queue_s,
+                queue_tolerance_s=self.settings.queue_tolerance_s,
+            )
+
+    def observe_costs(
+        self, *, level: int, dense_bytes: int, encode_s: float | None = None, decode_s: float | None = None
+    ) -> None:
+        """Folds a timing of `level` into its measured costs (median of the last `cost_window`)."""
+        self.costs.observe(level, dense_bytes=dense_bytes, encode_s=encode_s, decode_s=decode_s)
 
 
     def observe_progress(self, *, level: int, progress: float) -> None:

@@ -18,7 +18,9 @@ regime error feedback recovers most of the delay, so 1/q errs on the side of sen
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 
@@ -37,19 +39,43 @@ def progress_from_error(energy: float, error: float, *, unbiased: bool) -> float
     return 1.0 / (1.0 + ratio) if unbiased else max(0.0, 1.0 - ratio)
 
 
+@dataclass(frozen=True)
+class LevelSample:
+    """One candidate measurement of a codec on a gradient sample: its q and what it cost."""
+
+    progress: float | None
+    """q of the codec on the sample (None when the sample was all zeros)."""
+    encode_s: float
+    """Seconds spent encoding the sample (every key's share, one call per key as the uplink does)."""
+    decode_s: float
+    """Seconds spent decoding it."""
+    dense_bytes: int
+    """fp32 bytes of the sample actually encoded (4 x elements), the unit costs are quoted in."""
+
+
 def measure_progress(codec: Codec, tensors: Iterable[torch.Tensor], *, max_numel: int = DEFAULT_SAMPLE_NUMEL) -> float | None:
-    """q of `codec` applied to each tensor on its own (as the uplink applies it per key).
+    """q of `codec` applied to each tensor on its own (as the uplink applies it per key); see
+    `measure_level`, which also times it."""
+    sample = measure_level(codec, tensors, max_numel=max_numel)
+    return None if sample is None else sample.progress
+
+
+def measure_level(codec: Codec, tensors: Iterable[torch.Tensor], *, max_numel: int = DEFAULT_SAMPLE_NUMEL) -> LevelSample | None:
+    """q of `codec` on `tensors`, and its encode and decode time on them; None for no elements.
 
     Tensors are used whole while their total fits `max_numel`; beyond that each keeps an evenly
     spaced subsample of its share: rows of a matrix (so that shape-aware codecs still see one), or
     elements of a vector (top-k's energy share at a density is a property of the magnitude
-    distribution, which a spread subsample preserves). Encode cost is O(max_numel).
+    distribution, which a spread subsample preserves). Encode cost is O(max_numel). The timings
+    are the codec's own (no error feedback), per key like the real send: a cost sample for levels
+    the policy has not sent.
     """
     items = [t.detach().float() for t in tensors if t.numel() > 0]
     total = sum(t.numel() for t in items)
     if total == 0:
         return None
-    energy = error = 0.0
+    energy = error = encode_s = decode_s = 0.0
+    numel = 0
     for x in items:
         share = max(1, x.numel() * max_numel // total)
         if x.numel() > share:
@@ -59,11 +85,18 @@ def measure_progress(codec: Codec, tensors: Iterable[torch.Tensor], *, max_numel
             else:
                 x = x.reshape(-1)[:: x.numel() // share][:share]
         x = x.contiguous()
-        diff = (x - codec.decode(codec.encode(x)).float()).reshape(-1)
+        t0 = time.perf_counter()
+        payload = codec.encode(x)
+        t1 = time.perf_counter()
+        decoded = codec.decode(payload)
+        t2 = time.perf_counter()
+        encode_s, decode_s, numel = encode_s + t1 - t0, decode_s + t2 - t1, numel + x.numel()
+        diff = (x - decoded.float()).reshape(-1)
         flat = x.reshape(-1)
         energy += float(torch.dot(flat, flat))
         error += float(torch.dot(diff, diff))
-    return progress_from_error(energy, error, unbiased=codec.unbiased)
+    q = progress_from_error(energy, error, unbiased=codec.unbiased)
+    return LevelSample(q, encode_s, decode_s, 4 * numel)
 
 
 class ProgressEstimate:

@@ -6,6 +6,11 @@ sessions' signals. What the send cost is measured per connection as the time fro
 PARAMS reply until the peer has acknowledged that many bytes (the sensing controller's delivered
 counter); the slowest connection's time is the update's comm time. One decision-log line per update,
 written when the next update is chosen (by then every worker has its copy).
+
+The policy learns the downlink's own progress efficiency q and codec costs as the uplink's does
+(docs/POLICIES.md): when it asks for candidates (every `progress_every` updates), the controller
+keeps a copy of the shadow, and at the next update measures every candidate level, q and encode /
+decode time, on exactly what that update encoded, v = params - old shadow (update + residual).
 """
 
 from __future__ import annotations
@@ -18,9 +23,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from netsense.compression.base import Codec, make_codec
 from netsense.compression.ladder import DEFAULT_LADDER, Ladder
 from netsense.compression.link import LinkState
 from netsense.compression.policy import Decision, Policy, make_policy
+from netsense.compression.progress import measure_level
 from netsense.transport.decisions import DecisionLog
 from netsense.transport.signal import SignalReader
 
@@ -47,6 +56,8 @@ class DownlinkController:
         self._sent: dict[int, list[float]] = {}  # version -> comm times of finished deliveries
         self._bytes: dict[int, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._snapshot: tuple[int, list[int], dict[str, torch.Tensor]] | None = None  # version, levels, shadow
+        self._sample_codecs: dict[int, Codec] = {}  # own instances: stateful codecs keep their state
 
     def _reader(self, quic: Any) -> SignalReader:
         reader = self._readers.get(quic)
@@ -70,10 +81,43 @@ class DownlinkController:
         for the live workers' connections, and set it on the store."""
         if not store.initialized or self._chosen_for == store.version:
             return
+        self.measure(store.version, store.params, store.shadow)
         quics = [s.conn.quic for wid, s in sessions.items() if wid in store.live]
         spec = self.choose(store.version, quics, 4 * store.numel)
         if spec is not None:
             store.set_downlink(spec)
+
+    def measure(self, version: int, params: dict[str, torch.Tensor], shadow: dict[str, torch.Tensor]) -> dict[int, float]:
+        """At the start of `version`'s step: measure the candidates of the last snapshot if it was
+        taken one update ago, then snapshot the shadow when the policy asks for candidates now.
+        Returns the q measured per level (fed to the policy with the timings)."""
+        measured: dict[int, float] = {}
+        snap, self._snapshot = self._snapshot, None
+        if snap is not None and snap[0] + 1 == version and snap[2].keys() == params.keys():
+            update = [params[k] - snap[2][k] for k in params]
+            measured = self._measure_levels(snap[1], update)
+        levels = self.policy.progress_candidates(version)
+        if levels and shadow:
+            self._snapshot = (version, levels, {k: v.clone() for k, v in shadow.items()})
+        return measured
+
+    def _measure_levels(self, levels: list[int], update: list[torch.Tensor]) -> dict[int, float]:
+        measured = {}
+        for level in levels:
+            codec = self._sample_codecs.get(level)
+            if codec is None:
+                codec = self._sample_codecs[level] = make_codec(self.policy.ladder[level].spec)
+                measure_level(codec, update[:1])  # warm-up: a first call pays lazy set-up
+            sample = measure_level(codec, update)
+            if sample is None:
+                continue
+            self.policy.observe_costs(
+                level=level, dense_bytes=sample.dense_bytes, encode_s=sample.encode_s, decode_s=sample.decode_s
+            )
+            if sample.progress is not None:
+                self.policy.observe_progress(level=level, progress=sample.progress)
+                measured[level] = sample.progress
+        return measured
 
     def choose(self, version: int, quics: list[Any], payload_bytes: int) -> str | None:
         """The codec spec for the update that will take the store to `version` + 1; None when

@@ -18,7 +18,7 @@ from netsense.compression.base import Codec, make_codec
 from netsense.compression.ladder import DEFAULT_LADDER, Ladder
 from netsense.compression.link import LinkState
 from netsense.compression.policy import Decision, Policy, make_policy
-from netsense.compression.progress import measure_progress
+from netsense.compression.progress import measure_level
 from netsense.transport.decisions import DecisionLog
 from netsense.transport.quic_state import SensingConfig
 from netsense.transport.signal import SignalReader
@@ -77,6 +77,8 @@ class UplinkController:
         self.levels: dict[str, int] = {}
         """Steps sent at each codec spec (the level histogram)."""
         self._probe_codecs: dict[int, Codec] = {}  # own instances: stateful codecs keep their state
+        self._choose_s = 0.0  # reading the link and deciding, inside the step's `encode_s`
+        self._warm: set[int] = set()  # levels sent once: their first encode paid lazy set-up
 
     def read_link(self, quic: Any) -> LinkState:
         """Snapshot of `quic`'s path; call on the thread that runs the connection's loop."""
@@ -130,17 +132,26 @@ class UplinkController:
         decision = self.policy.choose(
             link=link, payload_bytes=self.payload_bytes, compute_s=self.compute_s or 0.0, overlap=False, step=self._step
         )
+        self._choose_s = max(0.0, time.perf_counter() - started)
         self._pending = (decision, link)
         self.last = (decision, link)  # read by the metrics endpoint
         return decision
 
     def observe(self, *, bytes_sent: int, comm_s: float, **fields: Any) -> dict[str, Any] | None:
-        """Feedback after the push of the pending decision; writes its log line (returned)."""
+        """Feedback after the push of the pending decision; writes its log line (returned).
+
+        An ``encode_s`` field (the step's choice + encoding time) is also the level's measured
+        encode cost, less the time `choose` itself took (reading the link and deciding)."""
         if self._pending is None:
             return None
         decision, link = self._pending
         self._pending = None
+        encode_s = fields.get("encode_s")
         if self._step >= STARTUP_STEPS:
+            if decision.level is not None and isinstance(encode_s, float) and self._warmed(decision.level):
+                self.policy.observe_costs(
+                    level=decision.level, dense_bytes=self.payload_bytes, encode_s=max(0.0, encode_s - self._choose_s)
+                )
             self.policy.observe(step=decision.step, level=decision.level, bytes_sent=bytes_sent, comm_s=comm_s)
         self.levels[decision.spec] = self.levels.get(decision.spec, 0) + 1
         self._step += 1
@@ -155,18 +166,34 @@ class UplinkController:
 
     def measure_progress(self, levels: list[int], tensors: list[Any]) -> dict[int, float]:
         """Measure q of each of `levels` on `tensors` (the error-feedback-corrected gradient of each
-        key, subsampled) and feed it to the policy; returns what was measured. Costs one encode +
-        decode of ~65k elements per level: call it while the push is on the wire."""
+        key, subsampled) and feed it, with the encode and decode times, to the policy; returns the
+        q measured. Costs one encode + decode of ~65k elements per level: call it while the push is
+        on the wire. The timings are how levels never sent get measured costs (and the only decode
+        timings the worker has: the PS decodes the uplink on the same kind of machine)."""
         measured = {}
         for level in levels:
             codec = self._probe_codecs.get(level)
             if codec is None:
                 codec = self._probe_codecs[level] = make_codec(self.policy.ladder[level].spec)
-            q = measure_progress(codec, tensors)
-            if q is not None:
-                self.policy.observe_progress(level=level, progress=q)
-                measured[level] = q
+                measure_level(codec, tensors[:1])  # warm-up: a first call pays lazy set-up (2-10x)
+            sample = measure_level(codec, tensors)
+            if sample is None:
+                continue
+            self.policy.observe_costs(
+                level=level, dense_bytes=sample.dense_bytes, encode_s=sample.encode_s, decode_s=sample.decode_s
+            )
+            if sample.progress is not None:
+                self.policy.observe_progress(level=level, progress=sample.progress)
+                measured[level] = sample.progress
         return measured
+
+    def _warmed(self, level: int) -> bool:
+        """False the first time `level` is sent (its per-key codecs are built and warmed up by that
+        encode: 2-10x the later timings), True after."""
+        if level in self._warm:
+            return True
+        self._warm.add(level)
+        return False
 
     def observe_progress(self, level: int | None, progress: float | None) -> None:
         """The measured q of the level just sent (from error feedback's sums)."""

@@ -38,3 +38,22 @@ def test_candidates_are_measured_and_reported() -> None:
     up.observe_progress(3, 0.5)
     assert policy.progress.values[3] == 0.3 * 0.5 + 0.7 * measured[3]
     up.observe_progress(None, 0.5)  # an off-ladder level: nothing to update
+
+
+def test_step_encode_time_and_candidate_rounds_become_measured_costs() -> None:
+    """The step's `encode_s` (less the time `choose` took) is the sent level's encode cost, from its
+    second send on (the first builds and warms its codecs); candidate rounds time every lossy level."""
+    policy = make_policy("netsense", Ladder.parse("fp32,qsgd:4,topk:0.01+fp16"))
+    assert isinstance(policy, NetsensePolicy)
+    up = UplinkController(policy, payload_bytes=S)
+    link = LinkState(0.0, None, 0.002, 0.002)
+    for step in range(3):  # fp32 throughout: the bandwidth is never more than a lower bound
+        started = float(step)
+        up.choose(link, started=started)
+        up._choose_s = 0.001  # as if reading the link and deciding took 1 ms of the step's encode_s
+        up.observe(bytes_sent=S, comm_s=0.003, encode_s=0.051 if step < 2 else 0.006)
+    assert policy.costs.measured(0) == (True, False)
+    assert policy.costs.encode_s_per_mb(0) == 0.005  # step 0 is startup, step 1 a first use: only step 2
+    gen = torch.Generator().manual_seed(0)
+    up.measure_progress([2], [torch.randn(300, 200, generator=gen)])
+    assert policy.costs.measured(2) == (True, True) and policy.costs.measured(1) == (False, False)

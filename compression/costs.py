@@ -1,0 +1,172 @@
+"""What a level really costs on this machine, learned at run time (DESIGN.md §5: "measured, not assumed").
+
+Two figures the step-time model needs and the ladder can only guess:
+
+- `CodecCosts`: encode and decode seconds per MB of dense fp32, per level. The ladder's defaults
+  plan qsgd:8 at 0.012 s/MB for both; on digits-cnn's six keys with error feedback, on 2 shared
+  cores, its encode alone measured ~50 s/MB (7.5 ms for 153 kB), more than fp16 saves in bytes on
+  an unshaped or 100 Mbit/s path. Each level starts from the ladder's figures (defaults or
+  `Ladder.calibrate`) and switches to what was measured as soon as one timing arrives.
+- `TransportCost`: seconds per wire byte as the application sees the transport. Loopback QUIC in
+  Python is CPU-bound (~40-100 MB/s per connection, TRANSPORT-FACTS.md), so bytes cost time even
+  where no link limits, and the bandwidth estimate (delivery rate, or only a lower bound while
+  app-limited) can overstate how fast a payload really goes.
+
+Both are pure: callers hand in durations they timed.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import replace
+
+from .ladder import MB, Ladder, Level
+
+DEFAULT_COST_WINDOW = 8
+"""Timings per level and direction kept for the median."""
+DEFAULT_TRANSPORT_WINDOW = 8
+"""Sends per level kept for its point of the per-byte fit."""
+DEFAULT_TRANSPORT_HORIZON_S = 10.0
+"""Seconds a level's point counts after its latest send."""
+MIN_SIZE_SPREAD = 1.5
+"""The per-byte fit needs points whose largest send is at least this many times the smallest."""
+
+
+def _valid(seconds: float | None) -> bool:
+    return seconds is not None and math.isfinite(seconds) and seconds >= 0
+
+
+class CodecCosts:
+    """Per-level encode and decode seconds per MB of dense fp32: the median of the last `window`
+    timings, the ladder's figure until the first one.
+
+    A median, not a mean: on shared cores one timing in ten or so is a scheduler stall several
+    times the usual, and a mean would let one stall move a level's cost for many steps.
+    """
+
+    def __init__(self, ladder: Ladder, *, window: int = DEFAULT_COST_WINDOW) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.ladder = ladder
+        self._encode: list[deque[float]] = [deque(maxlen=window) for _ in ladder]
+        self._decode: list[deque[float]] = [deque(maxlen=window) for _ in ladder]
+
+    def observe(
+        self, level: int, *, dense_bytes: int, encode_s: float | None = None, decode_s: float | None = None
+    ) -> None:
+        """One timing of `level` on `dense_bytes` of fp32 input (either half may be missing).
+        Negative, non-finite or zero-sized timings are ignored."""
+        if not 0 <= level < len(self.ladder) or dense_bytes <= 0:
+            return
+        mb = dense_bytes / MB
+        if _valid(encode_s):
+            self._encode[level].append(encode_s / mb)  # type: ignore[operator]
+        if _valid(decode_s):
+            self._decode[level].append(decode_s / mb)  # type: ignore[operator]
+
+    def measured(self, level: int) -> tuple[bool, bool]:
+        """Whether `level`'s encode and decode costs come from timings (not the ladder)."""
+        return bool(self._encode[level]), bool(self._decode[level])
+
+    def encode_s_per_mb(self, level: int) -> float:
+        """Current encode cost of `level`, s/MB."""
+        window = self._encode[level]
+        return statistics.median(window) if window else self.ladder[level].encode_s_per_mb
+
+    def decode_s_per_mb(self, level: int) -> float:
+        """Current decode cost of `level`, s/MB."""
+        window = self._decode[level]
+        return statistics.median(window) if window else self.ladder[level].decode_s_per_mb
+
+    def level(self, index: int) -> Level:
+        """Ladder level `index` with its current costs (the ladder's when nothing was measured)."""
+        base = self.ladder[index]
+        if not (self._encode[index] or self._decode[index]):
+            return base
+        return replace(base, encode_s_per_mb=self.encode_s_per_mb(index), decode_s_per_mb=self.decode_s_per_mb(index))
+
+    def levels(self) -> list[Level]:
+        """Every ladder level with its current costs, in ladder order."""
+        return [self.level(i) for i in range(len(self.ladder))]
+
+
+class TransportCost:
+    """Marginal seconds per wire byte of a send, fitted across the levels' recent sends.
+
+    A send's time beyond one min RTT and the peer's decode is modelled as a + c * bytes: `a` absorbs
+    what does not grow with the payload (the last pusher waits for the PS's optimizer step; stream
+    set-up), `c` is the per-byte cost. Dividing one send's time by its bytes would charge those
+    fixed costs to the bytes: a 1.6 kB top-k push took 8 ms on loopback, which would price a byte at
+    0.2 MB/s and push every level toward the smallest. So each level keeps one point (the medians
+    of its last `window` sends' bytes and times) and `c` is the least-squares slope through the
+    points; it needs two levels of different sizes (startup, probes and level changes give them).
+    A point lasts `horizon_s` after its level's latest send, so a slope found once stays known while
+    one level is sent for a while, yet a rate seen before the link changed does not outlive it.
+    Sends that start on a standing queue (srtt - min_rtt above a tolerance) are skipped: their time
+    measures someone else's traffic, which the bandwidth estimate already shrinks for.
+    """
+
+    def __init__(
+        self,
+        *,
+        window: int = DEFAULT_TRANSPORT_WINDOW,
+        min_spread: float = MIN_SIZE_SPREAD,
+        horizon_s: float = DEFAULT_TRANSPORT_HORIZON_S,
+    ) -> None:
+        if window < 1 or not horizon_s > 0:
+            raise ValueError(f"window must be >= 1 and horizon_s > 0, got {window} and {horizon_s}")
+        self.window = window
+        self.min_spread = min_spread
+        self.horizon_s = horizon_s
+        self._sends: dict[int, deque[tuple[float, float]]] = {}  # level -> (wire bytes, seconds)
+        self._last: dict[int, float] = {}  # level -> time of its latest send
+
+    def observe(
+        self,
+        *,
+        level: int,
+        bytes_sent: int,
+        comm_s: float,
+        time_s: float,
+        min_rtt_s: float = 0.0,
+        peer_decode_s: float = 0.0,
+        queue_s: float = 0.0,
+        queue_tolerance_s: float = math.inf,
+    ) -> None:
+        """One send at `level` of `bytes_sent` at `time_s` that took `comm_s` (first byte to ack), of
+        which `min_rtt_s` is the ack's round trip and `peer_decode_s` the receiver's predicted decode."""
+        if bytes_sent <= 0 or not (math.isfinite(comm_s) and comm_s > 0) or queue_s > queue_tolerance_s:
+            return
+        sends = self._sends.setdefault(level, deque(maxlen=self.window))
+        sends.append((float(bytes_sent), max(0.0, comm_s - min_rtt_s - peer_decode_s)))
+        self._last[level] = time_s
+
+    def points(self, now_s: float) -> list[tuple[float, float]]:
+        """(bytes, seconds) per level sent within `horizon_s` of `now_s`: the medians of its sends."""
+        return [
+            (statistics.median(b for b, _ in sends), statistics.median(t for _, t in sends))
+            for level, sends in self._sends.items()
+            if sends and now_s - self._last[level] <= self.horizon_s
+        ]
+
+    def s_per_byte(self, now_s: float) -> float | None:
+        """The fitted marginal cost c (>= 0) at `now_s`, None until two levels of different sizes
+        were sent within the horizon."""
+        pts = self.points(now_s)
+        if len(pts) < 2:
+            return None
+        xs = [b for b, _ in pts]
+        if max(xs) < self.min_spread * min(xs):
+            return None
+        mx = statistics.fmean(xs)
+        my = statistics.fmean(t for _, t in pts)
+        var = sum((x - mx) ** 2 for x in xs)
+        cov = sum((x - mx) * (t - my) for x, t in pts)
+        return max(0.0, cov / var)
+
+    def goodput_Bps(self, now_s: float) -> float | None:
+        """1 / c: the rate at which one more byte moves, None when unknown or free."""
+        c = self.s_per_byte(now_s)
+        return 1.0 / c if c else None

@@ -1,0 +1,196 @@
+"""The netsense cost model with measured costs: codec timings per level and the transport's per-byte
+cost, on synthetic sequences shaped like digits-cnn's (153 kB of fp32 per step, 5 ms of compute)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+import netsense.compression  # noqa: F401  (registers the real codecs the ladder names)
+from netsense.compression.costs import CodecCosts, TransportCost
+from netsense.compression.ladder import DEFAULT_LADDER, Ladder
+from netsense.compression.link import LinkState
+from netsense.compression.policy import NetsensePolicy, make_policy
+
+S = 153_128  # digits-cnn's dense fp32 gradient
+TC = 0.005
+RTT = 0.001
+MB = 1e6
+LADDER = Ladder.parse(DEFAULT_LADDER, numel=S // 4)
+FP32, FP16, Q8, Q4 = (LADDER.find(s) for s in ("fp32", "fp16", "qsgd:8", "qsgd:4"))
+# What the worker measured on 2 loaded cores (decision logs of the 2026-11-30 runs): a step's
+# encode with error feedback of the six keys, and a candidate round's decode.
+MEASURED = {FP32: (0.0001, 0.0001), FP16: (0.0008, 0.0001), Q8: (0.0075, 0.002), Q4: (0.007, 0.002)}
+
+
+def policy(**settings: object) -> NetsensePolicy:
+    p = make_policy("netsense", LADDER, **settings)
+    assert isinstance(p, NetsensePolicy)
+    return p
+
+
+def measured(p: NetsensePolicy, *, costs: bool = True) -> NetsensePolicy:
+    """Feed measured q (8-bit loses nothing measurable, 4-bit ~10%) and, with `costs`, the timings."""
+    if costs:
+        for level, (enc, dec) in MEASURED.items():
+            p.observe_costs(level=level, dense_bytes=S, encode_s=enc, decode_s=dec)
+    p.observe_progress(level=Q8, progress=0.9997)
+    p.observe_progress(level=Q4, progress=0.9)
+    return p
+
+
+def link(bw_Bps: float | None, *, t: float = 0.0, rtt: float = RTT, app_limited: bool = False) -> LinkState:
+    return LinkState(time_s=t, bandwidth_Bps=bw_Bps, min_rtt_s=rtt, srtt_s=rtt, app_limited=app_limited)
+
+
+def choose(p: NetsensePolicy, lk: LinkState, step: int = 0) -> int:
+    d = p.choose(link=lk, payload_bytes=S, compute_s=TC, step=step)
+    assert d.level is not None
+    return d.level
+
+
+# --- CodecCosts -------------------------------------------------------------------------------
+
+
+def test_codec_costs_start_from_the_ladder_and_switch_to_the_median_of_timings() -> None:
+    costs = CodecCosts(LADDER, window=3)
+    assert costs.level(Q8) is LADDER[Q8] and costs.measured(Q8) == (False, False)
+    costs.observe(Q8, dense_bytes=S, encode_s=0.0075)
+    assert costs.encode_s_per_mb(Q8) == pytest.approx(0.0075 / (S / MB))
+    assert costs.decode_s_per_mb(Q8) == LADDER[Q8].decode_s_per_mb  # the half not timed keeps the prior
+    assert costs.measured(Q8) == (True, False)
+    for seconds in (0.5, 0.007, 0.008):  # one scheduler stall among three timings: the median ignores it
+        costs.observe(Q8, dense_bytes=S, encode_s=seconds)
+    assert costs.encode_s_per_mb(Q8) == pytest.approx(0.008 / (S / MB))
+    lv = costs.level(Q8)
+    assert lv.codec_s(S) == pytest.approx(0.008 + LADDER[Q8].decode_s_per_mb * S / MB)
+    assert (lv.spec, lv.ratio, lv.progress) == (LADDER[Q8].spec, LADDER[Q8].ratio, LADDER[Q8].progress)
+    for bad in (-1.0, math.nan, math.inf):
+        costs.observe(Q8, dense_bytes=S, encode_s=bad, decode_s=bad)
+    costs.observe(Q8, dense_bytes=0, encode_s=1.0)
+    costs.observe(99, dense_bytes=S, encode_s=1.0)  # not a level: ignored
+    assert costs.encode_s_per_mb(Q8) == pytest.approx(0.008 / (S / MB)) and costs.measured(Q8) == (True, False)
+    assert [lv.spec for lv in costs.levels()] == list(LADDER.specs)
+
+
+# --- TransportCost ----------------------------------------------------------------------------
+
+
+def test_transport_cost_is_the_slope_not_the_fixed_part() -> None:
+    """A send costs 3 ms that do not grow with its size (the PS's optimizer step, stream set-up) plus
+    1 / (30 MB/s) per byte: the fit finds 30 MB/s, where time / bytes of a small send would not."""
+    tc = TransportCost()
+    fixed, rate = 0.003, 30e6
+    tc.observe(level=2, bytes_sent=38_000, comm_s=RTT + fixed + 38_000 / rate, time_s=0.0, min_rtt_s=RTT)
+    assert tc.s_per_byte(0.0) is None  # one size: no slope yet
+    for t in range(5):
+        for level, size in ((0, 153_000), (1, 77_000), (5, 1_600)):
+            noise = 1 + 0.05 * math.sin(7 * t + level)
+            tc.observe(level=level, bytes_sent=size, comm_s=RTT + (fixed + size / rate) * noise, time_s=t, min_rtt_s=RTT)
+    assert tc.goodput_Bps(5.0) == pytest.approx(rate, rel=0.1)
+    assert 1_600 / (fixed + 1_600 / rate) < 0.6e6  # what time / bytes would have said
+
+
+def test_transport_cost_subtracts_decode_skips_queues_and_forgets_old_rates() -> None:
+    tc = TransportCost(horizon_s=10.0)
+    tc.observe(level=0, bytes_sent=150_000, comm_s=0.006, time_s=0.0, min_rtt_s=0.001)
+    tc.observe(level=2, bytes_sent=40_000, comm_s=0.012, time_s=0.0, min_rtt_s=0.001, peer_decode_s=0.009)
+    assert tc.s_per_byte(0.0) == pytest.approx((0.005 - 0.002) / 110_000)
+    # A send that starts on a standing queue measures a competitor's traffic, not ours.
+    tc.observe(level=1, bytes_sent=75_000, comm_s=1.0, time_s=1.0, queue_s=0.05, queue_tolerance_s=0.01)
+    assert [b for b, _ in tc.points(1.0)] == [150_000, 40_000]
+    # Ten seconds after its last send a level's point is gone: a rate seen before a link change
+    # must not outlive it.
+    tc.observe(level=2, bytes_sent=40_000, comm_s=0.003, time_s=10.5, min_rtt_s=0.001)
+    assert tc.s_per_byte(10.5) is None
+    # A fit that slopes down (noise, or a small send that costs more) charges bytes nothing.
+    down = TransportCost()
+    down.observe(level=0, bytes_sent=150_000, comm_s=0.004, time_s=0.0)
+    down.observe(level=5, bytes_sent=2_000, comm_s=0.008, time_s=0.0)
+    assert down.s_per_byte(0.0) == 0.0 and down.goodput_Bps(0.0) is None
+
+
+# --- the law with measured costs --------------------------------------------------------------
+
+
+def test_measured_codec_cost_makes_an_unconstrained_link_pick_fp16_not_qsgd8() -> None:
+    """Unshaped loopback, 50 MB/s: with the ladder's planning figures qsgd:8 looks cheapest (that is
+    what the uplink chose in the 2026-11-30 runs); with its measured 7.5 ms encode, fp16 wins."""
+    assert choose(measured(policy(), costs=False), link(50e6)) == Q8  # the ladder's figures: the bug fixed here
+    p = measured(policy())
+    assert choose(p, link(50e6)) == FP16
+    assert choose(measured(policy(measured_costs=False)), link(50e6)) == Q8  # the setting switches it off
+    # Still lossless where bytes cost nothing worth a cast (a fast link, fp16's cast measured).
+    assert choose(measured(policy()), link(5e9)) == FP32
+
+
+def test_bandwidth_bound_link_still_compresses_with_measured_costs() -> None:
+    """20 Mbit/s, 20 ms RTT: 77 kB of fp16 take 31 ms, so 8-bit's slow encode still pays."""
+    p = measured(policy())
+    level = choose(p, link(2.5e6, rtt=0.02))
+    assert level >= Q8
+    d = p.choose(link=link(2.5e6, rtt=0.02, t=1.0), payload_bytes=S, compute_s=TC, step=1)
+    assert d.level == level and d.predicted_comm_s == pytest.approx(
+        LADDER[level].ratio * S / 2.5e6 + 0.02 + sum(MEASURED[level]), rel=0.02
+    )
+
+
+def test_untried_levels_keep_the_ladder_figures() -> None:
+    p = measured(policy())
+    top = len(LADDER) - 1
+    assert p.costs.level(top) is LADDER[top] and p.costs.level(Q8) is not LADDER[Q8]
+
+
+def cpu_bound_run(p: NetsensePolicy, steps: int = 40) -> list[int]:
+    """The delivery rate says 500 MB/s, but a push takes 2 ms fixed + 1 / (30 MB/s) per byte (the
+    hosts' CPUs)."""
+    levels = []
+    for step in range(steps):
+        level = choose(p, link(500e6, t=0.02 * step), step)
+        size = LADDER[level].ratio * S
+        p.observe(step=step, level=level, bytes_sent=round(size), comm_s=RTT + 0.002 + size / 30e6)
+        levels.append(level)
+    return levels
+
+
+def test_per_byte_cost_prefers_fewer_bytes_on_a_cpu_bound_path() -> None:
+    """With bytes nearly free at 500 MB/s fp32 wins the tie, but once an fp16 send (an exploration,
+    `probe_interval` steps in) shows the hosts move 30 MB/s, fp16 is 15% faster and stays; qsgd:8's
+    codec stays too dear."""
+    off = measured(policy(transport_cost=False))
+    assert set(cpu_bound_run(off)) == {FP32}
+    on = measured(policy())
+    levels = cpu_bound_run(on)
+    assert on.transport.goodput_Bps(0.8) == pytest.approx(30e6, rel=0.01)
+    explored = levels.index(FP16)
+    assert set(levels[:explored]) == {FP32} and explored <= 21 and set(levels[explored:]) == {FP16}
+    # The per-byte cost only raises a byte's price: when the link slows to 20 Mbit/s, it rules.
+    for step in range(40, 45):
+        level = choose(on, link(2.5e6, t=0.02 * step, rtt=0.02), step)
+        size = LADDER[level].ratio * S
+        on.observe(step=step, level=level, bytes_sent=round(size), comm_s=0.02 + size / 2.5e6)
+    assert level >= Q8
+
+
+def test_no_flapping_with_noisy_costs_and_link() -> None:
+    """Timings jitter by +-30% (shared cores) and the rate by +-10%; the committed level must not
+    flap at any rate from loopback to a slow WAN."""
+    for rate in (2.5e6, 6e6, 12.5e6, 50e6, 500e6):
+        rng = random.Random(int(rate))
+        p = measured(policy())
+        changes, last = 0, None
+        for step in range(300):
+            for level, (enc, dec) in MEASURED.items():
+                if rng.random() < 0.3:
+                    p.observe_costs(level=level, dense_bytes=S, encode_s=enc * rng.uniform(0.7, 1.3),
+                                    decode_s=dec * rng.uniform(0.7, 1.3))
+            d = p.choose(link=link(rate * rng.uniform(0.9, 1.1), t=step * 0.02), payload_bytes=S, compute_s=TC, step=step)
+            assert d.level is not None
+            size, decode = LADDER[d.level].ratio * S, MEASURED.get(d.level, (0.0, 0.001))[1]  # the PS decodes, then acks
+            p.observe(step=step, level=d.level, bytes_sent=round(size), comm_s=RTT + decode + size / rate * rng.uniform(0.9, 1.1))
+            if last is not None and p.level != last:
+                changes += 1
+            last = p.level
+        assert changes <= 2, (rate, changes)

@@ -1,0 +1,49 @@
+"""`DownlinkController` without connections: the downlink learns its own q and codec costs."""
+
+from __future__ import annotations
+
+import torch
+
+from netsense.compression.policy import NetsensePolicy
+from netsense.ps.downlink import DownlinkController
+
+LADDER = "fp32,fp16,qsgd:8,qsgd:4,topk:0.01+fp16"
+
+
+def tensors(seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(200, 100, generator=gen), "b": torch.randn(100, generator=gen)}
+
+
+def test_candidates_are_measured_on_the_update_that_was_sent() -> None:
+    down = DownlinkController("netsense", ladder=LADDER)
+    policy = down.policy
+    assert isinstance(policy, NetsensePolicy)
+    params = tensors(0)
+    shadow = {k: v.clone() for k, v in params.items()}
+    assert down.measure(0, params, shadow) == {}  # version 0 asks for candidates: the shadow is kept
+    priors = list(policy.progress.values)
+    update = tensors(1)
+    params = {k: params[k] + 0.01 * update[k] for k in params}  # the optimizer step to version 1
+    measured = down.measure(1, params, shadow)
+    assert sorted(measured) == [1, 2, 3, 4]  # every lossy level
+    assert measured[2] > 0.99 and 0.5 < measured[3] < 0.99 and measured[4] < 0.2
+    assert policy.progress.values[4] == measured[4] != priors[4] and policy.progress.measured[3]
+    for level in (1, 2, 3, 4):
+        assert policy.costs.measured(level) == (True, True)
+    assert policy.costs.measured(0) == (False, False)  # fp32: never a candidate, keeps the ladder's
+
+
+def test_a_snapshot_is_used_only_for_the_next_update() -> None:
+    down = DownlinkController("netsense", ladder=LADDER)
+    params = tensors(0)
+    down.measure(0, params, {k: v.clone() for k, v in params.items()})
+    assert down.measure(2, params, params) == {}  # two updates later (a resync): not what was encoded
+    assert not any(down.policy.progress.measured[1:])  # type: ignore[attr-defined]
+
+
+def test_fixed_policies_measure_nothing() -> None:
+    down = DownlinkController("fp16", ladder=LADDER)
+    params = tensors(0)
+    down.measure(0, params, params)
+    assert down._snapshot is None and down.measure(1, params, params) == {}
