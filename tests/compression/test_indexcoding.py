@@ -88,3 +88,24 @@ def test_random_bytes_raise_compression_error_or_valid_indices(data: bytes, coun
     if count:
         assert int(idx.min()) >= 0 and int(idx.max()) < numel
         assert bool((idx[1:] > idx[:-1]).all())
+
+
+@settings(max_examples=80, deadline=None)
+@given(gaps=st.lists(st.one_of(st.integers(0, 300), st.integers(0, (1 << 32) - 1)), min_size=1, max_size=60))
+def test_varint_bytes_match_a_reference_coder(gaps: list[int]) -> None:
+    # Mixed short and long varints (1 to 5 bytes) next to each other, in every order.
+    idx = torch.cumsum(torch.tensor(gaps, dtype=torch.int64) + 1, 0) - 1
+    coded = varint_encode(idx)
+    assert bytes(coded.tolist()) == varint_bytes(gaps)
+    assert torch.equal(varint_decode(coded, len(gaps)), idx)
+
+
+def test_varint_gap_above_32_bits_rejected() -> None:
+    data = torch.tensor(list(varint_bytes([1, 1 << 33])), dtype=torch.uint8)
+    with pytest.raises(CompressionError, match="gap is above"):
+        varint_decode(data, 2)
+
+
+def test_numel_above_the_decode_limit_rejected() -> None:
+    with pytest.raises(CompressionError, match="decode limit"):
+        decode_indices(bytes([VARINT, 1]), 1, 1 << 40, "cpu")
