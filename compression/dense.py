@@ -10,6 +10,7 @@ from .base import (
     Payload,
     bytes_to_tensor,
     check_payload_header,
+    empty_dense,
     expect_bytes,
     register_codec,
     tensor_to_bytes,
@@ -51,8 +52,8 @@ class HalfCast(Codec):
         dtype = check_payload_header(payload, codec=self.spec, parts=1, meta=0)
         n = payload.numel
         expect_bytes(payload.parts[0], n * 2, f"{self.spec} values")
-        wire = bytes_to_tensor(payload.parts[0], self.wire_dtype, n, device, copy=False)  # .to() copies
-        return wire.to(dtype, copy=True).reshape(payload.shape)
+        wire = bytes_to_tensor(payload.parts[0], self.wire_dtype, n, device, copy=False)  # only read
+        return empty_dense(n, dtype, device).copy_(wire).reshape(payload.shape)
 
     def nominal_ratio(self, numel: int) -> float:
         return 0.5
