@@ -30,6 +30,8 @@ DEFAULT_TRANSPORT_WINDOW = 8
 """Sends per level kept for its point of the per-byte fit."""
 DEFAULT_TRANSPORT_HORIZON_S = 10.0
 """Seconds a level's point counts after its latest send."""
+DEFAULT_TRANSPORT_MIN_SAMPLES = 3
+"""Sends a level needs before its point counts (the median of three drops one outlier)."""
 MIN_SIZE_SPREAD = 1.5
 """The per-byte fit needs points whose largest send is at least this many times the smallest."""
 
@@ -101,7 +103,11 @@ class TransportCost:
     fixed costs to the bytes: a 1.6 kB top-k push took 8 ms on loopback, which would price a byte at
     0.2 MB/s and push every level toward the smallest. So each level keeps one point (the medians
     of its last `window` sends' bytes and times) and `c` is the least-squares slope through the
-    points; it needs two levels of different sizes (startup, probes and level changes give them).
+    points; it needs two levels of different sizes with `min_samples` sends each (startup, probes and
+    level changes give them; one send is no point: the first pushes after start-up took 5-10x the
+    later ones, lazy set-up at both ends). Since the fixed part is >= 0, no point can cost more per
+    byte than its own time / bytes: `c` is capped there, which bounds what noise on a small spread
+    can do (two points 76 kB apart with +-10 ms of scheduler noise on loaded cores).
     A point lasts `horizon_s` after its level's latest send, so a slope found once stays known while
     one level is sent for a while, yet a rate seen before the link changed does not outlive it.
     Sends that start on a standing queue (srtt - min_rtt above a tolerance) are skipped: their time
@@ -114,10 +120,14 @@ class TransportCost:
         window: int = DEFAULT_TRANSPORT_WINDOW,
         min_spread: float = MIN_SIZE_SPREAD,
         horizon_s: float = DEFAULT_TRANSPORT_HORIZON_S,
+        min_samples: int = DEFAULT_TRANSPORT_MIN_SAMPLES,
     ) -> None:
-        if window < 1 or not horizon_s > 0:
-            raise ValueError(f"window must be >= 1 and horizon_s > 0, got {window} and {horizon_s}")
+        if not 1 <= min_samples <= window or not horizon_s > 0:
+            raise ValueError(
+                f"need 1 <= min_samples <= window and horizon_s > 0, got {min_samples}, {window} and {horizon_s}"
+            )
         self.window = window
+        self.min_samples = min_samples
         self.min_spread = min_spread
         self.horizon_s = horizon_s
         self._sends: dict[int, deque[tuple[float, float]]] = {}  # level -> (wire bytes, seconds)
@@ -143,12 +153,16 @@ class TransportCost:
         sends.append((float(bytes_sent), max(0.0, comm_s - min_rtt_s - peer_decode_s)))
         self._last[level] = time_s
 
+    def count(self, level: int) -> int:
+        """Sends of `level` in its window."""
+        return len(self._sends.get(level, ()))
+
     def points(self, now_s: float) -> list[tuple[float, float]]:
         """(bytes, seconds) per level sent within `horizon_s` of `now_s`: the medians of its sends."""
         return [
             (statistics.median(b for b, _ in sends), statistics.median(t for _, t in sends))
             for level, sends in self._sends.items()
-            if sends and now_s - self._last[level] <= self.horizon_s
+            if len(sends) >= self.min_samples and now_s - self._last[level] <= self.horizon_s
         ]
 
     def s_per_byte(self, now_s: float) -> float | None:
@@ -164,7 +178,7 @@ class TransportCost:
         my = statistics.fmean(t for _, t in pts)
         var = sum((x - mx) ** 2 for x in xs)
         cov = sum((x - mx) * (t - my) for x, t in pts)
-        return max(0.0, cov / var)
+        return min(max(0.0, cov / var), min(t / b for b, t in pts))
 
     def goodput_Bps(self, now_s: float) -> float | None:
         """1 / c: the rate at which one more byte moves, None when unknown or free."""

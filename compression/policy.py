@@ -696,6 +696,7 @@ class NetsensePolicy(Policy):
         self._payload_bytes = 0  # S of the last decision
         self._queue_s = 0.0  # the link's standing queue at the last decision
         self._now_s = 0.0  # link time of the last decision
+        self._exploring: int | None = None  # the level the last decision explored
         self.progress = ProgressEstimate(ladder, alpha=s.progress_alpha, floor=s.progress_floor)
         """Progress efficiency q per level: codec priors, refined by `observe_progress`."""
         self.bandwidth = BandwidthEstimate(
@@ -797,6 +798,7 @@ class NetsensePolicy(Policy):
             probe = self._probe_level(index, payload_bytes)
             return self._sent(emit(probe, f"probe: {index - probe} lighter than {self.ladder[index].spec}"), bw, rtt)
         explore = self._explore_level(link, reason)
+        self._exploring = explore
         if explore is not None:
             self._since_probe = 0
             self._moved_at = link.time_s
@@ -813,6 +815,9 @@ class NetsensePolicy(Policy):
             return None
         if self.transport.s_per_byte(link.time_s) is not None:
             return None
+        going = self._exploring
+        if going is not None and self.transport.count(going) < self.transport.min_samples:
+            return going  # a point needs `min_samples` sends: explore for that many steps in a row
         steps = min(self._since_change, self._since_probe)
         due = (s.probe_interval > 0 and steps >= s.probe_interval) or (
             s.probe_interval_s > 0

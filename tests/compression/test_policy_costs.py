@@ -83,7 +83,8 @@ def test_transport_cost_is_the_slope_not_the_fixed_part() -> None:
     1 / (30 MB/s) per byte: the fit finds 30 MB/s, where time / bytes of a small send would not."""
     tc = TransportCost()
     fixed, rate = 0.003, 30e6
-    tc.observe(level=2, bytes_sent=38_000, comm_s=RTT + fixed + 38_000 / rate, time_s=0.0, min_rtt_s=RTT)
+    for _ in range(3):
+        tc.observe(level=2, bytes_sent=38_000, comm_s=RTT + fixed + 38_000 / rate, time_s=0.0, min_rtt_s=RTT)
     assert tc.s_per_byte(0.0) is None  # one size: no slope yet
     for t in range(5):
         for level, size in ((0, 153_000), (1, 77_000), (5, 1_600)):
@@ -95,21 +96,32 @@ def test_transport_cost_is_the_slope_not_the_fixed_part() -> None:
 
 def test_transport_cost_subtracts_decode_skips_queues_and_forgets_old_rates() -> None:
     tc = TransportCost(horizon_s=10.0)
-    tc.observe(level=0, bytes_sent=150_000, comm_s=0.006, time_s=0.0, min_rtt_s=0.001)
+    for comm in (0.006, 0.050, 0.006):  # the median drops a scheduler stall
+        tc.observe(level=0, bytes_sent=150_000, comm_s=comm, time_s=0.0, min_rtt_s=0.001)
+    for _ in range(2):
+        tc.observe(level=2, bytes_sent=40_000, comm_s=0.012, time_s=0.0, min_rtt_s=0.001, peer_decode_s=0.009)
+    assert tc.s_per_byte(0.0) is None  # two sends are not yet a point
     tc.observe(level=2, bytes_sent=40_000, comm_s=0.012, time_s=0.0, min_rtt_s=0.001, peer_decode_s=0.009)
     assert tc.s_per_byte(0.0) == pytest.approx((0.005 - 0.002) / 110_000)
     # A send that starts on a standing queue measures a competitor's traffic, not ours.
-    tc.observe(level=1, bytes_sent=75_000, comm_s=1.0, time_s=1.0, queue_s=0.05, queue_tolerance_s=0.01)
-    assert [b for b, _ in tc.points(1.0)] == [150_000, 40_000]
+    for _ in range(3):
+        tc.observe(level=1, bytes_sent=75_000, comm_s=1.0, time_s=1.0, queue_s=0.05, queue_tolerance_s=0.01)
+    assert [b for b, _ in tc.points(1.0)] == [150_000, 40_000] and tc.count(1) == 0
     # Ten seconds after its last send a level's point is gone: a rate seen before a link change
     # must not outlive it.
     tc.observe(level=2, bytes_sent=40_000, comm_s=0.003, time_s=10.5, min_rtt_s=0.001)
     assert tc.s_per_byte(10.5) is None
     # A fit that slopes down (noise, or a small send that costs more) charges bytes nothing.
-    down = TransportCost()
+    down = TransportCost(min_samples=1)
     down.observe(level=0, bytes_sent=150_000, comm_s=0.004, time_s=0.0)
     down.observe(level=5, bytes_sent=2_000, comm_s=0.008, time_s=0.0)
     assert down.s_per_byte(0.0) == 0.0 and down.goodput_Bps(0.0) is None
+    # No point costs more per byte than its own time / bytes (the fixed part is >= 0): a noisy
+    # steep fit is capped there.
+    steep = TransportCost(min_samples=1)
+    steep.observe(level=0, bytes_sent=150_000, comm_s=0.030, time_s=0.0)
+    steep.observe(level=1, bytes_sent=75_000, comm_s=0.003, time_s=0.0)
+    assert steep.s_per_byte(0.0) == pytest.approx(0.003 / 75_000)
 
 
 # --- the law with measured costs --------------------------------------------------------------
@@ -164,7 +176,7 @@ def test_per_byte_cost_prefers_fewer_bytes_on_a_cpu_bound_path() -> None:
     on = measured(policy())
     levels = cpu_bound_run(on)
     assert on.transport.goodput_Bps(0.8) == pytest.approx(30e6, rel=0.01)
-    explored = levels.index(FP16)
+    explored = levels.index(FP16)  # fp16 explored for three steps (a point), then kept
     assert set(levels[:explored]) == {FP32} and explored <= 21 and set(levels[explored:]) == {FP16}
     # The per-byte cost only raises a byte's price: when the link slows to 20 Mbit/s, it rules.
     for step in range(40, 45):
