@@ -111,6 +111,7 @@ class PSServer:
         self._step_started_at: float | None = None
         self._blocked: tuple[int | None, float] = (None, 0.0)  # async: (slowest clock, since when) while a worker waits on it
         self._params_cache: tuple[tuple[int, bool, int], bytes] | None = None
+        self._keyed_cache: dict[tuple[int, bool, int, tuple[str, ...]], bytes] = {}  # pipelined pulls of one update
         self._server: Any = None
         self._watchdog: asyncio.Task[None] | None = None
         self.port = 0
@@ -175,7 +176,7 @@ class PSServer:
     def _maybe_checkpoint(self) -> None:
         """Snapshot the store on the loop if a checkpoint is due; write it on a worker thread."""
         s, store = self.settings, self.store
-        if s.checkpoint_dir is None or not store.initialized or store.version == self._ckpt_version:
+        if s.checkpoint_dir is None or not store.initialized or store.version == self._ckpt_version or store.applied_keys:
             return
         if self._ckpt_task is not None and not self._ckpt_task.done():
             return  # the previous write is still running; the next step tries again
@@ -209,6 +210,11 @@ class PSServer:
                 self._changed.wait_for(lambda: self.store.initialized and self.store.version >= version), self.settings.pull_timeout_s
             )
 
+    async def wait_keys(self, keys: tuple[str, ...], version: int) -> None:
+        """Pipelined pull: wait until `keys` are applied for `version` (or the version is reached)."""
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(lambda: self.store.keys_ready(keys, version)), self.settings.pull_timeout_s)
+
     async def wait_turn(self, worker_id: str) -> None:
         """Async mode: hold a worker's PULL while it is more than `staleness` ahead (SSP)."""
         async with self._changed:
@@ -220,6 +226,17 @@ class PSServer:
         if self._params_cache is None or self._params_cache[0] != key:
             self._params_cache = (key, encode_message(params))
         return self._params_cache[1]
+
+    def keyed_params_bytes(self, params: Params, keys: tuple[str, ...]) -> bytes:
+        """Encoded PARAMS of a pipelined pull, cached per key set: every worker asks for the same
+        buckets of the same update. The cache holds one update."""
+        key = (params.version, params.full, params.base_version, keys)
+        data = self._keyed_cache.get(key)
+        if data is None:
+            if any(k[:3] != key[:3] for k in self._keyed_cache):
+                self._keyed_cache.clear()
+            data = self._keyed_cache[key] = encode_message(params)
+        return data
 
     def note_push(self) -> None:
         if self._step_started_at is None and not self.store.asynchronous:
@@ -332,10 +349,15 @@ class WorkerSession:
             self.server.note_push()
             if self.server.downlink is not None:
                 self.server.downlink.before_step(store, self.server.sessions)
+            ahead = store.applied_keys
             result = store.push(self.worker_id, msg)
             await self.server.applied(result)
+            if result is None and store.applied_keys != ahead:
+                await self.server.wake()  # keys applied ahead: pipelined pulls may go
             # The version this push made (async mode: the worker derives its staleness from it).
             return Ack(result.version if result is not None else store.version)
+        if isinstance(msg, Pull) and msg.keys:
+            return await self._pull_keys(msg)
         if isinstance(msg, Pull):
             if not store.initialized or store.version < msg.wait_for:
                 try:
@@ -355,6 +377,23 @@ class WorkerSession:
             self._leave(f"bye: {msg.reason}")
             return Ack(store.version)
         raise ProtocolError("type", f"{type(msg).__name__.upper()} is not a request the PS accepts")
+
+    async def _pull_keys(self, msg: Pull) -> bytes:
+        """Pipelined pull: answer with `msg.keys` of the next update as soon as they are applied."""
+        store = self.server.store
+        if store.want(msg.keys, msg.wait_for - 1):
+            await self.server.wake()
+        if not store.keys_ready(msg.keys, msg.wait_for):
+            try:
+                await self.server.wait_keys(msg.keys, msg.wait_for)
+            except asyncio.TimeoutError:
+                raise ProtocolError("timeout", f"keys of version {msg.wait_for} not applied within the pull timeout") from None
+        params = store.pull_keys(msg.have_version, msg.keys)
+        whole = params.full and len(params.tensors) == len(store.params)  # the fallback: every key, full
+        data = self.server.params_bytes(params) if whole else self.server.keyed_params_bytes(params, msg.keys)
+        if self.server.downlink is not None:
+            self.server.downlink.sent(self.conn.quic, params.version, len(data))
+        return data
 
     def _on_hello(self, msg: Hello) -> Message:
         if self.authenticated:
@@ -415,5 +454,5 @@ class WorkerSession:
         result = self.server.store.leave(wid)
         if result is not None:
             asyncio.get_event_loop().create_task(self.server.applied(result))
-        elif self.server.store.asynchronous:  # the slowest clock may have moved: wake SSP waiters
+        else:  # async: the slowest clock may have moved; sync: keys may be applied ahead now
             asyncio.get_event_loop().create_task(self.server.wake())

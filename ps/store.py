@@ -15,11 +15,23 @@ says whether it is at most `s` ahead of the slowest live worker, and the server 
 PULL until it is. Pulls then return the full fp32 parameters at whatever version is current: no
 per-worker shadows, so a worker can pick up any version (the downlink codec and policy do not
 apply in this mode).
+
+Pipelined steps (sync mode, workers with overlap): a worker that sends a keyed PULL for the
+current step marks those keys wanted; a wanted key is applied as soon as every worker of the step
+has pushed it (the optimizers are per parameter: SGD, Adam and AdamW couple no keys), and its
+downlink payload is encoded at once, so the PS streams a step's first keys down while the last are
+still coming up. The version still advances only when every key is applied. The step's workers are
+fixed at its first applied key: one that joins later sits the step out (its pushes are ignored, its
+pull gets the step's update); one that leaves (or is dropped at the barrier timeout) is left out of
+the keys not yet applied, which are averaged over the workers that pushed them. Until the version
+advances the new shadow values of applied keys are kept apart, so a full pull still returns the
+previous version whole. Without keyed pulls nothing here runs and a step applies as described above.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -83,6 +95,11 @@ class ParameterStore:
         self._update_spec: str | None = None  # a downlink policy's choice, overrides the codec
         self._downlink_chosen: dict[tuple[str, str], Codec] = {}  # (key, spec) -> encoder
         self._last_update: Params | None = None
+        self._applied: dict[str, Payload] = {}  # pipelined step: key -> downlink payload, ahead of the version
+        self._next_shadow: dict[str, torch.Tensor] = {}  # pipelined step: shadow values once it completes
+        self._members: tuple[str, ...] | None = None  # pipelined step: its workers, fixed at its first key
+        self._wanted: set[str] = set()  # keys a keyed PULL waits for in the current step
+        self._step_spec: str | None = None  # downlink codec of the pipelined step (fixed at its first key)
         self.applied_steps = 0
         self.start_quorum = 1
         self.rejected_messages = 0
@@ -134,7 +151,11 @@ class ParameterStore:
         A rejoining worker redoes its step from the start, so a partial push of its old
         connection is discarded (its re-push would otherwise be refused as a duplicate)."""
         self._enter(worker_id)
-        self._pending.pop(worker_id, None)
+        pending = self._pending.get(worker_id)
+        if pending is not None and self._members is not None and worker_id in self._members:
+            pending.grads.clear()  # its re-push fills the keys not yet applied; applied ones keep its share
+        else:
+            self._pending.pop(worker_id, None)
 
     def _enter(self, worker_id: str) -> None:
         """Make a worker live; in async mode its clock starts at (or is raised to) the slowest live
@@ -168,9 +189,21 @@ class ParameterStore:
 
     def leave(self, worker_id: str) -> StepApplied | None:
         """Remove a worker and discard its partial step; may complete the barrier for the rest."""
+        self._discard(worker_id)
+        self._apply_wanted()
+        return self._maybe_apply()
+
+    def _apply_wanted(self) -> None:
+        """After the step lost a worker: wanted keys that everyone left has pushed can go now."""
+        if self._wanted and not self.asynchronous:
+            self._apply_ready(sorted(self._wanted))
+
+    def _discard(self, worker_id: str) -> None:
+        """Out of the live set and out of the current step."""
         self.live.discard(worker_id)
         self._pending.pop(worker_id, None)
-        return self._maybe_apply()
+        if self._members is not None and worker_id in self._members:
+            self._members = tuple(w for w in self._members if w != worker_id) or None
 
     def drop_incomplete(self) -> tuple[list[str], StepApplied | None]:
         """Barrier timeout: remove live workers that have not finished the current step.
@@ -187,11 +220,12 @@ class ParameterStore:
             return dropped, None
         if not any(self._complete(w) for w in self._pending):
             return [], None
-        dropped = [w for w in self.live if not self._complete(w)]
+        step_workers = self._members if self._members is not None else self.live  # a late joiner sits a pipelined step out
+        dropped = [w for w in step_workers if not self._complete(w)]
         self.start_quorum = 1  # the timeout also ends the wait for workers that never came
         for w in dropped:
-            self.live.discard(w)
-            self._pending.pop(w, None)
+            self._discard(w)
+        self._apply_wanted()
         return dropped, self._maybe_apply()
 
     @property
@@ -228,21 +262,27 @@ class ParameterStore:
                 raise ProtocolError("non-finite", f"gradient of {key!r} has NaN/Inf; rejected")
             decoded[key] = grad
         # Validation passed for every key: only now does anything change.
+        if self._members is not None and worker_id not in self._members:
+            return None  # joined after this pipelined step's first key: it sits the step out
         self._enter(worker_id)
         if pending is None:
             pending = self._pending[worker_id] = _Pending(msg.samples, step=msg.step)
-        pending.grads.update(decoded)
+        pending.grads.update((k, g) for k, g in decoded.items() if k not in self._applied)  # a re-push after a rejoin
         if self.asynchronous:
             return self._apply_one(worker_id) if self._complete(worker_id) else None
+        if self._wanted:
+            self._apply_ready(decoded)
         return self._maybe_apply()
 
     def _complete(self, worker_id: str) -> bool:
         p = self._pending.get(worker_id)
-        return p is not None and len(p.grads) == len(self.params)
+        return p is not None and len(p.grads) + len(self._applied) == len(self.params)
 
     def _maybe_apply(self) -> StepApplied | None:
         if self.asynchronous:
             return None  # each push applies on its own (`_apply_one`); nothing waits for a barrier
+        if self._applied:
+            return self._finish_pipelined()
         ready = [w for w in self._pending if self._complete(w)]
         if not ready or any(not self._complete(w) for w in self.live):
             return None
@@ -252,7 +292,7 @@ class ParameterStore:
         base = self.version
         self.version += 1
         self.applied_steps += 1
-        self._pending.clear()
+        self._reset_step()  # `_wanted` too: keys wanted but never applied ahead
         self._last_update = self._encode_update(base)
         return StepApplied(self.version, tuple(sorted(ready)), total)
 
@@ -282,6 +322,124 @@ class ParameterStore:
         for param in self.params.values():
             param.grad = None
         return total
+
+    # --- pipelined steps (keyed pulls) ------------------------------------------------------
+
+    @property
+    def applied_keys(self) -> int:
+        """Keys of the current step applied ahead of the version (pipelined steps)."""
+        return len(self._applied)
+
+    def want(self, keys: Iterable[str], step: int) -> int:
+        """A keyed PULL waits for `keys` of the update from version `step`: apply those that every
+        worker of the step has pushed; returns how many were applied now."""
+        if not self.initialized:
+            raise ProtocolError("not-initialized", "nothing to pull yet")
+        keys = list(keys)
+        unknown = [k for k in keys if k not in self.params]
+        if unknown:
+            raise ProtocolError("key", f"unknown keys {unknown[:3]!r} in a keyed PULL")
+        if self.asynchronous:
+            raise ProtocolError("keys", "a keyed PULL needs a synchronous PS; this one is asynchronous (staleness set)")
+        if step != self.version:
+            return 0  # an old step (its update is whole by now) or a future one (the push is refused as stale)
+        self._wanted.update(keys)
+        return self._apply_ready(keys)
+
+    def keys_ready(self, keys: Iterable[str], version: int) -> bool:
+        """True once a keyed pull for `keys` at `version` can be answered."""
+        return self.version >= version or (self.version == version - 1 and all(k in self._applied for k in keys))
+
+    def pull_keys(self, have_version: int, keys: Iterable[str]) -> Params:
+        """The update of `keys` from `have_version` to the next version, as soon as they are
+        applied; the full parameters (every key) when no such update exists."""
+        keys = list(keys)
+        if self.version == have_version and all(k in self._applied for k in keys):
+            full = self._step_spec in ("fp32", "none")
+            base = -1 if full else self.version
+            return Params(self.version + 1, full, {k: self._applied[k] for k in keys}, base_version=base)
+        last = self._last_update
+        if last is not None and last.version == self.version == have_version + 1 and (last.full or last.base_version == have_version):
+            return Params(last.version, last.full, {k: last.tensors[k] for k in keys}, base_version=last.base_version)
+        return self.full_params()
+
+    def _step_workers(self) -> tuple[str, ...]:
+        """Whose gradients make up the current step: its fixed workers, or (before its first key)
+        every live worker once each has pushed something; () while one has not."""
+        if self._members is not None:
+            return self._members
+        if not self.live or any(w not in self._pending for w in self.live):
+            return ()
+        return tuple(self._pending)  # push order, as the plain step sums them
+
+    def _apply_ready(self, keys: Iterable[str]) -> int:
+        """Apply the wanted keys among `keys` that every worker of the step has pushed."""
+        workers = self._step_workers()
+        if not workers or (self.version == 0 and self._members is None and len(workers) < self.start_quorum):
+            return 0
+        ready = [
+            k for k in dict.fromkeys(keys)
+            if k in self._wanted and k not in self._applied and all(k in self._pending[w].grads for w in workers)
+        ]  # fmt: skip
+        if ready:
+            self._members = workers
+            if self._step_spec is None:
+                self._step_spec = self._update_spec or self._downlink_spec
+            self._apply_keys(workers, ready)
+        return len(ready)
+
+    def _apply_keys(self, workers: tuple[str, ...], keys: list[str]) -> None:
+        """Optimizer step of `keys` alone (parameters without a grad are skipped by torch.optim),
+        then their downlink payloads; the new shadow values wait for the version."""
+        total = sum(self._pending[w].samples for w in workers)
+        assert self._optimizer is not None and self._step_spec is not None
+        for key in keys:
+            param = self.params[key]
+            acc = torch.zeros_like(param)
+            for w in workers:
+                p = self._pending[w]
+                acc.add_(p.grads.pop(key).to(param.dtype), alpha=p.samples / total)
+            param.grad = acc
+        self._optimizer.step()
+        for key in keys:
+            self.params[key].grad = None
+            self._applied[key], self._next_shadow[key] = self._encode_key(key, self._step_spec)
+
+    def _encode_key(self, key: str, spec: str) -> tuple[Payload, torch.Tensor]:
+        """One key's downlink payload and the shadow value it leaves (as `_encode_update`)."""
+        param = self.params[key]
+        if spec in ("fp32", "none"):
+            value = param.detach().clone()
+            return self._decoder("fp32").encode(value), value
+        codec = self._downlink[key] if spec == self._downlink_spec else self._chosen_codec(key, spec)
+        payload = codec.encode(param - self.shadow[key])
+        return payload, self.shadow[key] + codec.decode(payload).to(param.dtype)
+
+    def _finish_pipelined(self) -> StepApplied | None:
+        """Apply the keys no pull wanted and advance the version, once every worker of the step has
+        pushed every key."""
+        workers = self._step_workers()
+        if not workers or any(not self._complete(w) for w in workers):
+            return None
+        self._members = workers
+        rest = [k for k in self.params if k not in self._applied]
+        if rest:
+            self._apply_keys(workers, rest)
+        total = sum(self._pending[w].samples for w in workers)
+        full = self._step_spec in ("fp32", "none")
+        base = self.version
+        self.version += 1
+        self.applied_steps += 1
+        self.shadow.update(self._next_shadow)
+        tensors = {k: self._applied[k] for k in self.params}
+        self._last_update = Params(self.version, full, tensors, base_version=-1 if full else base)
+        self._reset_step()
+        return StepApplied(self.version, tuple(sorted(workers)), total)
+
+    def _reset_step(self) -> None:
+        self._pending.clear()
+        self._applied, self._next_shadow, self._wanted = {}, {}, set()
+        self._members = self._step_spec = None
 
     # --- downlink -------------------------------------------------------------------------
 
@@ -337,6 +495,8 @@ class ParameterStore:
         """
         if not self.initialized:
             raise ProtocolError("not-initialized", "nothing to checkpoint before INIT")
+        if self._applied:
+            raise ProtocolError("mid-step", f"{len(self._applied)} keys of step {self.version} are applied ahead; checkpoint between steps")
         assert self._optimizer is not None and self.optimizer_settings is not None
         return {
             "format": 1,
@@ -373,7 +533,7 @@ class ParameterStore:
         self.clocks = {str(k): int(v) for k, v in dict(state.get("clocks", {})).items()}  # type: ignore[call-overload]
         self._downlink_spec = str(state.get("downlink_codec", self._downlink_spec))
         self._downlink = {k: make_codec(self._downlink_spec) for k in params}
-        self._pending.clear()
+        self._reset_step()
         self._last_update = None
         log.info("store restored at version %d (%d keys, %d live workers)", self.version, len(params), len(self.live))
 

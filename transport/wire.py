@@ -144,6 +144,14 @@ class Pull(Message):
     """Version of the worker's replica, or -1 for a full download."""
     wait_for: int
     """Block until the PS version is at least this."""
+    keys: tuple[str, ...] = ()
+    """Empty: every key. Otherwise a pipelined pull (sync PS, overlap): only these keys, answered
+    as soon as the PS has applied them for version `wait_for` (before the whole step is done), as a
+    delta from `have_version` = `wait_for` - 1; at most `MAX_PULL_KEYS`."""
+
+
+MAX_PULL_KEYS = 64
+"""Most keys one PULL may name (msgpack's array bound in `decode_message`)."""
 
 
 @dataclass(frozen=True)
@@ -408,6 +416,18 @@ def _probe_data(body: dict[str, Any], limits: Limits) -> bytes:
     return v
 
 
+def _pull_keys(body: dict[str, Any]) -> tuple[str, ...]:
+    v = body.get("keys", [])  # absent: a worker from before pipelined pulls, i.e. every key
+    if not isinstance(v, list) or len(v) > MAX_PULL_KEYS:
+        raise _fail("malformed", f"field 'keys' must be a list of <= {MAX_PULL_KEYS} key names")
+    for key in v:
+        if not isinstance(key, str) or not _KEY_RE.match(key):
+            raise _fail("key", f"bad key name {key!r}: use 1-200 chars of [A-Za-z0-9_.-/#:]")
+    if len(set(v)) != len(v):
+        raise _fail("malformed", "field 'keys' names a key twice")
+    return tuple(v)
+
+
 _PARSERS: dict[str, Any] = {
     "hello": lambda b, lim: Hello(
         _str(b, "worker_id", 128), _int(b, "rank", 0, 1 << 20), _bin(b, "client_nonce", 32), _role(b)
@@ -422,7 +442,7 @@ _PARSERS: dict[str, Any] = {
     "push": lambda b, lim: Push(
         _int(b, "step", 0), _int(b, "samples", 1, 1 << 30), _int(b, "total_keys", 1, lim.max_keys), _tensors(b, "grads", lim)
     ),
-    "pull": lambda b, lim: Pull(_int(b, "have_version", -1), _int(b, "wait_for", 0)),
+    "pull": lambda b, lim: Pull(_int(b, "have_version", -1), _int(b, "wait_for", 0), _pull_keys(b)),
     "params": lambda b, lim: Params(
         _int(b, "version", 0), _bool(b, "full"), _tensors(b, "tensors", lim), _int(b, "base_version", -1)
     ),

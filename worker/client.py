@@ -118,9 +118,10 @@ class PSClient:
         """Send one bucket of gradients for `step`; returns the PS version after it."""
         return (await self._request(Push(step, samples, total_keys, grads), Ack)).version
 
-    async def pull(self, have_version: int, wait_for: int) -> Params:
-        """Parameters at version >= `wait_for` (a delta when `have_version` allows it)."""
-        return await self._request(Pull(have_version, wait_for), Params)
+    async def pull(self, have_version: int, wait_for: int, keys: tuple[str, ...] = ()) -> Params:
+        """Parameters at version >= `wait_for` (a delta when `have_version` allows it); with `keys`,
+        only those, as soon as the PS has applied them for `wait_for` (a pipelined pull)."""
+        return await self._request(Pull(have_version, wait_for, keys), Params)
 
     async def reconnect(self, connect_timeout_s: float = 10.0) -> Welcome:
         """Drop the current connection (no BYE: it is presumed dead) and connect + authenticate afresh."""

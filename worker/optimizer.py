@@ -30,7 +30,7 @@ from netsense.transport.wire import Params
 from .client import Identity, PSClient
 from .layout import DEFAULT_CHUNK_ELEMS, KeySlot, key_layout
 from .netthread import NetThread
-from .overlap import BackwardPushes, slots_by_param
+from .overlap import PUSH_WINDOW, BackwardPushes, BucketReply, merge_parts, push_and_pull, slots_by_param
 from .uplink import UplinkController, build_policy
 
 log = logging.getLogger(__name__)
@@ -191,6 +191,7 @@ class NetSenseOptimizer:
         """Bucket size of the pushes sent from hooks: smaller than `bucket_bytes`, so the first push
         leaves early in backward (a 4 MiB bucket held the whole 4 MB test MLP until backward ended)."""
         self._backward: BackwardPushes | None = None
+        self._windows: dict[int, asyncio.Semaphore] = {}  # pipelined pushes on the wire, per shard
         self._next_samples: int | None = None
         self._param_slots = slots_by_param(self.slots)
         self._hooks = (
@@ -352,10 +353,47 @@ class NetSenseOptimizer:
             early.add(self.owner[slot.key], slot.key, self._encode(slot.key, slot.view(param.grad), self._codec_for(slot.key, early.spec)))
         early.encode_s += time.perf_counter() - t
 
-    def _push_early(self, shard: int, bucket: dict[str, Payload]) -> Future[int]:
+    def _push_early(self, shard: int, bucket: dict[str, Payload]) -> Future[int] | Future[BucketReply]:
         assert self._backward is not None and self._backward.samples is not None
         step, keys = self.versions[shard], len(self.shard_slots[shard])
+        if self._pipelined(shard):
+            return self._net.submit(self._push_bucket(shard, step, self._backward.samples, bucket))
         return self._net.submit(self.clients[shard].push(step, self._backward.samples, keys, bucket))
+
+    def _pipelined(self, shard: int) -> bool:
+        """Overlap against a synchronous PS: each bucket's keys are pulled as soon as they are applied."""
+        welcome = self.clients[shard].welcome
+        return self.overlap and welcome is not None and welcome.staleness < 0
+
+    async def _push_bucket(self, shard: int, step: int, samples: int, bucket: dict[str, Payload]) -> BucketReply:
+        """One bucket of a pipelined step (on the net thread): push it, pull its keys."""
+        window = self._windows.get(shard)
+        if window is None:
+            window = self._windows[shard] = asyncio.Semaphore(PUSH_WINDOW)
+        return await push_and_pull(self.clients[shard], window, step, samples, len(self.shard_slots[shard]), bucket)
+
+    async def _exchange_pipelined(
+        self, shard: int, buckets: list[dict[str, Payload]], samples: int, inflight: Sequence[Future[BucketReply]], started: float
+    ) -> Params:
+        """Push + keyed pulls of one shard's buckets; the replies merged into the step's PARAMS."""
+        step, client = self.versions[shard], self.clients[shard]
+        replies = [asyncio.wrap_future(f) for f in inflight]
+        replies += [asyncio.ensure_future(self._push_bucket(shard, step, samples, b)) for b in buckets[len(inflight) :]]
+        try:
+            done = await asyncio.gather(*replies)
+        except PeerError as exc:
+            for r in replies:
+                r.cancel()
+            if exc.code != "stale":
+                raise
+            log.warning("step %d dropped by shard %d (%s); resyncing", step, shard, exc.reason)
+            return await client.pull(-1, 0)
+        self._push_times[shard] = max(r.acked_at for r in done) - started
+        merged = merge_parts([p for r in done for p in r.parts], [s.key for s in self.shard_slots[shard]], step)
+        if merged is None:  # not one update from our version (the PS moved on): take the parameters whole
+            log.warning("shard %d: keyed replies of step %d do not form its update; resyncing", shard, step)
+            return await client.pull(-1, 0)
+        return merged
 
     def _codec_for(self, key: str, spec: str) -> Codec:
         """Per-key encoder instances: stateful codecs (warm starts) keep state per key."""
@@ -462,6 +500,8 @@ class NetSenseOptimizer:
     ) -> Params:
         step, client, keys = self.versions[shard], self.clients[shard], len(self.shard_slots[shard])
         started = started if inflight and started is not None else time.perf_counter()
+        if self._pipelined(shard):
+            return await self._exchange_pipelined(shard, buckets, samples, inflight, started)  # type: ignore[arg-type]
         pushes = [asyncio.wrap_future(f) for f in inflight]
         pushes += [asyncio.ensure_future(client.push(step, samples, keys, b)) for b in buckets[len(inflight) :]]
         # An async PS (SSP) applies our push on its own and answers a pull with the full parameters

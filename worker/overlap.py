@@ -8,10 +8,19 @@ it holds `bucket_bytes`, or once its shard has every key. `step()` then encodes 
 (parameters without a gradient), pushes the rest and waits for the pushes in flight and the pull.
 What reaches the PS is the same keys, values and sample count as without overlap, so training is
 identical (tested); only the bucket boundaries and the time of sending differ.
+
+Pipelined pull (sync PS): each bucket's PUSH goes with a keyed PULL for the same keys, which the PS
+answers as soon as every worker has pushed them and it has applied them, so the downlink of early
+keys runs while later keys are still going up (the link is full duplex) and `step()` waits only for
+the last bucket's round trip. The parts are merged into one PARAMS for the step (`merge_parts`), so
+the replica takes the same bytes as from a whole pull. At most `PUSH_WINDOW` pushes per shard are
+on the wire at once: aioquic serves its streams round robin, so with every bucket in flight all of
+them would finish together at the end and the PS could apply nothing early.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -19,8 +28,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netsense.compression import Payload
+from netsense.transport.wire import MAX_PULL_KEYS, Params
 
+from .client import PSClient
 from .layout import KeySlot
+
+PUSH_WINDOW = 2
+"""Pushes per shard on the wire at once in a pipelined step: two keep the link busy across the
+gap between one push's last byte and the next one's start, yet buckets still arrive one by one."""
 
 PushFn = Callable[[int, dict[str, Payload]], "Future[Any]"]
 """push(shard, bucket) -> a future of the PUSH, scheduled on the network thread."""
@@ -90,3 +105,52 @@ def slots_by_param(slots: list[KeySlot]) -> dict[int, list[KeySlot]]:
     for s in slots:
         out.setdefault(id(s.param), []).append(s)
     return out
+
+
+@dataclass(frozen=True)
+class BucketReply:
+    """What the PS answered for one bucket of a pipelined step."""
+
+    ack_version: int
+    """The PUSH's ACK."""
+    acked_at: float
+    """`perf_counter()` when the ACK arrived (the last one ends the step's push time)."""
+    parts: list[Params]
+    """The keyed PULL replies covering the bucket's keys."""
+
+
+async def push_and_pull(
+    client: PSClient, window: asyncio.Semaphore, step: int, samples: int, total_keys: int, bucket: dict[str, Payload]
+) -> BucketReply:
+    """PUSH one bucket (within the shard's window) and PULL its keys of the next version; the pull
+    leaves at once, so the PS can answer it the moment it has applied the keys."""
+    keys = list(bucket)
+    pulls = [
+        asyncio.ensure_future(client.pull(step, step + 1, tuple(keys[i : i + MAX_PULL_KEYS])))
+        for i in range(0, len(keys), MAX_PULL_KEYS)
+    ]
+    try:
+        async with window:
+            ack = await client.push(step, samples, total_keys, bucket)
+        acked_at = time.perf_counter()
+        return BucketReply(ack, acked_at, list(await asyncio.gather(*pulls)))
+    except BaseException:
+        for p in pulls:
+            p.cancel()
+        raise
+
+
+def merge_parts(parts: list[Params], keys: list[str], step: int) -> Params | None:
+    """One PARAMS for the whole step from the keyed replies, or None when they do not make one
+    consistent update from `step` (the PS moved on or fell back to full parameters: resync)."""
+    if not parts:
+        return None
+    full = parts[0].full
+    tensors: dict[str, Payload] = {}
+    for p in parts:
+        if p.version != step + 1 or p.full != full or (not full and p.base_version != step):
+            return None
+        tensors.update(p.tensors)
+    if set(tensors) != set(keys):
+        return None
+    return Params(step + 1, full, {k: tensors[k] for k in keys}, base_version=-1 if full else step)

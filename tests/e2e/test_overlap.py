@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -44,7 +45,7 @@ def test_overlap_matches_single_process(servers: list[RunningPS], hint: bool) ->
         try:
             opt = opts[rank] = NetSenseOptimizer(
                 models[rank], connect=[ps.connect_settings() for ps in servers], rank=rank, world_size=2,
-                worker_id=f"w{rank}", optimizer=optimizer, bucket_bytes=256, overlap=True,
+                worker_id=f"w{rank}", optimizer=optimizer, bucket_bytes=256, overlap=True, overlap_bucket_bytes=256,
             )  # fmt: skip
             for step in range(steps):
                 x, y = _batch(step, rank)
@@ -79,6 +80,56 @@ def test_overlap_matches_single_process(servers: list[RunningPS], hint: bool) ->
         torch.testing.assert_close(params[name], p.detach(), rtol=1e-5, atol=1e-6)
     for m in models:  # every replica equals the PS after the last pull
         for name, p in m.named_parameters():
+            assert torch.equal(p.detach(), params[name])
+
+
+class _WithUnused(torch.nn.Module):
+    """A model whose `unused` parameter gets no gradient: its key is pushed only by `step()`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+        self.unused = torch.nn.Parameter(torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def _wait(condition, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, f"not within 30 s: {what}"
+        time.sleep(0.01)
+
+
+def test_early_keys_come_down_before_the_last_push(servers: list[RunningPS]) -> None:
+    """Pipelined pull: the PS applies and sends a bucket's keys while another key of the step has not
+    been pushed at all (it has no gradient, so only `step()` pushes it); the step completes after."""
+    model = _WithUnused()
+    stores = [ps.server.store for ps in servers]
+    with NetSenseOptimizer(
+        model, connect=[ps.connect_settings() for ps in servers], optimizer={"name": "sgd", "lr": 0.1},
+        overlap=True, overlap_bucket_bytes=256,
+    ) as opt:  # fmt: skip
+        for step in range(3):
+            x, y = _batch(step, 0)
+            opt.zero_grad(samples=len(x))
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            early = opt._backward
+            assert early is not None
+            owner = opt.owner["unused"]  # other shards may finish their step before `step()`
+            futures = early.futures[owner]
+            assert futures, "nothing was pushed during backward"
+            _wait(lambda: all(f.done() for f in futures), "the replies of the buckets pushed during backward")
+            parts = [p for f in futures for p in f.result().parts]
+            assert {p.version for p in parts} == {step + 1} and all(p.full or p.base_version == step for p in parts)
+            assert stores[owner].applied_keys == sum(len(p.tensors) for p in parts) > 0
+            assert stores[owner].version == step  # the step itself waits for `unused`
+            stats = opt.step(samples=len(x))
+            assert stats.version == step + 1 and all(s.version == step + 1 and s.applied_keys == 0 for s in stores)
+        params = {k: v for s in stores for k, v in s.params.items()}
+        for name, p in model.named_parameters():
             assert torch.equal(p.detach(), params[name])
 
 

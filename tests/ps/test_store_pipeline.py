@@ -1,0 +1,175 @@
+"""ParameterStore pipelined steps: keys applied ahead of the version for keyed pulls, with results
+bit for bit those of the whole step, and the membership rules of a step that is partly applied."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from netsense.compression import make_codec
+from netsense.errors import ProtocolError
+from netsense.ps.store import ParameterStore
+from netsense.transport.wire import Params, Push
+
+FP32 = make_codec("fp32")
+KEYS = ("a", "b", "c")
+
+
+def _store(downlink: str = "fp16", optimizer: dict | None = None, workers: tuple[str, ...] = ("w0", "w1")) -> ParameterStore:
+    torch.manual_seed(0)
+    s = ParameterStore(downlink_codec=downlink)
+    params = {"a": torch.randn(4, 3), "b": torch.randn(5), "c": torch.randn(2, 2)}
+    s.initialize({k: FP32.encode(v) for k, v in params.items()}, optimizer or {"name": "sgd", "lr": 0.1, "momentum": 0.9})
+    for w in workers:
+        s.join(w)
+    return s
+
+
+def _grads(step: int, worker: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(10 * step + worker)
+    return {"a": torch.randn(4, 3, generator=g), "b": torch.randn(5, generator=g), "c": torch.randn(2, 2, generator=g)}
+
+
+def _push(s: ParameterStore, worker: str, step: int, grads: dict[str, torch.Tensor], keys: tuple[str, ...], samples: int = 4):
+    return s.push(worker, Push(step, samples, len(s.params), {k: FP32.encode(grads[k]) for k in keys}))
+
+
+def _decode(p: Params) -> dict[str, torch.Tensor]:
+    return {k: make_codec(v.codec).decode(v) for k, v in p.tensors.items()}
+
+
+def _run(downlink: str, optimizer: dict, pipelined: bool) -> tuple[ParameterStore, list[Params], list[Params]]:
+    """Three steps of two workers; pipelined: keyed pulls want every key and the pushes come in
+    pieces, so keys are applied ahead. Returns the store, each step's update and the early parts."""
+    s = _store(downlink, optimizer)
+    torch.manual_seed(1)  # stochastic downlink codecs draw from the global generator, in key order
+    updates, early = [], []
+    for step in range(3):
+        g0, g1 = _grads(step, 0), _grads(step, 1)
+        if not pipelined:
+            _push(s, "w0", step, g0, KEYS, 3)
+            _push(s, "w1", step, g1, KEYS, 5)
+            updates.append(s.pull(step))
+            continue
+        assert s.want(["a"], step) == 0  # nobody pushed yet
+        _push(s, "w0", step, g0, ("a", "b"), 3)
+        assert s.applied_keys == 0  # w1 has not pushed "a"
+        _push(s, "w1", step, g1, ("a",), 5)
+        assert s.applied_keys == 1 and s.version == step  # "a" applied ahead, the version waits
+        assert s.keys_ready(["a"], step + 1) and not s.keys_ready(["a", "b"], step + 1)
+        early.append(s.pull_keys(step, ["a"]))
+        assert early[-1].version == step + 1 and set(early[-1].tensors) == {"a"}
+        whole_before = s.pull(-1)  # a full pull mid-step is still the previous version, whole
+        assert whole_before.version == step
+        for k, v in _decode(whole_before).items():
+            assert torch.equal(v, s.shadow[k])
+        _push(s, "w0", step, g0, ("c",), 3)
+        result = _push(s, "w1", step, g1, ("b", "c"), 5)
+        assert result is not None and result.version == step + 1 and result.samples == 8
+        assert s.applied_keys == 0
+        updates.append(s.pull(step))
+    return s, updates, early
+
+
+@pytest.mark.parametrize("downlink", ["fp16", "fp32", "qsgd:4"])
+@pytest.mark.parametrize("optimizer", [{"name": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 1e-3}, {"name": "adam", "lr": 0.01}])
+def test_keys_applied_ahead_give_the_whole_steps_update(downlink: str, optimizer: dict) -> None:
+    plain, reference, _ = _run(downlink, optimizer, pipelined=False)
+    piped, updates, early = _run(downlink, optimizer, pipelined=True)
+    for update, ref, part in zip(updates, reference, early):
+        assert (update.version, update.full, update.base_version) == (ref.version, ref.full, ref.base_version)
+        for k in KEYS:
+            assert update.tensors[k] == ref.tensors[k]  # the same bytes down
+        assert part.tensors["a"] == ref.tensors["a"]
+    for k in KEYS:
+        assert torch.equal(piped.params[k], plain.params[k]) and torch.equal(piped.shadow[k], plain.shadow[k])
+
+
+def test_only_wanted_keys_go_ahead_and_plain_pushes_are_unchanged() -> None:
+    s = _store()
+    g0, g1 = _grads(0, 0), _grads(0, 1)
+    _push(s, "w0", 0, g0, KEYS)
+    _push(s, "w1", 0, g1, ("a", "b"))
+    assert s.applied_keys == 0  # no keyed pull: the step applies whole, as before
+    s.want(["b"], 0)
+    assert s.applied_keys == 1 and s.pull_keys(0, ["b"]).version == 1
+    assert _push(s, "w1", 0, g1, ("c",)) is not None and s.version == 1
+
+
+def test_a_worker_joining_mid_step_sits_it_out() -> None:
+    s = _store()
+    g0, g1 = _grads(0, 0), _grads(0, 1)
+    s.want(KEYS, 0)
+    _push(s, "w0", 0, g0, ("a",))
+    _push(s, "w1", 0, g1, ("a",))
+    assert s.applied_keys == 1
+    s.join("late")
+    assert _push(s, "late", 0, _grads(0, 2), KEYS) is None  # ignored, not an error
+    _push(s, "w0", 0, g0, ("b", "c"))
+    result = _push(s, "w1", 0, g1, ("b", "c"))
+    assert result is not None and result.workers == ("w0", "w1")
+    assert "late" in s.live and s.pull_keys(0, ["a"]).base_version == 0  # its pull gets the step's update
+
+
+def test_a_member_that_rejoins_repushes_and_the_step_stays_exact() -> None:
+    plain, s = _store(), _store()
+    g0, g1 = _grads(0, 0), _grads(0, 1)
+    for w, g in (("w0", g0), ("w1", g1)):
+        _push(plain, w, 0, g, KEYS)
+    s.want(KEYS, 0)
+    _push(s, "w0", 0, g0, ("a", "b"))
+    _push(s, "w1", 0, g1, ("a",))
+    s.join("w1")  # reconnected: it redoes the step from its start
+    _push(s, "w1", 0, g1, KEYS)  # "a" again is skipped, not a duplicate
+    assert _push(s, "w0", 0, g0, ("c",)) is not None
+    for k in KEYS:
+        assert torch.equal(s.params[k], plain.params[k])
+
+
+def test_a_member_that_leaves_is_left_out_of_the_rest() -> None:
+    s = _store()
+    g0, g1 = _grads(0, 0), _grads(0, 1)
+    s.want(KEYS, 0)
+    _push(s, "w0", 0, g0, KEYS)
+    _push(s, "w1", 0, g1, ("a",))
+    assert s.applied_keys == 1
+    before = {k: s.params[k].clone() for k in ("b", "c")}
+    assert s.leave("w1") is not None and s.version == 1  # w0 had pushed every key: the step completes
+    for k in ("b", "c"):  # w0's gradient alone: lr 0.1, first momentum step
+        torch.testing.assert_close(s.params[k], before[k] - 0.1 * g0[k])
+
+
+def test_the_barrier_timeout_drops_an_incomplete_member() -> None:
+    s = _store()
+    g0, g1 = _grads(0, 0), _grads(0, 1)
+    s.want(KEYS, 0)
+    _push(s, "w0", 0, g0, KEYS)
+    _push(s, "w1", 0, g1, ("a",))
+    dropped, result = s.drop_incomplete()
+    assert dropped == ["w1"] and result is not None and result.version == 1 and result.workers == ("w0",)
+
+
+def test_no_checkpoint_mid_step_and_async_stores_refuse_keyed_pulls() -> None:
+    s = _store()
+    s.want(["a"], 0)
+    _push(s, "w0", 0, _grads(0, 0), ("a",))
+    _push(s, "w1", 0, _grads(0, 1), ("a",))
+    with pytest.raises(ProtocolError, match="mid-step"):
+        s.state()
+    with pytest.raises(ProtocolError, match="unknown keys"):
+        s.want(["nope"], 0)
+    a = ParameterStore(staleness=1)
+    a.initialize({"a": FP32.encode(torch.zeros(2))}, {"name": "sgd", "lr": 0.1})
+    with pytest.raises(ProtocolError, match="synchronous"):
+        a.want(["a"], 0)
+
+
+def test_a_pull_for_an_old_step_gets_its_keys_of_the_last_update_or_everything() -> None:
+    s = _store()
+    for w, i in (("w0", 0), ("w1", 1)):
+        _push(s, w, 0, _grads(0, i), KEYS)
+    assert s.want(["a"], 0) == 0  # step 0 is done: nothing to apply
+    part = s.pull_keys(0, ["a"])
+    assert (part.version, part.base_version, set(part.tensors)) == (1, 0, {"a"})
+    fallback = s.pull_keys(-1, ["a"])  # no delta from there: the full parameters
+    assert fallback.full and set(fallback.tensors) == set(KEYS)
