@@ -216,6 +216,8 @@ def run_policy(
     )  # fmt: skip
     figures["stopped_at_max_time"] = stopped
     figures["levels"] = _levels(decisions)
+    down = [Path(launcher._down_log(i)) for i in range(config.servers)]
+    figures["levels_down"] = _levels({i: read_decision_log(p) for i, p in enumerate(down) if p.exists()})
     return figures
 
 
@@ -246,7 +248,7 @@ def _run_ddp(args: argparse.Namespace, policy: str, *, steps: int, batch_size: i
 
 
 def _levels(decisions: dict[int, list[dict[str, Any]]]) -> dict[str, int]:
-    """Uplink steps per codec spec, all workers."""
+    """Sends per codec spec over decision logs (all workers' uplinks, or every shard's downlink)."""
     out: dict[str, int] = {}
     for records in decisions.values():
         for d in records:

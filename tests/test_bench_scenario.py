@@ -180,6 +180,7 @@ def test_tiny_scenario_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         assert f["time_to_target_s"] is not None and f["time_to_target_s"] <= f["wall_s"]
         assert 0 < f["ideal_step_s"] and math.isfinite(f["mean_step_s"])
         assert f["levels"] == {"fp32" if name == "none" else "fp16": 12}
+        assert f["levels_down"] == {"fp32" if name == "none" else "fp16": 6}  # one PS update per step
         assert all(t is not None and t >= 0 for t in f["timeline"]["t_s"])
         assert set(f["timeline"]["true_bps"]) == {50e6}
     # fp16 halves the uplink payload (framing aside).
