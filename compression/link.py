@@ -29,6 +29,9 @@ class LinkState:
     """Congestion window in bytes."""
     bytes_in_flight: int | None = None
     """Unacknowledged bytes in flight."""
+    standing_queue_s: float | None = None
+    """Queue that stood through the recent bandwidth window (least recent RTT - least RTT), seconds:
+    unlike srtt - min_rtt it leaves out the queue our own push built. None when not measured."""
 
     @property
     def queue_delay_s(self) -> float:

@@ -207,6 +207,20 @@ class WindowedMax:
         return self._samples[-1][0] if self._samples else None
 
 
+class WindowedMin(WindowedMax):
+    """Running minimum over a sliding time window (a `WindowedMax` of negated values)."""
+
+    def update(self, time: float, value: float) -> None:
+        """Admit `value` measured at `time` (times must not decrease) and expire old samples."""
+        super().update(time, -value)
+
+    @property
+    def value(self) -> float | None:
+        """The minimum over the window, or None before the first sample."""
+        top = super().value
+        return None if top is None else -top
+
+
 class LossWindow:
     """Fraction of packets declared lost among those whose fate was decided in a recent window.
 
@@ -270,6 +284,12 @@ class RateSample:
     """The packet was sent while the sender had too little to send: the rate is only a lower bound."""
 
 
+MIN_TRAIN_PACKETS = 10
+"""A re-based first-flight sample (an ack train, see `SensingState`) over fewer packets is only a
+lower bound: with an ack per two packets and delayed acks, the ack clock's granularity is then a
+large part of its interval (a 12 kB message every 20 ms on loopback is 10 packets of 1200 B)."""
+
+
 class _TxState(NamedTuple):
     """Delivery state stamped on a sent packet (attribute `netsense_tx` of `QuicSentPacket`).
 
@@ -281,6 +301,9 @@ class _TxState(NamedTuple):
     first_sent_time: float
     sent_time: float
     app_limited: bool
+    flight: float | None = None
+    """Start time of the flight when sent before that flight's first ack (the sample is then taken
+    from the first ack on, see `SensingState`), else None."""
 
 
 class SensingState:
@@ -291,6 +314,21 @@ class SensingState:
     delivered since, over max(send interval, ack interval). One sample is produced per ack batch
     (aioquic acks packets one by one with the same `now`), from the most recently sent packet acked.
 
+    Restart after idle (nothing in flight): a push after a compute gap is one burst, often all sent
+    before its first ack (Reno's window grows while app-limited, so it holds the whole push). Stamped
+    the usual way, every packet of that first flight would carry the flight's start as its reference
+    and its interval would include one whole RTT: k packets / (RTT + k packets' serialisation), a
+    rate biased low, which the draft (and Linux) therefore mark app-limited -- so a push that fits in
+    one flight never gave a trusted sample (measured: 150 kB pushes at 50 Mbit/s, every sample
+    app-limited, estimate 25 Mbit/s). Here first-flight packets are re-based on the flight's first ack
+    batch instead (delivered, ack time and the newest acked packet's send time then, as if they had
+    been sent after it): the ack train from the first ack to the k-th measures the bottleneck, with
+    max(send interval, ack interval) and the min-RTT floor guarding as usual. The first batch itself
+    gives only the RTT-biased sample, flagged app-limited (a lower bound), and so does a train of
+    fewer than `MIN_TRAIN_PACKETS` packets: a push that small measures latency, not bandwidth. The idle time is in no interval, so the first flight
+    is not app-limited by itself: the application had the whole push queued when it was sent (BBR's
+    rule: a packet is app-limited when the sender had nothing more to send as it went out).
+
     App-limited criterion (what a congestion controller can see from aioquic): aioquic sends a burst
     of packets in one `datagrams_to_send` call, all with the same `sent_time`, and stops when the
     window is full, when the pacer holds it back, or when there is nothing (allowed) to send. At the
@@ -298,8 +336,13 @@ class SensingState:
     pacer did not stop it (`pacing_until`, wired to the connection by `attach`), the sender ran out
     of data (or of peer flow-control credit, which limits us just the same) -> app-limited. Without
     `attach` we also mark a burst app-limited when it starts after an idle gap longer than the
-    smoothed RTT with window to spare. Like BBR, once app-limited, every packet sent until the data
-    then in flight is delivered is marked, since its sample interval spans the idle bubble.
+    smoothed RTT with window to spare and data still in flight. Like BBR, once app-limited, every
+    packet sent until the data then in flight is delivered is marked, since its sample interval spans
+    the idle bubble; a restart with nothing in flight closes the bubble (nothing is left to span it).
+
+    Trust (`bandwidth_trusted`) is a property of the samples, not of the moment the estimate is read:
+    the estimate is trusted while a non-app-limited sample lies within one bandwidth window of the
+    newest sample. Reading between pushes, with nothing in flight, does not make it a lower bound.
     """
 
     def __init__(self, max_datagram_size: int, config: SensingConfig | None = None) -> None:
@@ -336,6 +379,10 @@ class SensingState:
         """Windowed max of admitted delivery rates, bytes/s (app-limited ones only if they raise it)."""
         self.inflight_peak = WindowedMax(self.config.bandwidth_window_s)
         """Windowed max of bytes in flight after a send: caps the cwnd fallback when app-limited."""
+        self.recent_rtt = WindowedMin(self.config.bandwidth_window_s)
+        """Windowed min of raw RTT samples over the bandwidth window, seconds. Its excess over
+        `min_rtt_s` is a queue that stood through the whole window: each push after a compute gap
+        starts on an empty queue, so the queue it builds itself does not show here (srtt would)."""
         self.losses = LossWindow(self.config.loss_window_s)
         """Recent loss fraction."""
 
@@ -350,6 +397,12 @@ class SensingState:
         self._pending: tuple[float, _TxState] | None = None
         self._batch_acked = 0
         self._latest: tuple[float, float, int, float, bool] | None = None  # RateSample fields
+        self._trusted_time: float | None = None  # time of the newest non-app-limited sample
+        # the current flight (since a restart with nothing in flight): its start, and its first ack
+        # batch's (delivered, ack time, newest acked packet's send time), the re-basing reference
+        self._flight: float | None = None
+        self._flight_ref: tuple[int, float, float, int] | None = None  # ... and packets acked then
+        self._push: tuple[float, float] | None = None  # (time, bytes/s) of the latest push rate
 
     @property
     def latest_sample(self) -> RateSample | None:
@@ -366,12 +419,31 @@ class SensingState:
         window = self.config.bandwidth_window_s
         if self.srtt_s is not None:
             window = max(window, self.config.bandwidth_window_rtts * self.srtt_s)
-        self.bandwidth.window_s = self.inflight_peak.window_s = window
+        self.bandwidth.window_s = self.inflight_peak.window_s = self.recent_rtt.window_s = window
 
     @property
     def app_limited(self) -> bool:
         """True while the app-limited bubble is open (packets sent now are marked)."""
         return self._app_limited_until != 0
+
+    @property
+    def standing_queue_s(self) -> float | None:
+        """Least RTT in the bandwidth window less the least ever seen, seconds (None before one)."""
+        recent = self.recent_rtt.value
+        if recent is None or self.min_rtt_s is None:
+            return None
+        return max(0.0, recent - self.min_rtt_s)
+
+    @property
+    def bandwidth_trusted(self) -> bool:
+        """A non-app-limited sample lies within one bandwidth window of the newest sample: the
+        estimate is a measurement of the path, not only a lower bound (whenever it is read)."""
+        latest = self._latest
+        return (
+            latest is not None
+            and self._trusted_time is not None
+            and latest[0] - self._trusted_time <= self.bandwidth.window_s
+        )
 
     def _mark_app_limited(self, bytes_in_flight: int) -> None:
         # max(.., 1): with nothing in flight the bubble still covers the next packet sent
@@ -408,20 +480,31 @@ class SensingState:
                 idle = now > paced_until + max(0.002, srtt / 4)
             else:
                 idle = self._last_event_time is not None and srtt is not None and now - self._last_event_time > srtt
-            if idle and congestion_window - bytes_in_flight >= self.max_datagram_size:
+            if bytes_in_flight == 0:
+                self._restart(now)
+            elif idle and congestion_window - bytes_in_flight >= self.max_datagram_size:
                 self._mark_app_limited(bytes_in_flight)
             self._burst_time = now
             # the pacer's verdict for this call is final before aioquic registers its packets
             self._burst_paced_until = self.pacing_until() if self.pacing_until is not None else None
-            if bytes_in_flight == 0:
-                # nothing in flight: start sampling afresh so the idle time is not in any interval
-                self._first_sent_time = self._delivered_time = now
         packet.netsense_tx = _TxState(  # type: ignore[attr-defined]
-            self.delivered, self._delivered_time, self._first_sent_time, now, self._app_limited_until != 0
+            self.delivered,
+            self._delivered_time,
+            self._first_sent_time,
+            now,
+            self._app_limited_until != 0,
+            self._flight if self._flight_ref is None else None,
         )
         self.sent_packets += 1
         self.sent_bytes += packet.sent_bytes
         self._last_event_time = now
+
+    def _restart(self, now: float) -> None:
+        """Nothing in flight: sample afresh (the idle time is in no interval), open a new flight and
+        close any bubble (everything it covered has been delivered or lost)."""
+        self._first_sent_time = self._delivered_time = now
+        self._flight, self._flight_ref = now, None
+        self._app_limited_until = 0
 
     def on_acked(
         self, packet: QuicSentPacket, now: float, congestion_window: int, bytes_in_flight: int
@@ -464,11 +547,41 @@ class SensingState:
         self._close_burst(congestion_window, bytes_in_flight)
         self.flush()
 
-    def on_rtt(self, rtt: float) -> None:
-        """Track raw RTT samples: they bound sample intervals and size the windows."""
+    def on_rtt(self, rtt: float, now: float | None = None) -> None:
+        """Track raw RTT samples: they bound sample intervals, size the windows and, with `now`,
+        feed the recent-minimum filter (`recent_rtt`)."""
         if self.min_rtt_s is None or rtt < self.min_rtt_s:
             self.min_rtt_s = rtt
         self.srtt_s = rtt if self.srtt_s is None else 0.875 * self.srtt_s + 0.125 * rtt
+        if now is not None:
+            self.recent_rtt.update(now, rtt)
+
+    def _update_push_rate(self, now: float, floor: float) -> None:
+        """The busy period's delivery rate so far: bytes acked since its first ack batch over the
+        time since, once that spans `floor` and `MIN_TRAIN_PACKETS` packets."""
+        ref = self._flight_ref
+        if ref is None or now - ref[1] < floor or self.acked_packets - ref[3] < MIN_TRAIN_PACKETS:
+            return
+        self._push = (now, (self.delivered - ref[0]) / (now - ref[1]))
+
+    @property
+    def push_rate_Bps(self) -> float | None:
+        """Delivery rate averaged over the latest busy period (a push: from a restart with nothing in
+        flight until the pipe empties), from its first ack to its latest ack of a packet sent with
+        data queued, bytes/s; None when no such measurement lies within one bandwidth window of the
+        newest sample.
+
+        The windowed max answers "how fast can this path go"; a push after a compute gap asks "how
+        fast did the last push go". They differ when workers share a bottleneck and push at once:
+        each gets its share while both send and the whole link for its tail, so the max of each
+        worker's samples reads up to the full rate (20 Mbit/s per worker was seen on a 20 Mbit/s
+        uplink shared by two), while its pushes move at about half. The average over the push also
+        shows a rate drop that happened during it, where the max still holds the samples from before.
+        """
+        if self._push is None or self._latest is None:
+            return None
+        time, rate = self._push
+        return rate if self._latest[0] - time <= self.bandwidth.window_s else None
 
     def flush(self) -> None:
         """Turn the pending ack batch into a rate sample and feed the bandwidth filter."""
@@ -479,21 +592,35 @@ class SensingState:
         self.acked_packets += self._batch_acked
         self.losses.on_acked(now, self._batch_acked)
         self._batch_acked = 0
-        interval = max(tx.sent_time - tx.first_sent_time, now - tx.delivered_time)
-        delivered = self.delivered - tx.delivered
+        delivered_ref, delivered_time, first_sent, app_limited = tx.delivered, tx.delivered_time, tx.first_sent_time, tx.app_limited
+        if tx.flight is not None and tx.flight == self._flight:
+            if self._flight_ref is None:
+                # the flight's first ack batch: the reference for the rest of the flight; its own
+                # sample spans the RTT before the first ack, a lower bound only
+                self._flight_ref = (self.delivered, now, tx.sent_time, self.acked_packets)
+                app_limited = True
+            else:
+                delivered_ref, delivered_time, first_sent, acked_ref = self._flight_ref
+                app_limited = app_limited or self.acked_packets - acked_ref < MIN_TRAIN_PACKETS
+        interval = max(tx.sent_time - first_sent, now - delivered_time)
+        delivered = self.delivered - delivered_ref
         # Intervals shorter than min RTT come from ack compression or stretch acks and overstate the
         # rate (draft §3.3); loopback RTTs are sub-millisecond, so also require a measurable interval.
         floor = self.min_rtt_s if self.min_rtt_s is not None and self.min_rtt_s > 1e-4 else 1e-4
+        if not tx.app_limited:
+            self._update_push_rate(now, floor)
         if delivered <= 0 or interval < floor:
             return
         rate = delivered / interval
-        self._latest = (now, rate, delivered, interval, tx.app_limited)
+        self._latest = (now, rate, delivered, interval, app_limited)
         self.rate_samples += 1
-        if tx.app_limited:
+        if app_limited:
             self.app_limited_samples += 1
+        else:
+            self._trusted_time = now
         current = self.bandwidth.value
         # BBR's rule: an app-limited sample may raise the estimate, never lower it.
-        if not tx.app_limited or current is None or rate >= current:
+        if not app_limited or current is None or rate >= current:
             self._resize_windows()
             self.bandwidth.update(now, rate)
 
@@ -534,7 +661,7 @@ class _SensingMixin(QuicCongestionControl):
         super().on_persistent_congestion()
 
     def on_rtt_measurement(self, *, now: float, rtt: float) -> None:
-        self.sensing.on_rtt(rtt)
+        self.sensing.on_rtt(rtt, now)
         super().on_rtt_measurement(now=now, rtt=rtt)
 
 

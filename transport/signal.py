@@ -32,6 +32,11 @@ class NetworkSignal:
     """Smoothed RTT, seconds; None before the first RTT sample."""
     min_rtt: float | None
     """Minimum RTT (aioquic floors samples at 1 ms), seconds; None before the first RTT sample."""
+    standing_queue: float | None
+    """Queue that stood through the whole bandwidth window, seconds: the least raw RTT sample in the
+    window less the least ever seen. Each push after a compute gap starts on an empty queue, so the
+    queue a push builds itself (which srtt carries: 60 ms over a 21 ms path was seen for one 1 MB
+    push at 50 Mbit/s) is not in it; someone else's standing queue is. None before an RTT sample."""
     latest_rtt: float | None
     """Latest RTT sample, seconds."""
     rttvar: float | None
@@ -49,13 +54,18 @@ class NetworkSignal:
     bandwidth: float | None
     """Bottleneck bandwidth estimate, bytes/s: windowed max of delivery-rate samples, app-limited
     samples admitted only when they raise it (BBR). None before the first sample."""
+    push_rate: float | None
+    """Delivery rate averaged over the latest push (busy period), bytes/s; None when not measured
+    within the bandwidth window (`SensingState.push_rate_Bps`)."""
     fallback_bandwidth: float | None
     """min(cwnd, recent peak bytes in flight) / srtt, bytes/s: the rate the window allows, capped by
     what was really in flight because cwnd grows without bound while app-limited. None before srtt."""
     loss_rate: float
     """Lost / (acked + lost) packets over the recent loss window."""
     app_limited: bool
-    """The latest delivery sample was taken while the sender had too little to send."""
+    """No delivery sample in the bandwidth window was taken with the pipe full (every one was sent
+    while the sender had too little to send): `bandwidth` is only a lower bound. A property of the
+    samples, not of the moment of reading (`SensingState.bandwidth_trusted`)."""
     bytes_sent: int
     """UDP payload bytes sent on the active path (monotone)."""
     delivered_bytes: int
@@ -69,13 +79,24 @@ class NetworkSignal:
         """The delivery-rate estimate when there is one, else the cwnd/srtt fallback, bytes/s."""
         return self.bandwidth if self.bandwidth is not None else self.fallback_bandwidth
 
+    @property
+    def push_bandwidth(self) -> float | None:
+        """What the policies plan pushes with, bytes/s: `best_bandwidth`, capped by the rate the
+        latest push really got (`push_rate`) when one was measured: a push-per-step sender shares
+        the path with the other workers' simultaneous pushes, and the max filter does not see that."""
+        best = self.best_bandwidth
+        if best is None or self.push_rate is None:
+            return best
+        return min(best, self.push_rate)
+
     def to_link_state(self) -> LinkState:
         """The narrow view the adaptive policies consume (bandwidth in bytes/s)."""
         return LinkState(
             time_s=self.timestamp,
-            bandwidth_Bps=self.best_bandwidth,
+            bandwidth_Bps=self.push_bandwidth,
             min_rtt_s=self.min_rtt,
             srtt_s=self.srtt,
+            standing_queue_s=self.standing_queue,
             loss_rate=self.loss_rate,
             app_limited=self.app_limited,
             cwnd_bytes=self.cwnd,
@@ -126,6 +147,7 @@ class SignalReader:
             bytes_in_flight=rec.bytes_in_flight,
             srtt=rec.srtt_s,
             min_rtt=rec.min_rtt_s,
+            standing_queue=state.standing_queue_s,
             latest_rtt=rec.latest_rtt_s,
             rttvar=rec.rttvar_s,
             lost_packets=state.lost_packets,
@@ -134,9 +156,10 @@ class SignalReader:
             pto_count=rec.pto_count,
             delivery_rate=sample.delivery_rate_Bps if sample else None,
             bandwidth=state.bandwidth.value,
+            push_rate=state.push_rate_Bps,
             fallback_bandwidth=fallback,
             loss_rate=state.losses.rate,
-            app_limited=sample.app_limited if sample else state.app_limited,
+            app_limited=not state.bandwidth_trusted if sample else state.app_limited,
             bytes_sent=rec.bytes_sent,
             delivered_bytes=state.delivered,
             rate_samples=state.rate_samples,

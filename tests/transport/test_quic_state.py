@@ -246,14 +246,132 @@ def test_bubble_marks_packets_until_in_flight_data_is_delivered() -> None:
     (second,) = flow.send(1, at=0.001)  # next burst: the first one ended with window to spare
     assert not any(p.netsense_tx.app_limited for p in first)
     assert second.netsense_tx.app_limited
-    for p in first + [second]:
+    for p in first:
         flow.cc.on_packet_acked(now=0.02, packet=p)
-    bulk = flow.fill(at=0.02)  # sent before anything after the bubble was delivered: still marked
+    bulk = flow.fill(at=0.02)  # `second` (sent in the bubble) not delivered yet: still marked
     assert bulk and all(p.netsense_tx.app_limited for p in bulk)
+    flow.cc.on_packet_acked(now=0.021, packet=second)
+    assert flow.cc.sensing.app_limited  # the bubble covers what was in flight when it (re)opened
     flow.cc.on_packet_acked(now=0.04, packet=bulk[0])
     assert not flow.cc.sensing.app_limited  # data sent after the bubble got through
-    (nxt,) = flow.send(1, at=0.04)  # the bulk burst filled the window: not app-limited
-    assert not nxt.netsense_tx.app_limited
+
+
+def test_restart_with_nothing_in_flight_closes_the_bubble() -> None:
+    """A new push after everything was delivered: the idle time is in no sample interval, and the
+    application had the push queued, so its packets are not app-limited."""
+    flow = Flow()
+    first = flow.send(3, at=0.0)
+    (second,) = flow.send(1, at=0.001)
+    for p in first + [second]:
+        flow.cc.on_packet_acked(now=0.02, packet=p)
+    push = flow.fill(at=0.8)
+    assert push and not any(p.netsense_tx.app_limited for p in push)
+    assert all(p.netsense_tx.flight == 0.8 for p in push)  # re-based on the flight's first ack
+
+
+def _push(
+    flow: Flow, at: float, count: int, rate_Bps: float, rtt: float, per_ack: int = 2, tail_rate_Bps: float | None = None
+) -> float:
+    """One push after a compute gap, all `count` packets in one burst (the window holds them), through
+    a bottleneck of `rate_Bps` (`tail_rate_Bps` for the second half) and base RTT `rtt`; the receiver
+    acks every `per_ack` packets."""
+    packets = flow.send(count, at)
+    departed, now = at, at
+    for i, packet in enumerate(packets):
+        rate = tail_rate_Bps if tail_rate_Bps is not None and i >= count // 2 else rate_Bps
+        departed += MDS / rate
+        if i % per_ack == per_ack - 1 or i == count - 1:
+            now = departed + rtt
+            for p in packets[i - i % per_ack : i + 1]:
+                flow.cc.on_packet_acked(now=now, packet=p)
+            flow.cc.on_rtt_measurement(now=now, rtt=now - at)
+    flow.cc.sensing.flush()
+    return now
+
+
+def test_push_sent_in_one_flight_gives_a_trusted_rate() -> None:
+    """The uplink defect (docs/BENCHMARKS.md, rate step): a push after a compute gap is one burst sent
+    before its first ack. Stamped from the flight's start, every sample carried one RTT and was
+    app-limited, so the estimate stayed a lower bound at about half the rate (150 kB at 50 Mbit/s,
+    20 ms RTT: 25 Mbit/s). Re-based on the first ack, the ack train measures the bottleneck."""
+    flow = Flow()
+    flow.cc.congestion_window = 1 << 24  # Reno's window grew while app-limited: it holds any push
+    rate, rtt = 6.25e6, 0.020  # 50 Mbit/s
+    for i in range(4):
+        _push(flow, at=i * 1.0, count=150, rate_Bps=rate, rtt=rtt)  # 180 kB: 29 ms at the bottleneck
+    state = flow.cc.sensing
+    assert state.latest_sample is not None and not state.latest_sample.app_limited
+    assert state.bandwidth.value == pytest.approx(rate, rel=0.05)
+    assert state.bandwidth_trusted
+    # read later, between pushes (nothing in flight): still trusted, whatever the moment
+    (ping,) = flow.send(1, at=4.5)  # e.g. a control message: its lone sample is a lower bound
+    flow.cc.on_packet_acked(now=4.53, packet=ping)
+    state.flush()
+    assert state.latest_sample is not None and state.latest_sample.app_limited
+    assert state.bandwidth_trusted and state.bandwidth.value == pytest.approx(rate, rel=0.05)
+
+
+def _windowed_push(flow: Flow, at: float, count: int, rates: tuple[float, float], rtt: float) -> float:
+    """A push of `count` packets sent as the window allows (a window-limited sender) through a FIFO
+    bottleneck that serves the first half at rates[0] and the second half at rates[1]."""
+    pending: list[tuple[float, QuicSentPacket]] = []  # (ack time, packet), FIFO
+    sent, departed, now = 0, at, at
+
+    def send(t: float) -> None:
+        nonlocal sent, departed
+        room = (flow.cc.congestion_window - flow.cc.bytes_in_flight) // MDS
+        for packet in flow.send(max(0, min(room, count - sent)), t):
+            departed = max(departed, t) + MDS / rates[0 if sent < count // 2 else 1]
+            pending.append((departed + rtt, packet))
+            sent += 1
+
+    send(at)
+    while pending:
+        now, packet = pending.pop(0)
+        flow.cc.on_packet_acked(now=now, packet=packet)
+        flow.cc.on_rtt_measurement(now=now, rtt=now - packet.sent_time)
+        send(now)
+    flow.cc.sensing.flush()
+    return now
+
+
+def test_push_rate_is_what_a_shared_push_really_got() -> None:
+    """Two workers push at once through one bottleneck: each gets half while both send and the whole
+    link for its tail. The max filter reads the full rate; the push rate, the average over the push
+    (what the next push's time depends on), reads between. A drop during a push shows the same way."""
+    flow = Flow()
+    full = 2.5e6  # 20 Mbit/s
+    _windowed_push(flow, at=0.0, count=600, rates=(full / 2, full), rtt=0.020)
+    state = flow.cc.sensing
+    assert state.bandwidth.value == pytest.approx(full, rel=0.1)
+    assert state.push_rate_Bps is not None and full / 2 < state.push_rate_Bps < 0.8 * full
+    # the next push meets a link that fell to a fifth halfway: the max still holds the old samples
+    _windowed_push(flow, at=2.0, count=600, rates=(full, full / 5), rtt=0.020)
+    assert state.bandwidth.value == pytest.approx(full, rel=0.1)
+    assert state.push_rate_Bps is not None and state.push_rate_Bps < full / 2.5
+
+
+def test_push_shorter_than_min_rtt_stays_a_lower_bound() -> None:
+    """A push that passes the bottleneck in less than one min RTT gives no interval long enough to
+    trust (ack compression could fake any rate): its samples stay app-limited lower bounds."""
+    flow = Flow()
+    flow.cc.congestion_window = 1 << 24
+    _push(flow, at=0.0, count=20, rate_Bps=6.25e6, rtt=0.020)  # 24 kB: 4 ms at the bottleneck
+    state = flow.cc.sensing
+    assert not state.bandwidth_trusted
+    assert state.bandwidth.value is not None and state.bandwidth.value < 6.25e6 / 2
+
+
+def test_recent_rtt_ignores_the_queue_a_push_builds_itself() -> None:
+    """Each push starts on an empty queue: the windowed min RTT stays at the path's RTT while srtt
+    carries the queue the push built (srtt was what shrank the bandwidth of the policy)."""
+    flow = Flow()
+    flow.cc.congestion_window = 1 << 24
+    for i in range(3):
+        _push(flow, at=i * 1.0, count=400, rate_Bps=6.25e6, rtt=0.020)  # 77 ms of own queue at the end
+    state = flow.cc.sensing
+    assert state.recent_rtt.value == pytest.approx(0.020, abs=0.001)
+    assert state.srtt_s is not None and state.srtt_s > 0.05
 
 
 def test_window_full_burst_is_not_app_limited() -> None:

@@ -21,7 +21,7 @@ from aioquic.quic.events import QuicEvent, StreamDataReceived
 from quic_certs import self_signed
 from netsense.compression.link import LinkState
 from netsense.errors import ConfigError
-from netsense.transport.quic_state import SENSING_CC, connection_of
+from netsense.transport.quic_state import SENSING_CC, SensingConfig, connection_of
 from netsense.transport.signal import NetworkSignal, SignalReader, fallback_bandwidth, read_signal
 
 MONOTONE = ("lost_packets", "lost_bytes", "sent_packets", "bytes_sent", "delivered_bytes", "rate_samples")
@@ -90,7 +90,7 @@ class BulkResult:
 
 
 async def bulk_transfer(
-    seconds: float, *, via_emulator: str | None = None, trickle_s: float = 0.0
+    seconds: float, *, via_emulator: str | None = None, trickle_s: float = 0.0, window_s: float | None = None
 ) -> BulkResult:
     """Send as fast as the connection allows for `seconds`, then 12 kB every 20 ms for `trickle_s`
     (an application sending compressed steps); read a signal every 50 ms."""
@@ -114,7 +114,7 @@ async def bulk_transfer(
             host, target = emulator.address
         async with connect(host, target, configuration=client_cfg) as client:
             quic = connection_of(client)
-            reader = SignalReader(quic)
+            reader = SignalReader(quic, None if window_s is None else SensingConfig(bandwidth_window_s=window_s))
             loop = asyncio.get_running_loop()
             stream_id = quic.get_next_available_stream_id()
             chunk = b"\0" * CHUNK
@@ -164,7 +164,7 @@ def _assert_monotone(signals: list[NetworkSignal]) -> None:
 
 
 async def test_bulk_transfer_on_loopback_gives_a_plausible_signal() -> None:
-    result = await bulk_transfer(1.5, trickle_s=1.0)
+    result = await bulk_transfer(1.5, trickle_s=1.0, window_s=0.25)  # the uplink's window (worker/uplink.py)
     _assert_monotone(result.signals)
     last = result.signals[result.bulk_signals - 1]
     assert last.rate_samples > 100 and last.delivery_rate is not None
@@ -184,11 +184,14 @@ async def test_bulk_transfer_on_loopback_gives_a_plausible_signal() -> None:
     assert last.sent_packets > 1000 and last.delivered_bytes > 1_000_000
     link = last.to_link_state()
     assert isinstance(link, LinkState)
-    assert link.bandwidth_Bps == last.bandwidth
+    # the policies plan with the rate the busy period (here the whole bulk phase) really got
+    assert last.push_rate is not None and 0.5 <= last.push_rate / result.goodput_Bps <= 2.0
+    assert link.bandwidth_Bps == min(last.bandwidth, last.push_rate)
     assert link.min_rtt_s == last.min_rtt and link.cwnd_bytes == last.cwnd
 
     # Then the application sends ~0.6 MB/s: its samples are app-limited and must not drag the
-    # estimate down, however long it lasts (BBR's rule).
+    # estimate down, however long it lasts (BBR's rule). Trust outlives the bulk phase by one
+    # bandwidth window (the max still rests on its samples), not longer.
     trickle = result.signals[result.bulk_signals:]
     final = trickle[-1]
     assert final.app_limited
@@ -226,7 +229,7 @@ def test_fallback_is_capped_by_what_was_in_flight() -> None:
     signal = NetworkSignal(
         timestamp=0.0, cwnd=10_000_000, bytes_in_flight=1200, srtt=0.01, min_rtt=0.01, latest_rtt=0.01,
         rttvar=0.0, lost_packets=0, lost_bytes=0, sent_packets=10, pto_count=0, delivery_rate=None,
-        bandwidth=None, fallback_bandwidth=120_000.0, loss_rate=0.0, app_limited=True, bytes_sent=12_000,
+        standing_queue=0.0, bandwidth=None, push_rate=None, fallback_bandwidth=120_000.0, loss_rate=0.0, app_limited=True, bytes_sent=12_000,
         delivered_bytes=12_000, rate_samples=0,
     )
     assert signal.to_link_state().bandwidth_Bps == 120_000.0
