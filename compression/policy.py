@@ -92,6 +92,7 @@ class Decision:
             "min_rtt_s": link.min_rtt_s,
             "srtt_s": link.srtt_s,
             "queue_s": link.queue_delay_s,
+            "standing_queue_s": link.standing_queue_s,
             "loss_rate": link.loss_rate,
             "app_limited": link.app_limited,
             "cwnd_bytes": link.cwnd_bytes,
@@ -546,6 +547,9 @@ class NetsensePolicySettings:
     """Stricter tolerance a lighter level must meet to count as headroom (a dead band against flapping)."""
     k: int = 5
     """Consecutive steps of headroom before moving back toward lighter levels."""
+    relax_rise: float = 1.5
+    """Once the bandwidth is this many times the lowest seen at the committed level, the link
+    changed (not +-10% jitter): headroom is judged with `eps`, not the stricter `relax_eps` (0: never)."""
     max_k: int = 80
     """Cap of k's back-off: a relax undone within k steps doubles k; one that holds halves it again."""
     probe_interval: int = 20
@@ -673,6 +677,7 @@ class NetsensePolicy(Policy):
         _require(0 <= s.relax_eps <= s.eps, n, "relax_eps", s.relax_eps, "in [0, eps]")
         _require(s.k >= 1, n, "k", s.k, ">= 1")
         _require(s.max_k >= s.k, n, "max_k", s.max_k, ">= k")
+        _require(s.relax_rise == 0 or s.relax_rise > 1, n, "relax_rise", s.relax_rise, "0 or > 1")
         _require(s.probe_interval >= 0, n, "probe_interval", s.probe_interval, ">= 0")
         _require(s.probe_interval_s >= 0, n, "probe_interval_s", s.probe_interval_s, ">= 0")
         _require(s.min_sample_rtts >= 0, n, "min_sample_rtts", s.min_sample_rtts, ">= 0")
@@ -716,25 +721,32 @@ class NetsensePolicy(Policy):
         self._predicted_wire_s: float | None = None  # of the last decision with a known bandwidth
         self._last_send_slow = False  # the last send took much longer than predicted
         self._since_relax: int | None = None  # steps since the last relax, while it is on probation
+        self._low_bw: float | None = None  # the lowest bandwidth seen at the committed level
         self._min_rtt_s = 0.0
 
     def effective_bandwidth(self, link: LinkState) -> float | None:
         """The estimate shrunk by losses and, on a saturated path, by a queue beyond the tolerance.
 
-        B_eff = B * (1 - min(loss, 0.5)) * min(1, (min_rtt + tolerance) / srtt). The queue term
-        applies only while the latest samples (link and application) were not app-limited: a full
-        pipe plus a standing queue means the bottleneck is shared or overrun. RTT inflation while
-        we send too little to fill anything is as often the hosts' CPUs (30-50 ms srtt over a 2 ms
-        min RTT was seen with a PS and two workers in one process on 2 cores) as someone else's
-        queue, and the delivery rate already shows a competitor when we next fill the pipe.
+        B_eff = B * (1 - min(loss, 0.5)) * min(1, (min_rtt + tolerance) / (min_rtt + queue)), the
+        queue being the link's standing queue (`LinkState.standing_queue_s`: the least RTT over the
+        recent window less the least ever), else srtt - min_rtt. srtt carries the queue our own
+        push built and that drains before the next one: 1 MB pushes at 50 Mbit/s through a 50 ms
+        drop-tail queue left srtt at 40-60 ms over a 21 ms path, which halved B with nobody else on
+        the link (docs/BENCHMARKS.md, rate step). The queue term applies only while the latest
+        samples (link and application) were not app-limited: a full pipe plus a standing queue means
+        the bottleneck is shared or overrun. RTT inflation while we send too little to fill anything
+        is as often the hosts' CPUs (30-50 ms srtt over a 2 ms min RTT was seen with a PS and two
+        workers in one process on 2 cores) as someone else's queue.
         """
         bw = self.bandwidth.update(link)
         if bw is None:
             return None
         bw *= 1.0 - min(max(link.loss_rate, 0.0), 0.5)
         saturated = not (link.app_limited or self.bandwidth.last_sample_app_limited)
-        if saturated and link.srtt_s and link.min_rtt_s is not None:
-            bw *= min(1.0, (link.min_rtt_s + self.settings.queue_tolerance_s) / link.srtt_s)
+        queue = link.standing_queue_s if link.standing_queue_s is not None else link.queue_delay_s
+        if saturated and link.min_rtt_s is not None and link.min_rtt_s + queue > 0:
+            rtt = link.min_rtt_s
+            bw *= min(1.0, (rtt + self.settings.queue_tolerance_s) / (rtt + queue))
         return bw
 
     def choose(
@@ -785,7 +797,7 @@ class NetsensePolicy(Policy):
             # it overstates comm time, so it may choose only among levels that lose no measurable
             # progress (fp32, fp16, and 8-bit once measured): the worst it costs is a cast.
             preds = [p if self._q(i) >= 1 - s.progress_tol else math.inf for i, p in enumerate(preds)]
-        reason = self._step_law(preds) + (" (lower bound B)" if bound is not None else "")
+        reason = self._step_law(preds, bw) + (" (lower bound B)" if bound is not None else "")
         index = self.level
         assert index is not None
         if self._decisions <= s.warmup_steps and index > s.warmup_level:
@@ -881,8 +893,9 @@ class NetsensePolicy(Policy):
         pick = [i for i in equal if preds[i] <= (1 + tie_eps) * fastest]
         return pick[0], pick
 
-    def _step_law(self, preds: list[float]) -> str:
-        """Apply the law with hysteresis to the committed level; return the reason."""
+    def _step_law(self, preds: list[float], bw: float) -> str:
+        """Apply the law with hysteresis to the committed level (`bw`: the bandwidth the predictions
+        used); return the reason."""
         s = self.settings
         best = min(p / self._q(i) for i, p in enumerate(preds))
         target, ok = self._law(preds, s.eps, s.tie_eps)
@@ -892,6 +905,7 @@ class NetsensePolicy(Policy):
         current = self.level
         self._since_change += 1
         self._since_probe += 1
+        self._low_bw = bw if self._low_bw is None else min(self._low_bw, bw)
         if self._since_relax is not None:
             self._since_relax += 1
             if self._since_relax >= self.k_now:  # the relax held: trust relaxing a bit sooner again
@@ -903,10 +917,18 @@ class NetsensePolicy(Policy):
                 self.k_now = min(s.max_k, self.k_now * 2)
                 self._since_relax = None
             self._set_level(target)
+            self._low_bw = bw
             return f"heavier: C_{current}={preds[current] / self._q(current):.4g}s, C*={best:.4g}s"
-        # Headroom is judged by the same law with the stricter tolerances (a dead band).
+        # Headroom is judged by the same law with the stricter tolerances (a dead band), unless the
+        # bandwidth rose well above the lowest seen at this level: then the link changed, and the
+        # dead band would only hold a level the law no longer picks (the rate-step test's 100 ->
+        # 20 -> 100 Mbit/s: relaxing qsgd:4 -> qsgd:8 needed 51 Mbit/s per worker with relax_eps,
+        # 30 with eps, and each worker's share was 50).
         strict = s.relax_eps / s.eps if s.eps > 0 else 0.0
         lighter = self._law(preds, s.relax_eps, s.tie_eps * strict)[0] if fits else target
+        rose = s.relax_rise > 0 and self._low_bw is not None and bw >= s.relax_rise * self._low_bw
+        if rose and target < lighter:
+            lighter = target
         if lighter >= current:
             self._headroom = 0
             return f"hold: C*={best:.4g}s"
@@ -922,6 +944,7 @@ class NetsensePolicy(Policy):
         if index != self.level:
             logger.debug("netsense level %s -> %s", self.level, index, extra={"level": index})
             self._since_change = 0
+            self._low_bw = None
         self.level = index
         self._headroom = 0
 

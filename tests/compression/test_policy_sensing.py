@@ -1,0 +1,108 @@
+"""netsense's use of the link signal: which queue shrinks the bandwidth, and relaxing after a rise.
+
+Synthetic link sequences, no network, no clock (the policy is pure). Figures from the ladder of
+`test_policy.py`, on the step-time law (progress_aware=False), whose picks are hand-checkable.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from netsense.compression.link import LinkState
+from netsense.compression.policy import NetsensePolicy, make_policy
+
+from test_policy import LADDER, MBIT, RTT, S, TC, reference_level
+
+
+def netsense(**settings: object) -> NetsensePolicy:
+    settings.setdefault("progress_aware", False)
+    p = make_policy("netsense", LADDER, **settings)
+    assert isinstance(p, NetsensePolicy)
+    return p
+
+
+def link(mbit: float, *, t: float = 0.0, srtt_queue: float = 0.0, standing: float | None = None) -> LinkState:
+    return LinkState(
+        time_s=t, bandwidth_Bps=mbit * MBIT, min_rtt_s=RTT, srtt_s=RTT + srtt_queue, standing_queue_s=standing
+    )
+
+
+def run(policy: NetsensePolicy, mbits: list[float], start: int = 0) -> list[int | None]:
+    out = []
+    for i, mbit in enumerate(mbits):
+        step = start + i
+        out.append(policy.choose(link=link(mbit, t=float(step)), payload_bytes=S, compute_s=TC, step=step).level)
+    return out
+
+
+def test_the_queue_our_own_push_built_does_not_shrink_the_bandwidth() -> None:
+    """srtt carries the queue the last push built (40-60 ms over a 21 ms path after 1 MB pushes at
+    50 Mbit/s): without anyone else on the link it halved B. The standing queue is what counts."""
+    p = netsense(queue_tolerance_s=0.010)
+    own = link(100, srtt_queue=0.040, standing=0.0)
+    assert p.effective_bandwidth(own) == pytest.approx(100 * MBIT)
+    shared = link(100, srtt_queue=0.040, standing=0.030)
+    assert p.effective_bandwidth(shared) == pytest.approx(100 * MBIT * (RTT + 0.010) / (RTT + 0.030))
+    legacy = link(100, srtt_queue=0.040)  # no standing-queue measurement: srtt - min RTT, as before
+    assert p.effective_bandwidth(legacy) == pytest.approx(100 * MBIT * (RTT + 0.010) / (RTT + 0.040))
+
+
+def _between_the_bands() -> tuple[float, int, int]:
+    """A bandwidth at which the law (eps) picks a lighter level than one it keeps with relax_eps: the
+    dead band. Returns (Mbit/s, the kept level, the law's level)."""
+    for mbit in (x / 4 for x in range(40, 4000)):
+        keep, law = reference_level(mbit * MBIT, eps=0.05), reference_level(mbit * MBIT, eps=0.1)
+        heavier_keep = reference_level(mbit / 4 * MBIT)
+        if law < keep and heavier_keep >= keep:
+            # `keep` fits with eps at `mbit`: a policy committed to it holds it without relax_rise
+            return mbit, keep, law
+    raise AssertionError("no dead band found on this ladder")
+
+
+def test_after_a_rise_headroom_is_judged_with_eps_not_the_dead_band() -> None:
+    """Rate step: the level moved heavier at the low rate; after the rise the law (eps) wants a
+    lighter level, but the stricter relax_eps (the dead band against jitter) does not. A bandwidth
+    1.5x the lowest seen at the level is a changed link: relax after k steps of headroom."""
+    mbit, keep, law = _between_the_bands()
+    k = 5
+    for rise, expect_relax in ((1.5, True), (0.0, False)):
+        p = netsense(k=k, relax_rise=rise, probe_interval=0, probe_interval_s=0)
+        run(p, [mbit / 4] * 3)
+        p.level = keep  # committed there (as after a heavier move at the low rate and a partial relax)
+        p._low_bw = mbit / 4 * MBIT
+        levels = run(p, [mbit] * (3 * k), start=3)
+        if expect_relax:
+            assert levels[: k - 1] == [keep] * (k - 1) and levels[k - 1 :] == [law] * (2 * k + 1), levels
+        else:
+            assert levels == [keep] * (3 * k), levels
+
+
+def test_a_rise_after_a_heavier_move_relaxes_to_the_law_level() -> None:
+    """The whole sequence, no state set by hand: high, low (heavier at once), back up to a rate in the
+    dead band of the level held at the low rate."""
+    mbit, keep, law = _between_the_bands()
+    p = netsense(k=5, probe_interval=0, probe_interval_s=0)
+    low = next(x for x in (mbit / d for d in (4, 6, 8, 12, 16)) if reference_level(x * MBIT) == keep)
+    run(p, [low] * 5)
+    assert p.level == keep
+    after = run(p, [mbit] * 12, start=5)
+    assert after[-1] == law and after.count(keep) == 4  # k - 1 steps of headroom, then relax
+
+
+def test_no_flapping_with_relax_rise_on_a_noisy_link() -> None:
+    """+-10% jitter is not a rise: at most 3 level changes in 200 steps, as without the rule."""
+    for mbit in (20, 25, 60, 100, 160, 400):
+        for seed in range(3):
+            rng = random.Random(seed)
+            levels = run(netsense(), [mbit * rng.uniform(0.9, 1.1) for _ in range(200)])
+            changes = sum(a != b for a, b in zip(levels, levels[1:]))
+            assert changes <= 3, (mbit, seed, changes)
+
+
+def test_relax_rise_must_exceed_one() -> None:
+    from netsense.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="relax_rise"):
+        netsense(relax_rise=1.0)
