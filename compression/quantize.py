@@ -27,6 +27,7 @@ from .base import (
     register_codec,
     tensor_to_bytes,
 )
+from .chunks import run_chunks, scratch
 from .limits import checked_numel, require_finite
 
 BUCKET = 512
@@ -107,11 +108,21 @@ def _round_rows(rows: torch.Tensor, noise: torch.Tensor, a: torch.Tensor, b: tor
 
 
 def quantize(flat: torch.Tensor, bits: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stochastically quantize a flat tensor; returns (packed uint8 codes, fp32 scales per bucket)."""
+    """Stochastically quantize a flat tensor; returns (packed uint8 codes, fp32 scales per bucket).
+
+    On CPU the numpy kernels run on the chunk pool (`chunks.py`); elsewhere torch ops over the
+    whole tensor. Both take the same noise stream and the same fp32 steps, so they agree."""
     x = flat.detach()
     if x.dtype != torch.float32:
         x = x.float()
     x = x.contiguous()
+    if x.device.type == "cpu":
+        return _quantize_numpy(x, bits, generator)
+    return _quantize_torch(x, bits, generator)
+
+
+def _quantize_torch(x: torch.Tensor, bits: int, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quantize` in torch ops, for any device (CPU ones in chunks of `_CHUNK_ROWS` buckets)."""
     n = x.numel()
     nb = bucket_count(n)
     scales = bucket_scales(x)
@@ -150,6 +161,13 @@ def quantize(flat: torch.Tensor, bits: int, generator: torch.Generator | None = 
 
 def dequantize(packed: torch.Tensor, scales: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
     """Inverse of `quantize` (up to the rounding noise), as a flat fp32 tensor."""
+    if packed.device.type == "cpu":
+        return _dequantize_numpy(packed, scales, bits, numel)
+    return _dequantize_torch(packed, scales, bits, numel)
+
+
+def _dequantize_torch(packed: torch.Tensor, scales: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
+    """`dequantize` in torch ops, for any device."""
     nb = scales.numel()
     step = scales * (2.0 / ((1 << bits) - 1))
     neg_scales = scales.neg()
@@ -235,6 +253,120 @@ class _Unpacker:
 def unpack_bits(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
     """Inverse of `pack_bits`: the first `numel` codes as uint8."""
     return _Unpacker(bits, packed.numel(), packed.device).unpack(packed)[:numel]
+
+
+# --- CPU: numpy kernels per chunk of buckets, on the chunk pool ---------------------------------
+
+_NP_PACK = {4: (np.int16, (4,)), 2: (np.int32, (6, 12)), 1: (np.int64, (7, 14, 28))}
+_NP_SPREAD = {bits: (np.dtype(dt).type, steps) for bits, (dt, steps) in
+              ((4, (np.int16, _SPREAD[4][1])), (2, (np.int32, _SPREAD[2][1])), (1, (np.int64, _SPREAD[1][1])))}
+
+
+def _noise_rows(seed: int, row0: int, rows: int) -> np.ndarray:
+    """Rounding noise of buckets [row0, row0 + rows): the `RoundingNoise` stream of `seed` at that
+    offset (PCG64 advances in O(log n)), so chunks may run in any order on any thread."""
+    bits = np.random.PCG64(seed)
+    bits.advance(row0 * BUCKET // 4)
+    return bits.random_raw(rows * BUCKET // 4).view(np.int16).reshape(rows, BUCKET)
+
+
+def _quantize_rows(x: np.ndarray, bits: int, noise: np.ndarray, scales: np.ndarray, packed: np.ndarray) -> None:
+    """Quantize full buckets `x` (rows, BUCKET) into `scales` and `packed`: the same fp32 steps
+    as `bucket_scales` + `_round_rows` + `pack_bits`, all on this chunk while it is in cache."""
+    rows = x.shape[0]
+    levels = (1 << bits) - 1
+    np.maximum(x.max(axis=1), -x.min(axis=1), out=scales)
+    with np.errstate(all="ignore"):  # non-finite input: the caller raises on the scales
+        step_inv = np.divide(np.float32(levels), 2 * scales, out=np.zeros_like(scales), where=scales > 0)
+        b = scales * step_inv + np.float32(_NOISE_SCALE / 2)
+        work = scratch("work", (rows, BUCKET), np.float32)
+        prod = scratch("prod", (rows, BUCKET), np.float32)
+        np.multiply(noise, np.float32(_NOISE_SCALE), out=work)
+        work += b[:, None]
+        np.multiply(x, step_inv[:, None], out=prod)
+        work += prod
+        work += np.float32(_MAGIC)
+        np.clip(work, np.float32(_MAGIC), np.float32(_MAGIC + levels), out=work)
+    if bits == 8:
+        np.copyto(packed.reshape(rows, BUCKET), work.view(np.int32), casting="unsafe")  # low byte
+        return
+    codes = scratch("codes", (rows * BUCKET,), np.uint8)
+    np.copyto(codes.reshape(rows, BUCKET), work.view(np.int32), casting="unsafe")
+    word_dtype, shifts = _NP_PACK[bits]
+    words = codes.view(word_dtype)
+    shifted = scratch(f"shifted{bits}", words.shape, word_dtype)
+    for s in shifts:
+        np.right_shift(words, s, out=shifted)
+        words |= shifted
+    np.copyto(packed, words, casting="unsafe")
+
+
+def _quantize_numpy(x: torch.Tensor, bits: int, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quantize` on CPU: `_quantize_rows` over chunks of `_CHUNK_ROWS` buckets on the pool."""
+    n = x.numel()
+    nb, full = bucket_count(n), n // BUCKET
+    seed = int(torch.randint(1 << 62, (1,), generator=generator))  # as `RoundingNoise` draws it
+    values = x.numpy()
+    scales = np.empty(nb, dtype=np.float32)
+    packed = empty_dense(packed_size(nb * BUCKET, bits), torch.uint8, "cpu")
+    out = packed.numpy()
+    per_row = BUCKET * bits // 8
+
+    def kernel(r0: int, r1: int) -> None:
+        rows = values[r0 * BUCKET : r1 * BUCKET].reshape(r1 - r0, BUCKET)
+        _quantize_rows(rows, bits, _noise_rows(seed, r0, r1 - r0), scales[r0:r1], out[r0 * per_row : r1 * per_row])
+
+    run_chunks(kernel, full, _CHUNK_ROWS)
+    if full < nb:  # the tail bucket, zero-padded (zeros change neither its scale nor the codes sent)
+        tail = np.zeros((1, BUCKET), dtype=np.float32)
+        tail[0, : n - full * BUCKET] = values[full * BUCKET :]
+        _quantize_rows(tail, bits, _noise_rows(seed, full, 1), scales[full:], out[full * per_row :])
+    scale_t = torch.from_numpy(scales)
+    require_finite(scale_t, f"qsgd:{bits} input")
+    return packed[: packed_size(n, bits)], scale_t
+
+
+def _dequantize_rows(packed: np.ndarray, bits: int, scales: np.ndarray, out: np.ndarray) -> None:
+    """Dequantize the packed codes of `out.shape[0]` buckets into `out` (rows, BUCKET); `packed`
+    may be short (the wire's last bucket is not padded): missing codes decode as code 0."""
+    rows = out.shape[0]
+    if bits == 8 and packed.size == rows * BUCKET:
+        codes = packed.reshape(rows, BUCKET)
+    else:
+        m = rows * BUCKET * bits // 8
+        if bits == 8:
+            codes = scratch("codes", (m,), np.uint8)
+            codes[packed.size :] = 0
+            codes[: packed.size] = packed
+        else:
+            word_dtype, steps = _NP_SPREAD[bits]
+            word = scratch(f"word{bits}", (m,), word_dtype)
+            shifted = scratch(f"shifted{bits}", (m,), word_dtype)
+            word[packed.size :] = 0
+            np.copyto(word[: packed.size], packed)
+            for shift, mask in steps:
+                np.left_shift(word, shift, out=shifted)
+                word |= shifted
+                word &= mask
+            codes = word.view(np.uint8)
+        codes = codes.reshape(rows, BUCKET)
+    step = scales * np.float32(2.0 / ((1 << bits) - 1))
+    np.multiply(codes, step[:, None], out=out)  # as torch's addcmul: one rounding, then one more
+    out -= scales[:, None]
+
+
+def _dequantize_numpy(packed: torch.Tensor, scales: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
+    """`dequantize` on CPU: `_dequantize_rows` over chunks of `_CHUNK_ROWS` buckets on the pool."""
+    nb = scales.numel()
+    out = empty_dense(nb * BUCKET, torch.float32, "cpu")
+    rows, codes, s = out.numpy().reshape(nb, BUCKET), packed.numpy(), scales.numpy()
+    per_row = BUCKET * bits // 8
+
+    def kernel(r0: int, r1: int) -> None:
+        _dequantize_rows(codes[r0 * per_row : r1 * per_row], bits, s[r0:r1], rows[r0:r1])
+
+    run_chunks(kernel, nb, _CHUNK_ROWS)
+    return out[:numel]
 
 
 def quantized_wire_size(numel: int, bits: int) -> int:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from compression_fuzz import decode_or_reject, mutated
 from netsense.compression import make_codec
+from netsense.compression import quantize as Q
 from netsense.compression.quantize import BUCKET, QSGD, pack_bits, unpack_bits
 from netsense.errors import CompressionError
 
@@ -118,3 +119,37 @@ def test_cuda_round_trip(dtype: torch.dtype) -> None:
     assert y.device.type == "cuda" and y.dtype == dtype and y.shape == x.shape
     cpu = codec.decode(payload)
     assert torch.equal(cpu, y.cpu())
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("numel", [5, BUCKET, 3 * Q._CHUNK_ROWS * BUCKET + 77])
+def test_numpy_kernels_agree_with_the_torch_path(bits: int, numel: int) -> None:
+    # The torch path is what CUDA runs; on CPU the numpy kernels on the chunk pool replace it.
+    # Same noise stream, same fp32 steps: codes may differ only where fused multiply-adds round
+    # a value sitting on a rounding boundary differently.
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(bits)) * 3
+    codes_t, scales_t = Q._quantize_torch(x, bits, torch.Generator().manual_seed(9))
+    codes_n, scales_n = Q._quantize_numpy(x, bits, torch.Generator().manual_seed(9))
+    assert torch.equal(scales_t, scales_n)
+    diff = (unpack_bits(codes_t, bits, numel).int() - unpack_bits(codes_n, bits, numel).int()).abs()
+    assert int(diff.max()) <= 1 and int((diff > 0).sum()) <= max(1, numel // 10_000)
+    y_t = Q._dequantize_torch(codes_n, scales_n, bits, numel)
+    y_n = Q._dequantize_numpy(codes_n, scales_n, bits, numel)
+    assert y_n.shape == (numel,)
+    assert float((y_t - y_n).abs().max()) <= 1e-6 * float(scales_n.max())
+
+
+@pytest.mark.parametrize("bits", [1, 8])
+def test_multi_chunk_round_trip_within_one_level(bits: int) -> None:
+    x = torch.randn(2 * Q._CHUNK_ROWS * BUCKET + 300, generator=torch.Generator().manual_seed(1))
+    x[Q._CHUNK_ROWS * BUCKET + 5] = 40.0  # one loud bucket in the second chunk
+    codec = make_codec(f"qsgd:{bits}")
+    y = codec.decode(codec.encode(x))
+    assert bool(((y - x).abs() <= bucket_steps(x, bits) * 1.001 + 1e-6).all())
+
+
+def test_non_finite_input_in_a_later_chunk_rejected() -> None:
+    x = torch.randn(3 * Q._CHUNK_ROWS * BUCKET)
+    x[-10] = float("nan")
+    with pytest.raises(CompressionError, match="NaN or infinity"):
+        make_codec("qsgd:4").encode(x)
