@@ -82,7 +82,9 @@ def decode_values(
 def check_values_size(parts: tuple[bytes, ...], mode: str, count: int, dtype: torch.dtype, what: str) -> None:
     """Reject value parts whose length does not match `count` before anything is allocated."""
     if mode == "q8":
-        expect_bytes(parts[0] + parts[1], quantized_wire_size(count, 8), f"{what} values")
+        size, expected = len(parts[0]) + len(parts[1]), quantized_wire_size(count, 8)
+        if size != expected:  # lengths only: parts may be memoryviews of a framed message (no `+`)
+            raise CompressionError(f"{what} values: expected {expected} bytes, got {size}")
     else:
         wire = torch.float16 if mode == "fp16" else dtype
         expect_bytes(parts[0], count * wire.itemsize, f"{what} values")

@@ -1,9 +1,13 @@
 """The wire schema: frozen message dataclasses, msgpack encoding, and strict validation.
 
-One message per QUIC stream. A message is a msgpack map ``{"v": 1, "t": TYPE, ...}``; tensors
-travel as codec payloads whose byte sections are msgpack ``bin`` (never pickle). Decoding never
-trusts the peer: msgpack's own length limits bound every allocation before it happens, then each
-field's type, range and count is checked. Any failure raises `ProtocolError(code, reason)`.
+One message per QUIC stream. A message is a msgpack map ``{"v": 2, "t": TYPE, ...}``; tensors
+travel as codec payloads whose byte sections are msgpack ``bin`` (never pickle). A message with a
+byte field over `INLINE_MAX` is framed: ``0xC1, u32 header length, header map, sections``, where
+the header references each large field by length (msgpack ext type 1) and the fields follow in
+order; neither side copies them (docs/PROTOCOL.md). Decoding never trusts the peer: msgpack's own
+length limits bound every allocation before it happens, section references must tile the rest of
+the message exactly, then each field's type, range and count is checked. Any failure raises
+`ProtocolError(code, reason)`.
 """
 
 from __future__ import annotations
@@ -18,7 +22,11 @@ import msgpack
 from netsense.compression import DTYPES, Payload
 from netsense.errors import ProtocolError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""Version this side writes. 2 added framed messages (large byte fields after the map).
+"""
+SUPPORTED_VERSIONS = (1, 2)
+"""Versions this side reads: a version 1 message is a plain map with the same fields."""
 ALPN = "netsense/1"
 _KEY_RE = re.compile(r"^[A-Za-z0-9_.\-/#:]{1,200}$")
 
@@ -231,60 +239,46 @@ def _body(msg: Message) -> dict[str, Any]:
 Chunk = bytes | bytearray | memoryview
 """A piece of an encoded message; the pieces in order are the message."""
 
-_INLINE_BIN = 64 * 1024
-"""Byte sections up to this size are copied into the msgpack stream; larger ones are referenced."""
+FRAMED = 0xC1
+"""First byte of a framed message. msgpack never uses it, so no plain message starts with it."""
+SECTION_EXT = 1
+"""msgpack ext type of a section reference in a framed header: 8 bytes, the section's length."""
+_FRAME_PREFIX = 5  # FRAMED + 4-byte big-endian header length
+INLINE_MAX = 64 * 1024
+"""Byte fields up to this size stay inside the msgpack map; larger ones become sections."""
 
 
-def _container_header(n: int, fix: int, tag16: int, tag32: int) -> bytes:
-    if n < 16:
-        return bytes((fix | n,))
-    return bytes((tag16,)) + n.to_bytes(2, "big") if n < 1 << 16 else bytes((tag32,)) + n.to_bytes(4, "big")
-
-
-def _bin_header(n: int) -> bytes:
-    if n < 1 << 8:
-        return b"\xc4" + n.to_bytes(1, "big")
-    return b"\xc5" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xc6" + n.to_bytes(4, "big")
-
-
-def _write(value: Any, head: bytearray, out: list[Chunk]) -> bytearray:
-    """Append msgpack of `value`; a large byte section becomes its own chunk, not a copy."""
+def _split(value: Any, sections: list[Chunk], inline_max: int) -> Any:
+    """`value` with every byte field over `inline_max` replaced by a section reference (in msgpack's
+    own order: maps by insertion, lists in order), the field itself appended to `sections`."""
     if isinstance(value, dict):
-        head += _container_header(len(value), 0x80, 0xDE, 0xDF)
-        for k, v in value.items():
-            head += msgpack.packb(k, use_bin_type=True)
-            head = _write(v, head, out)
-    elif isinstance(value, (list, tuple)):
-        head += _container_header(len(value), 0x90, 0xDC, 0xDD)
-        for v in value:
-            head = _write(v, head, out)
-    elif isinstance(value, (bytes, bytearray, memoryview)) and len(value) > _INLINE_BIN:
-        head += _bin_header(len(value))
-        out.append(head)
-        out.append(value)
-        head = bytearray()
-    else:
-        head += msgpack.packb(value, use_bin_type=True)
-    return head
+        return {k: _split(v, sections, inline_max) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_split(v, sections, inline_max) for v in value]
+    if isinstance(value, (bytes, bytearray, memoryview)) and len(value) > inline_max:
+        sections.append(value)
+        return msgpack.ExtType(SECTION_EXT, len(value).to_bytes(8, "big"))
+    return value
 
 
-def encode_chunks(msg: Message) -> list[Chunk]:
-    """Serialize `msg` as pieces whose concatenation is `encode_message(msg)`.
+def encode_chunks(msg: Message, inline_max: int = INLINE_MAX) -> list[Chunk]:
+    """Serialize `msg` as pieces to write in order: one plain msgpack map, or, when a byte field
+    is larger than `inline_max`, a framed header followed by the fields themselves.
 
-    Tensor byte sections are referenced, not copied: packing a 32 MB gradient into one msgpack
-    buffer cost ~25 ms (a fresh buffer's page faults plus the copy) on a push that moves at
-    ~50 MB/s; the transport copies each piece once into its send buffer anyway.
+    Large fields are referenced, not copied: packing a 32 MB gradient into one msgpack buffer cost
+    ~25 ms (a fresh buffer's page faults plus the copy) on a push that moves at ~50 MB/s, and the
+    receiver reads framed sections in place instead of msgpack copying each `bin` out.
     """
-    out: list[Chunk] = []
-    tail = _write(_body(msg), bytearray(), out)
-    if tail:
-        out.append(tail)
-    return out
+    sections: list[Chunk] = []
+    header = msgpack.packb(_split(_body(msg), sections, inline_max), use_bin_type=True)
+    if not sections:
+        return [header]
+    return [bytes((FRAMED,)) + len(header).to_bytes(4, "big") + header, *sections]
 
 
-def encode_message(msg: Message) -> bytes:
-    """Serialize `msg` to bytes (a msgpack map; tensors as bin)."""
-    return b"".join(encode_chunks(msg))
+def encode_message(msg: Message, inline_max: int = INLINE_MAX) -> bytes:
+    """Serialize `msg` to bytes (see `encode_chunks`)."""
+    return b"".join(encode_chunks(msg, inline_max))
 
 
 # --- decoding -------------------------------------------------------------------------------
@@ -339,7 +333,7 @@ def _payload(key: str, raw: Any, limits: Limits) -> Payload:
     numel = math.prod(shape)
     if numel > limits.max_elems_per_key:
         raise _fail("oversize", f"tensor {key!r}: {numel} elements > limit {limits.max_elems_per_key}")
-    if not isinstance(parts, list) or len(parts) > limits.max_parts or not all(isinstance(b, bytes) for b in parts):
+    if not isinstance(parts, list) or len(parts) > limits.max_parts or not all(isinstance(b, (bytes, memoryview)) for b in parts):
         raise _fail("malformed", f"tensor {key!r}: parts must be a list of <= {limits.max_parts} bin")
     if (
         not isinstance(meta, list)
@@ -364,13 +358,27 @@ def _tensors(body: dict[str, Any], name: str, limits: Limits) -> dict[str, Paylo
     return out
 
 
-def decode_message(data: bytes | bytearray | memoryview, limits: Limits = Limits()) -> Message:
-    """Parse and validate one message (any bytes-like buffer, read in place); raise `ProtocolError`
-    with a code and reason on any defect."""
-    if len(data) > limits.max_message_bytes:
-        raise _fail("oversize", f"message of {len(data)} bytes > limit {limits.max_message_bytes}")
+class _Sections:
+    """The section area of a framed message, handed out in order as references are parsed."""
+
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
+        self.pos = 0
+
+    def take(self, code: int, data: bytes) -> memoryview:
+        """msgpack `ext_hook`: the next section, a slice of the message (no copy)."""
+        if code != SECTION_EXT or len(data) != 8:
+            raise _fail("malformed", f"unknown msgpack ext type {code} ({len(data)} bytes) in a framed header")
+        size = int.from_bytes(data, "big")
+        if size > len(self.view) - self.pos:
+            raise _fail("malformed", f"section of {size} bytes but only {len(self.view) - self.pos} left in the message")
+        self.pos += size
+        return self.view[self.pos - size : self.pos]
+
+
+def _unpack(data: bytes | bytearray | memoryview, limits: Limits, sections: _Sections | None) -> Any:
     try:
-        body = msgpack.unpackb(
+        return msgpack.unpackb(
             data,
             raw=False,
             strict_map_key=True,
@@ -378,14 +386,43 @@ def decode_message(data: bytes | bytearray | memoryview, limits: Limits = Limits
             max_str_len=1 << 16,
             max_array_len=max(limits.max_parts, limits.max_meta, limits.max_dims, 64),
             max_map_len=max(limits.max_keys, 16),
-            max_ext_len=0,
+            max_ext_len=8 if sections is not None else 0,  # references only, only in a framed header
+            ext_hook=sections.take if sections is not None else msgpack.ExtType,
         )
+    except ProtocolError:
+        raise
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, TypeError) as exc:
         raise _fail("malformed", f"not a valid msgpack message: {exc}") from None
+
+
+def _body_of(data: bytes | bytearray | memoryview, limits: Limits) -> Any:
+    """The message map: plain msgpack, or a framed header whose references become slices of `data`."""
+    if not len(data) or data[0] != FRAMED:
+        return _unpack(data, limits, None)
+    view = memoryview(data)
+    if len(view) < _FRAME_PREFIX:
+        raise _fail("malformed", f"framed message of {len(view)} bytes has no header length")
+    header_len = int.from_bytes(view[1:_FRAME_PREFIX], "big")
+    if header_len > len(view) - _FRAME_PREFIX:
+        raise _fail("malformed", f"framed header of {header_len} bytes but the message has {len(view) - _FRAME_PREFIX}")
+    end = _FRAME_PREFIX + header_len
+    sections = _Sections(view[end:])
+    body = _unpack(view[_FRAME_PREFIX:end], limits, sections)
+    if sections.pos != len(sections.view):
+        raise _fail("malformed", f"{len(sections.view) - sections.pos} bytes after the framed sections")
+    return body
+
+
+def decode_message(data: bytes | bytearray | memoryview, limits: Limits = Limits()) -> Message:
+    """Parse and validate one message (any bytes-like buffer, read in place; byte fields of a framed
+    message are memoryview slices of it); raise `ProtocolError` with a code and reason on any defect."""
+    if len(data) > limits.max_message_bytes:
+        raise _fail("oversize", f"message of {len(data)} bytes > limit {limits.max_message_bytes}")
+    body = _body_of(data, limits)
     if not isinstance(body, dict):
         raise _fail("malformed", f"message must be a map, got {type(body).__name__}")
-    if body.get("v") != PROTOCOL_VERSION:
-        raise _fail("version", f"protocol version {body.get('v')!r} not supported; this side speaks {PROTOCOL_VERSION}")
+    if body.get("v") not in SUPPORTED_VERSIONS or isinstance(body.get("v"), bool):
+        raise _fail("version", f"protocol version {body.get('v')!r} not supported; this side reads {SUPPORTED_VERSIONS}")
     kind = body.get("t")
     cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
@@ -409,7 +446,7 @@ def _role(body: dict[str, Any]) -> str:
 
 def _probe_data(body: dict[str, Any], limits: Limits) -> bytes:
     v = body.get("data")
-    if not isinstance(v, bytes):
+    if not isinstance(v, (bytes, memoryview)):
         raise _fail("malformed", "field 'data' must be bin")
     if len(v) > limits.max_probe_bytes:
         raise _fail("oversize", f"probe of {len(v)} bytes > limit {limits.max_probe_bytes}")

@@ -61,7 +61,8 @@ def _payload(**over: object) -> dict[str, object]:
         (encode_message(MESSAGES[5])[:-3], "malformed"),  # truncated
         (b"\xc1", "malformed"),  # msgpack's never-used byte
         (msgpack.packb([1, 2]), "malformed"),
-        (msgpack.packb({"v": 2, "t": "ack", "version": 1}), "version"),
+        (msgpack.packb({"v": 3, "t": "ack", "version": 1}), "version"),
+        (msgpack.packb({"v": True, "t": "ack", "version": 1}), "version"),
         (msgpack.packb({"t": "ack", "version": 1}), "version"),
         (_raw(t="nope"), "type"),
         (_raw(t="ack", version="x"), "malformed"),
