@@ -30,83 +30,88 @@ _MAX_GAP = (1 << 32) - 1
 enough that a cumulative sum of MAX_DECODE_NUMEL gaps cannot overflow int64."""
 
 
-def flat_nonzero(mask: torch.Tensor) -> torch.Tensor:
-    """Positions of the true entries of a flat bool tensor, as int64.
-
-    On CPU through numpy: `np.flatnonzero` is ~4x faster than `torch.nonzero` (single-threaded,
-    so it does not stall on a busy machine either)."""
-    if mask.device.type != "cpu":
-        return torch.nonzero(mask).squeeze(1)
-    return torch.from_numpy(np.flatnonzero(mask.numpy()))
-
-
 def varint_encode(indices: torch.Tensor) -> torch.Tensor:
-    """LEB128 varints of the gaps of sorted unique int64 `indices`, as uint8.
+    """LEB128 varints of the gaps of sorted unique int64 `indices`, as uint8 (on their device).
 
-    Vectorised around the common case: at densities of 1% and above nearly every gap takes one
-    byte, so the full-length work is a few passes, and only the long varints (found once) are
-    revisited, one pass per extra byte."""
-    if indices.numel() == 0:
-        return torch.zeros(0, dtype=torch.uint8, device=indices.device)
-    gaps = torch.diff(indices, prepend=indices.new_full((1,), -1)).sub_(1)
-    long = flat_nonzero(gaps >= 0x80)
-    if long.numel() == 0:
-        return gaps.to(torch.uint8)
-    long_gaps = gaps[long]
-    lengths = torch.ones_like(gaps)
-    long_lengths = torch.ones_like(long_gaps)
-    for j in range(1, _MAX_VARINT_BYTES):
-        long_lengths += long_gaps >= (1 << (7 * j))
-    lengths[long] = long_lengths
-    starts = torch.cumsum(lengths, 0).sub_(lengths)
-    out = torch.empty(int(starts[-1] + lengths[-1]), dtype=torch.uint8, device=gaps.device)
-    out[starts] = gaps.bitwise_and_(0x7F).to(torch.uint8)  # first byte of every varint
-    out[starts[long]] |= 0x80
-    for j in range(1, int(long_lengths.max())):
-        more = long_lengths > j  # varints with a byte j
-        byte = (long_gaps[more] >> (7 * j)) & 0x7F
-        byte |= (long_lengths[more] > j + 1).to(byte.dtype) << 7  # continuation flag
-        out[starts[long[more]] + j] = byte.to(torch.uint8)
-    return out
+    Coded in numpy on the host: a handful of whole-array passes, each ~5-15x faster than the
+    same torch op on CPU (torch's uint8 compares are not vectorised, its nonzero is slow). At
+    densities of 1% and above nearly every gap takes one byte: the long varints' extra bytes
+    are built for those alone and inserted after their first byte."""
+    device = indices.device
+    idx = indices.detach().cpu().numpy()
+    if idx.size == 0:
+        return torch.zeros(0, dtype=torch.uint8, device=device)
+    gaps = np.diff(idx, prepend=-1)
+    gaps -= 1
+    long = np.flatnonzero(gaps >= 0x80)
+    first = gaps.astype(np.uint8)  # the low byte; for long varints masked and flagged below
+    if long.size:
+        long_gaps = gaps[long]
+        lengths = np.ones(long.size, dtype=np.int64)
+        for j in range(1, _MAX_VARINT_BYTES):
+            lengths += long_gaps >= (1 << (7 * j))
+        first[long] = (long_gaps & 0x7F) | 0x80
+        extra = lengths - 1  # bytes 1 .. length-1 of each long varint, varint by varint
+        owner = np.repeat(np.arange(long.size), extra)
+        j = np.arange(owner.size) - np.repeat(np.cumsum(extra) - extra, extra) + 1
+        more = (j < lengths[owner] - 1).astype(np.int64) << 7  # continuation flag
+        tail = ((long_gaps[owner] >> (7 * j)) & 0x7F) | more
+        # np.insert keeps values for the same position in the given order (stable sort).
+        first = np.insert(first, long[owner] + 1, tail.astype(np.uint8))
+    return torch.from_numpy(first).to(device)
 
 
 def varint_decode(data: torch.Tensor, count: int) -> torch.Tensor:
     """Inverse of `varint_encode`; raises `CompressionError` on malformed bytes.
 
-    Each varint's last byte is the one below 0x80 and holds its most significant group, so the
-    gaps start as those bytes and take in earlier bytes (Horner's scheme) only for the varints
-    that have them: one pass per extra byte over just those varints."""
+    Decoded in numpy on the host like `varint_encode`; the indices go to the bytes' device."""
+    device = data.device
     if count == 0:
         if data.numel():
             raise CompressionError("varint indices: bytes present for zero indices")
-        return torch.zeros(0, dtype=torch.int64, device=data.device)
+        return torch.zeros(0, dtype=torch.int64, device=device)
     if not count <= data.numel() <= _MAX_VARINT_BYTES * count:
         raise CompressionError(f"varint indices: {data.numel()} bytes cannot hold {count} indices")
-    if int(data[-1]) & 0x80:
+    data = data.cpu()
+    b = data.numpy()
+    if b[-1] & 0x80:
         raise CompressionError("varint indices: truncated final varint")
-    if data.numel() == count:  # every varint is one byte: none may carry a continuation flag
-        if bool((data >= 0x80).any()):
-            raise CompressionError(f"varint indices: found fewer than {count} varints")
+    cont = np.flatnonzero(b >= 0x80)  # bytes with a continuation flag: few at densities >= 1%
+    if b.size - cont.size != count:
+        raise CompressionError(f"varint indices: found {b.size - cont.size} varints, expected {count}")
+    if cont.size == 0:
         gaps = data.to(torch.int64)
     else:
-        ends = flat_nonzero(data < 0x80)
-        if ends.numel() != count:
-            raise CompressionError(f"varint indices: found {ends.numel()} varints, expected {count}")
-        gaps = data[ends].to(torch.int64)
-        lengths = torch.diff(ends, prepend=ends.new_full((1,), -1))
-        long = flat_nonzero(lengths > 1)
-        long_ends, long_lengths = ends[long], lengths[long]
-        if int(long_lengths.max()) > _MAX_VARINT_BYTES:
-            raise CompressionError("varint indices: a varint is longer than 5 bytes")
-        long_gaps = gaps[long]
-        for j in range(1, int(long_lengths.max())):
-            more = flat_nonzero(long_lengths > j)
-            low = (data[long_ends[more] - j] & 0x7F).to(torch.int64)
-            long_gaps[more] = (long_gaps[more] << 7) | low
-        if int(long_gaps.max()) > _MAX_GAP:
-            raise CompressionError(f"varint indices: a gap is above {_MAX_GAP}")
-        gaps[long] = long_gaps
-    return torch.cumsum(gaps.add_(1), 0).sub_(1)
+        gaps = torch.from_numpy(_join_long_varints(b, cont))
+    # indices = cumsum(gaps + 1) - 1, folded into the first gap; in torch, whose int64 cumsum
+    # measured ~2x faster than numpy's.
+    gaps += 1
+    gaps[0] -= 1
+    return gaps.cumsum_(0).to(device)
+
+
+def _join_long_varints(b: np.ndarray, cont: np.ndarray) -> np.ndarray:
+    """Gaps (int64) of varint bytes `b` whose continuation bytes sit at `cont` (the final byte
+    is known not to be one).
+
+    Removing the continuation bytes leaves each varint's last byte, its most significant group.
+    The continuation byte at position p with rank r in `cont` belongs to varint p - r (every
+    byte before it is either a varint's last byte or one of the r continuation bytes), and the
+    runs of equal owners are each varint's lower groups, least significant first."""
+    gaps = np.delete(b, cont).astype(np.int64)
+    owner = cont - np.arange(cont.size)
+    run_starts = np.flatnonzero(np.diff(owner, prepend=-1))
+    run_lengths = np.diff(run_starts, append=cont.size)
+    if int(run_lengths.max()) >= _MAX_VARINT_BYTES:
+        raise CompressionError("varint indices: a varint is longer than 5 bytes")
+    group = np.arange(cont.size) - np.repeat(run_starts, run_lengths)
+    low = (b[cont] & 0x7F).astype(np.int64) << (7 * group)
+    owners = owner[run_starts]
+    joined = (gaps[owners] << (7 * run_lengths)) | np.add.reduceat(low, run_starts)
+    if int(joined.max()) > _MAX_GAP:
+        raise CompressionError(f"varint indices: a gap is above {_MAX_GAP}")
+    gaps[owners] = joined
+    return gaps
 
 
 def chunk16_encode(indices: torch.Tensor, numel: int) -> torch.Tensor:
