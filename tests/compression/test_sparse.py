@@ -184,3 +184,17 @@ def test_cuda_round_trip(spec: str) -> None:
     y = codec.decode(payload, device="cuda")
     assert y.device.type == "cuda" and y.shape == x.shape
     assert torch.equal(codec.decode(payload), y.cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_scan_over_several_pool_tasks_matches_torch(dtype: torch.dtype) -> None:
+    from netsense.compression.sparse import _SCAN_TASK, indices_at_or_above
+
+    x = torch.randn(2 * _SCAN_TASK + 12_345, generator=torch.Generator().manual_seed(3)).to(dtype)
+    x[5] = float("nan")
+    x[_SCAN_TASK + 7] = float("inf")
+    t = torch.tensor(2.0, dtype=dtype)
+    expected = torch.nonzero((x >= t) | (x <= -t)).squeeze(1)
+    got = indices_at_or_above(x, t)
+    assert torch.equal(got, expected)
+    assert int(got[0]) != 5 and _SCAN_TASK + 7 in got.tolist()
