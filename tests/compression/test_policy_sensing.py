@@ -91,6 +91,20 @@ def test_a_rise_after_a_heavier_move_relaxes_to_the_law_level() -> None:
     assert after[-1] == law and after.count(keep) == 4  # k - 1 steps of headroom, then relax
 
 
+def test_after_a_rise_one_dip_pauses_the_headroom_count() -> None:
+    """Loaded hosts make one push in a few slow: after a rise, that dip pauses the k steps of
+    headroom instead of restarting them (a relax 9.8-11.8 s after a 20 -> 100 Mbit/s rise instead of
+    ~6 s was seen that way). Without a rise the count restarts, as the dead band wants."""
+    mbit, keep, law = _between_the_bands()
+    dip = next(x / 4 for x in range(int(4 * mbit), 0, -1) if reference_level(x / 4 * MBIT) >= keep)
+    assert dip >= mbit / 4 * 1.5  # still a rise over the low rate: the dip alone moves nothing
+    p = netsense(k=5, probe_interval=0, probe_interval_s=0)
+    low = next(x for x in (mbit / d for d in (4, 6, 8, 12, 16)) if reference_level(x * MBIT) == keep)
+    run(p, [low] * 5)
+    after = run(p, [mbit, mbit, dip, mbit, mbit, mbit, mbit], start=5)
+    assert after[:5] == [keep] * 5 and after[5:] == [law] * 2, after  # dip paused, did not restart
+
+
 def test_no_flapping_with_relax_rise_on_a_noisy_link() -> None:
     """+-10% jitter is not a rise: at most 3 level changes in 200 steps, as without the rule."""
     for mbit in (20, 25, 60, 100, 160, 400):
