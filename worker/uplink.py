@@ -174,8 +174,10 @@ class UplinkController:
         for level in levels:
             codec = self._probe_codecs.get(level)
             if codec is None:
+                # A first call pays lazy set-up (2-10x): warm up, then time. The first round is at
+                # step 0, whose push is no bandwidth sample (`STARTUP_STEPS`), so this costs nothing.
                 codec = self._probe_codecs[level] = make_codec(self.policy.ladder[level].spec)
-                measure_level(codec, tensors[:1])  # warm-up: a first call pays lazy set-up (2-10x)
+                measure_level(codec, tensors)
             sample = measure_level(codec, tensors)
             if sample is None:
                 continue

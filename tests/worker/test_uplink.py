@@ -55,5 +55,5 @@ def test_step_encode_time_and_candidate_rounds_become_measured_costs() -> None:
     assert policy.costs.measured(0) == (True, False)
     assert policy.costs.encode_s_per_mb(0) == 0.005  # step 0 is startup, step 1 a first use: only step 2
     gen = torch.Generator().manual_seed(0)
-    up.measure_progress([2], [torch.randn(300, 200, generator=gen)])
+    up.measure_progress([2], [torch.randn(300, 200, generator=gen)])  # warmed up, then timed
     assert policy.costs.measured(2) == (True, True) and policy.costs.measured(1) == (False, False)
