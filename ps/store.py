@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from netsense.compression import DTYPES, Codec, Payload, make_codec
-from netsense.compression.base import DTYPE_NAMES
+from netsense.compression.base import DTYPE_NAMES, empty_dense
 from netsense.errors import CompressionError, ProtocolError
 from netsense.transport.wire import Params, Push
 
@@ -90,6 +90,7 @@ class ParameterStore:
         self.live: set[str] = set()
         self._pending: dict[str, _Pending] = {}
         self._decoders: dict[str, Codec] = {}
+        self._grad_buffers: dict[str, torch.Tensor] = {}  # key -> reused gradient sum (`_weighted_grad`)
         self._downlink_spec = downlink_codec
         self._downlink = {}  # key -> encoder instance (stateful codecs keep per-key state)
         self._update_spec: str | None = None  # a downlink policy's choice, overrides the codec
@@ -313,11 +314,7 @@ class ParameterStore:
         total = sum(self._pending[w].samples for w in workers)
         assert self._optimizer is not None
         for key, param in self.params.items():
-            acc = torch.zeros_like(param)
-            for w in workers:
-                p = self._pending[w]
-                acc.add_(p.grads[key].to(param.dtype), alpha=p.samples / total)
-            param.grad = acc
+            param.grad = self._weighted_grad(key, [(self._pending[w].grads[key], self._pending[w].samples / total) for w in workers])
         self._optimizer.step()
         for param in self.params.values():
             param.grad = None
@@ -394,16 +391,26 @@ class ParameterStore:
         total = sum(self._pending[w].samples for w in workers)
         assert self._optimizer is not None and self._step_spec is not None
         for key in keys:
-            param = self.params[key]
-            acc = torch.zeros_like(param)
-            for w in workers:
-                p = self._pending[w]
-                acc.add_(p.grads.pop(key).to(param.dtype), alpha=p.samples / total)
-            param.grad = acc
+            terms = [(self._pending[w].grads.pop(key), self._pending[w].samples / total) for w in workers]
+            self.params[key].grad = self._weighted_grad(key, terms)
         self._optimizer.step()
         for key in keys:
             self.params[key].grad = None
             self._applied[key], self._next_shadow[key] = self._encode_key(key, self._step_spec)
+
+    def _weighted_grad(self, key: str, terms: list[tuple[torch.Tensor, float]]) -> torch.Tensor:
+        """sum(weight * grad) in this key's gradient buffer, kept from step to step: the first term
+        writes it (no zero-fill) and its pages are touched once per job, not per step (a fresh
+        32 MB `zeros_like` took 8-89 ms here, mostly page faults, on a ~0.5 s PUSH)."""
+        param = self.params[key]
+        buf = self._grad_buffers.get(key)
+        if buf is None or buf.shape != param.shape or buf.dtype != param.dtype:
+            buf = self._grad_buffers[key] = empty_dense(param.numel(), param.dtype, param.device).view(param.shape)
+        (first, weight), rest = terms[0], terms[1:]
+        torch.mul(first.to(param.dtype), weight, out=buf)
+        for grad, weight in rest:
+            buf.add_(grad.to(param.dtype), alpha=weight)
+        return buf
 
     def _encode_key(self, key: str, spec: str) -> tuple[Payload, torch.Tensor]:
         """One key's downlink payload and the shadow value it leaves (as `_encode_update`)."""
