@@ -29,6 +29,9 @@ from .ladder import Ladder
 
 DEFAULT_SAMPLE_NUMEL = 1 << 16
 """Elements per candidate measurement: enough for top-k 0.1% to keep 65 entries, cheap to encode."""
+WARM_UP_NUMEL = 1024
+"""Elements of a warm-up call: a codec's first call pays lazy set-up (~20 ms for qsgd:8 on loaded
+cores, 2-10x its later calls) whatever the size, so a small sample warms it up cheaply."""
 
 
 def progress_from_error(energy: float, error: float, *, unbiased: bool) -> float | None:

@@ -29,7 +29,7 @@ from netsense.compression.base import Codec, make_codec
 from netsense.compression.ladder import DEFAULT_LADDER, Ladder
 from netsense.compression.link import LinkState
 from netsense.compression.policy import Decision, Policy, make_policy
-from netsense.compression.progress import measure_level
+from netsense.compression.progress import WARM_UP_NUMEL, measure_level
 from netsense.transport.decisions import DecisionLog
 from netsense.transport.signal import SignalReader
 
@@ -98,10 +98,11 @@ class DownlinkController:
             measured = self._measure_levels(snap[1], update)
         levels = self.policy.progress_candidates(version)
         if levels and version == 0:
-            # The round blocks the PS's loop during the next step's pushes: 0.1-0.2 s with six
-            # levels' first calls (lazy set-up) on loaded cores, and at step 1 those pushes are the
-            # uplink's first bandwidth samples (a 100 Mbit/s path measured 1 MB/s and sent qsgd:4).
-            # So at version 0 only build and warm the codecs (step 0 is no sample); measure from 50.
+            # A round blocks the PS's loop: 0.1-0.2 s with six levels' first calls (lazy set-up) on
+            # loaded cores, and with srtt inflated the pacer slows the next pushes too, which at
+            # steps 0-1 are the uplink's first bandwidth samples (a 100 Mbit/s path measured 1 MB/s
+            # and sent qsgd:4). So at version 0 only build and warm the codecs on a small sample,
+            # and measure from `progress_every` on.
             self._warm_up(levels, list(params.values()))
         elif levels and shadow:
             self._snapshot = (version, levels, {k: v.clone() for k, v in shadow.items()})
@@ -111,7 +112,7 @@ class DownlinkController:
         for level in levels:
             if level not in self._sample_codecs:
                 self._sample_codecs[level] = make_codec(self.policy.ladder[level].spec)
-                measure_level(self._sample_codecs[level], tensors)
+                measure_level(self._sample_codecs[level], tensors, max_numel=WARM_UP_NUMEL)
 
     def _measure_levels(self, levels: list[int], update: list[torch.Tensor]) -> dict[int, float]:
         measured = {}

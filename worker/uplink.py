@@ -18,7 +18,7 @@ from netsense.compression.base import Codec, make_codec
 from netsense.compression.ladder import DEFAULT_LADDER, Ladder
 from netsense.compression.link import LinkState
 from netsense.compression.policy import Decision, Policy, make_policy
-from netsense.compression.progress import measure_level
+from netsense.compression.progress import WARM_UP_NUMEL, measure_level
 from netsense.transport.decisions import DecisionLog
 from netsense.transport.quic_state import SensingConfig
 from netsense.transport.signal import SignalReader
@@ -177,7 +177,7 @@ class UplinkController:
                 # A first call pays lazy set-up (2-10x): warm up, then time. The first round is at
                 # step 0, whose push is no bandwidth sample (`STARTUP_STEPS`), so this costs nothing.
                 codec = self._probe_codecs[level] = make_codec(self.policy.ladder[level].spec)
-                measure_level(codec, tensors)
+                measure_level(codec, tensors, max_numel=WARM_UP_NUMEL)
             sample = measure_level(codec, tensors)
             if sample is None:
                 continue
