@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+import warnings
 
 import numpy as np
 import torch
@@ -35,6 +36,7 @@ VALUE_MODES = ("raw", "fp16", "q8")
 """How sparse values travel: the dense dtype, fp16, or 8-bit stochastic quantization."""
 _FP16_MAX = 65504.0
 _SEED_LIMIT = 1 << 48  # seeds travel as float64 meta: keep them exactly representable
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
 
 
 def _value_mode(suffix: str | None) -> str:
@@ -49,11 +51,20 @@ def encode_values(values: torch.Tensor, mode: str) -> tuple[bytes, ...]:
     """Byte parts of the sent values under `mode`."""
     if mode == "fp16":
         # Clamp rather than overflow to inf: error feedback carries what the clamp cut off.
+        if values.device.type == "cpu" and values.dtype in _NUMPY_DTYPES:  # numpy: no thread barriers
+            return (np.clip(values.numpy(), -_FP16_MAX, _FP16_MAX).astype(np.float16).tobytes(),)
         return (tensor_to_bytes(values.float().clamp_(-_FP16_MAX, _FP16_MAX).to(torch.float16)),)
     if mode == "q8":
         codes, scales = quantize(values, 8)
         return (tensor_to_bytes(codes), tensor_to_bytes(scales))
     return (tensor_to_bytes(values),)
+
+
+def gather(flat: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``flat[idx]``; on CPU through numpy (single-threaded: no thread barrier to stall on)."""
+    if flat.device.type == "cpu" and flat.dtype in _NUMPY_DTYPES:
+        return torch.from_numpy(np.take(flat.contiguous().numpy(), idx.numpy()))
+    return flat[idx]
 
 
 def value_part_count(mode: str) -> int:
@@ -71,8 +82,19 @@ def decode_values(
 ) -> torch.Tensor:
     """Validate untrusted value parts (sizes first) and return `count` finite values in `dtype`;
     where no conversion is needed the result reads the part's bytes in place (read-only)."""
+    np_dtype = _NUMPY_DTYPES.get(dtype)
     if mode == "q8":
         values = decode_quantized(parts[0], parts[1], 8, count, device, f"{what} values").to(dtype)
+    elif torch.device(device).type == "cpu" and np_dtype is not None:
+        # numpy on CPU: single-threaded, no per-op thread barrier to stall on a busy machine.
+        wire = np.float16 if mode == "fp16" else np_dtype
+        expect_bytes(parts[0], count * np.dtype(wire).itemsize, f"{what} values")
+        array = np.frombuffer(parts[0], dtype=wire, count=count)
+        if wire != np_dtype:
+            array = array.astype(np_dtype)
+        if count and not np.isfinite(array).all():
+            raise CompressionError(f"{what} values: contains NaN or infinity")
+        return torch.from_numpy(array) if array.flags.writeable else _read_only(array)
     else:
         wire = torch.float16 if mode == "fp16" else dtype
         expect_bytes(parts[0], count * wire.itemsize, f"{what} values")
@@ -80,6 +102,13 @@ def decode_values(
         values = bytes_to_tensor(parts[0], wire, count, device, copy=False).to(dtype)
     require_finite(values, f"{what} values")  # fp16 inf stays inf in any wider dtype
     return values
+
+
+def _read_only(array: np.ndarray) -> torch.Tensor:
+    """A tensor over a read-only array (torch warns on those; its callers here only read)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
 
 
 def check_values_size(parts: tuple[bytes, ...], mode: str, count: int, dtype: torch.dtype, what: str) -> None:
@@ -110,7 +139,6 @@ def expected_index_bytes(density: float) -> float:
 _SCAN_CHUNK = 1 << 16
 _SCAN_TASK = 1 << 20
 """Elements per task on the chunk pool: each task scans its range in `_SCAN_CHUNK` pieces."""
-_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
 
 
 def indices_at_or_above(flat: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -153,6 +181,19 @@ def dense_zeros(numel: int, dtype: torch.dtype, device: torch.device | str) -> t
     return torch.from_numpy(np.zeros(numel, dtype=np_dtype))
 
 
+def scatter_dense(numel: int, idx: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """A dense flat tensor of `numel` zeros with `values` at `idx` (on their device).
+
+    On CPU the scatter runs in numpy (one thread, no per-op thread barrier to stall on when
+    other processes hold the cores) into calloc'd memory (`dense_zeros`)."""
+    out = dense_zeros(numel, values.dtype, values.device)
+    if values.device.type == "cpu" and values.dtype in _NUMPY_DTYPES:
+        out.numpy()[idx.numpy()] = values.numpy()
+    else:
+        out[idx] = values
+    return out
+
+
 class SparseCodec(Codec):
     """Sends the values at a chosen index set; subclasses choose the set."""
 
@@ -174,7 +215,7 @@ class SparseCodec(Codec):
     def encode(self, tensor: torch.Tensor) -> Payload:
         flat = tensor.detach().reshape(-1)
         idx = self.select(flat)
-        parts = (encode_indices(idx, flat.numel()), *encode_values(flat[idx], self.value_mode))
+        parts = (encode_indices(idx, flat.numel()), *encode_values(gather(flat, idx), self.value_mode))
         meta = (float(idx.numel()),)
         return Payload(self.spec, tuple(tensor.shape), DTYPE_NAMES[tensor.dtype], parts, meta)
 
@@ -187,9 +228,7 @@ class SparseCodec(Codec):
         check_values_size(payload.parts[1:], self.value_mode, count, dtype, self.spec)
         idx = decode_indices(payload.parts[0], count, n, device)
         values = decode_values(payload.parts[1:], self.value_mode, count, dtype, device, self.spec)
-        out = dense_zeros(n, dtype, device)
-        out[idx] = values
-        return out.reshape(payload.shape)
+        return scatter_dense(n, idx, values).reshape(payload.shape)
 
 
 class TopK(SparseCodec):
@@ -310,7 +349,7 @@ class RandomK(SparseCodec):
         flat = tensor.detach().reshape(-1)
         seed = self.seeds.getrandbits(48)
         idx = self.indices(seed, flat.numel(), k_for(flat.numel(), self.density)).to(flat.device)
-        parts = encode_values(flat[idx], self.value_mode)
+        parts = encode_values(gather(flat, idx), self.value_mode)
         meta = (float(seed), float(idx.numel()))
         return Payload(self.spec, tuple(tensor.shape), DTYPE_NAMES[tensor.dtype], parts, meta)
 
@@ -325,9 +364,7 @@ class RandomK(SparseCodec):
         if idx.numel() != count:
             raise CompressionError(f"{self.spec}: seed {seed} yields {idx.numel()} indices, payload has {count}")
         values = decode_values(payload.parts, self.value_mode, count, dtype, device, self.spec)
-        out = dense_zeros(n, dtype, device)
-        out[idx.to(device)] = values
-        return out.reshape(payload.shape)
+        return scatter_dense(n, idx.to(device), values).reshape(payload.shape)
 
     def nominal_ratio(self, numel: int) -> float:
         return min(1.0, self.density * value_bytes_per_element(self.value_mode) / 4)

@@ -198,3 +198,28 @@ def test_scan_over_several_pool_tasks_matches_torch(dtype: torch.dtype) -> None:
     got = indices_at_or_above(x, t)
     assert torch.equal(got, expected)
     assert int(got[0]) != 5 and _SCAN_TASK + 7 in got.tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_fp16_values_clamp_instead_of_overflowing(dtype: torch.dtype) -> None:
+    x = torch.zeros(100, dtype=dtype)
+    x[3], x[70] = 1e5 if dtype != torch.float16 else 6e4, -3.0
+    codec = make_codec("topk:0.02+fp16")
+    y = codec.decode(codec.encode(x))
+    assert y.dtype == dtype
+    expected_big = min(float(x[3]), 65504.0)
+    assert float(y[3]) == pytest.approx(expected_big, rel=1e-2) and float(y[70]) == -3.0
+    assert int((y != 0).sum()) == 2
+
+
+@pytest.mark.parametrize("suffix", ["", "+fp16"])
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_non_finite_values_on_the_wire_rejected(suffix: str, bad: float) -> None:
+    codec = make_codec(f"topk:0.5{suffix}")
+    p = codec.encode(torch.arange(1.0, 9.0))
+    wire = torch.float16 if suffix else torch.float32
+    values = torch.frombuffer(bytearray(p.parts[1]), dtype=wire).clone()
+    values[1] = bad
+    bad_payload = dataclasses.replace(p, parts=(p.parts[0], values.numpy().tobytes()))
+    with pytest.raises(CompressionError, match="NaN or infinity"):
+        codec.decode(bad_payload)
