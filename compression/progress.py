@@ -87,7 +87,9 @@ def measure_level(codec: Codec, tensors: Iterable[torch.Tensor], *, max_numel: i
                 x = x[:: max(1, x.shape[0] // rows)][:rows]
             else:
                 x = x.reshape(-1)[:: x.numel() // share][:share]
-        x = x.contiguous()
+        # Dense strides, not just `contiguous()`: a one-element subsample keeps its stride (16 seen),
+        # which `is_contiguous` accepts and a codec's byte view of the cast does not.
+        x = x.clone(memory_format=torch.contiguous_format)
         t0 = time.perf_counter()
         payload = codec.encode(x)
         t1 = time.perf_counter()

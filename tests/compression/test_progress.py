@@ -67,3 +67,16 @@ def test_error_feedback_reports_the_share_it_sent() -> None:
     assert ef.pop_progress() == pytest.approx(1 - 1 / 10)
     ef.compress("a", torch.ones(4), make_codec("fp32"))  # lossless: flushes, adds nothing to the sums
     assert ef.pop_progress() is None
+
+
+def test_measure_level_times_tiny_strided_subsamples() -> None:
+    """A warm-up sample of 64 elements over six keys leaves one-element slices with stride 16, which
+    `contiguous()` keeps and fp16's byte view rejected; the measurement copies them dense."""
+    from netsense.compression.progress import measure_level
+
+    gen = torch.Generator().manual_seed(0)
+    keys = [torch.randn(s, generator=gen) for s in ((32, 1, 3, 3), (32,), (64, 32, 3, 3), (64,), (10, 1600), (10,))]
+    for spec in ("fp16", "qsgd:8", "topk:0.1+fp16"):
+        sample = measure_level(make_codec(spec), keys, max_numel=64)
+        assert sample is not None and sample.progress is not None
+        assert sample.encode_s >= 0 and sample.decode_s >= 0 and 0 < sample.dense_bytes < 4 * sum(k.numel() for k in keys)
