@@ -343,7 +343,8 @@ class RandomK(SparseCodec):
         if k == 0:
             return torch.zeros(0, dtype=torch.int64)
         gen = torch.Generator().manual_seed(seed)
-        return torch.unique(torch.randint(numel, (k,), generator=gen))
+        # np.unique gives the same sorted set as torch.unique, without torch's per-op threads.
+        return torch.from_numpy(np.unique(torch.randint(numel, (k,), generator=gen).numpy()))
 
     def encode(self, tensor: torch.Tensor) -> Payload:
         flat = tensor.detach().reshape(-1)
