@@ -97,18 +97,18 @@ class DownlinkController:
             update = [params[k] - snap[2][k] for k in params]
             measured = self._measure_levels(snap[1], update)
         levels = self.policy.progress_candidates(version)
-        if levels and version == 0:
-            # A round blocks the PS's loop: 0.1-0.2 s with six levels' first calls (lazy set-up) on
-            # loaded cores, and with srtt inflated the pacer slows the next pushes too, which at
-            # steps 0-1 are the uplink's first bandwidth samples (a 100 Mbit/s path measured 1 MB/s
-            # and sent qsgd:4). So at version 0 only build and warm the codecs on a small sample,
-            # and measure from `progress_every` on.
+        # Not at version 0: a round blocks the PS's loop (0.1-0.2 s with six levels' first calls on
+        # loaded cores) and the srtt it inflates slows the pacer for the next pushes too, which at
+        # steps 0-2 are the uplink's first bandwidth samples (a 100 Mbit/s path measured 1 MB/s and
+        # sent qsgd:4). From `progress_every` on the estimates have a window of samples to absorb it.
+        if levels and shadow and version > 0:
             self._warm_up(levels, list(params.values()))
-        elif levels and shadow:
             self._snapshot = (version, levels, {k: v.clone() for k, v in shadow.items()})
         return measured
 
     def _warm_up(self, levels: list[int], tensors: list[torch.Tensor]) -> None:
+        """Build the levels' codecs and call each once on a small sample: a first call pays lazy
+        set-up (2-10x), which must not count as the level's cost."""
         for level in levels:
             if level not in self._sample_codecs:
                 self._sample_codecs[level] = make_codec(self.policy.ladder[level].spec)
@@ -117,17 +117,12 @@ class DownlinkController:
     def _measure_levels(self, levels: list[int], update: list[torch.Tensor]) -> dict[int, float]:
         measured = {}
         for level in levels:
-            codec = self._sample_codecs.get(level)
-            first = codec is None  # not warmed up: its first calls pay lazy set-up, so q counts, the timing not
-            if codec is None:
-                codec = self._sample_codecs[level] = make_codec(self.policy.ladder[level].spec)
-            sample = measure_level(codec, update)
+            sample = measure_level(self._sample_codecs[level], update)  # warmed up at the snapshot
             if sample is None:
                 continue
-            if not first:
-                self.policy.observe_costs(
-                    level=level, dense_bytes=sample.dense_bytes, encode_s=sample.encode_s, decode_s=sample.decode_s
-                )
+            self.policy.observe_costs(
+                level=level, dense_bytes=sample.dense_bytes, encode_s=sample.encode_s, decode_s=sample.decode_s
+            )
             if sample.progress is not None:
                 self.policy.observe_progress(level=level, progress=sample.progress)
                 measured[level] = sample.progress

@@ -33,6 +33,11 @@ slides with sample time, and a push is one burst after a compute gap, so each pu
 afresh and a rate drop shows at the next step (with 2 s it took 2-3 steps of ~1 s to show)."""
 
 
+PROGRESS_START_STEP = 8
+"""First step of the candidate rounds (then every `progress_every`): a round holds the GIL while the
+push is on the wire, so the network thread handles acks late, srtt inflates and the pacer slows the
+next pushes; on loaded cores a first round (~0.1 s) made steps 0-1 take 0.15-0.25 s where fp16 took
+0.04 s, and those are the first bandwidth samples. By step 8 the estimate has a window to absorb it."""
 STARTUP_STEPS = 1
 """Pushes that are not bandwidth evidence: the first one runs in slow start right after the
 handshake, so it is not fed back to the policy, and the link's own estimate stays masked for the
@@ -161,8 +166,11 @@ class UplinkController:
         return self.log.write(decision, link, bytes_sent=bytes_sent, comm_s=comm_s, **fields)
 
     def progress_candidates(self) -> list[int]:
-        """Ladder levels the policy wants measured on this step's gradient (see `measure_progress`)."""
-        return self.policy.progress_candidates(self._step)
+        """Ladder levels the policy wants measured on this step's gradient (see `measure_progress`),
+        on the policy's schedule counted from `PROGRESS_START_STEP`."""
+        if self._step < PROGRESS_START_STEP:
+            return []
+        return self.policy.progress_candidates(self._step - PROGRESS_START_STEP)
 
     def measure_progress(self, levels: list[int], tensors: list[Any]) -> dict[int, float]:
         """Measure q of each of `levels` on `tensors` (the error-feedback-corrected gradient of each
@@ -174,8 +182,7 @@ class UplinkController:
         for level in levels:
             codec = self._probe_codecs.get(level)
             if codec is None:
-                # A first call pays lazy set-up (2-10x): warm up, then time. The first round is at
-                # step 0, whose push is no bandwidth sample (`STARTUP_STEPS`), so this costs nothing.
+                # A first call pays lazy set-up (2-10x): warm up on a small sample, then time.
                 codec = self._probe_codecs[level] = make_codec(self.policy.ladder[level].spec)
                 measure_level(codec, tensors, max_numel=WARM_UP_NUMEL)
             sample = measure_level(codec, tensors)

@@ -22,9 +22,9 @@ def test_candidates_are_measured_on_the_update_that_was_sent() -> None:
     params = tensors(0)
     shadow = {k: v.clone() for k, v in params.items()}
     down.measure(0, params, shadow)
-    assert down._snapshot is None  # version 0 only warms the codecs up (a round would block step 1)
-    assert sorted(down._sample_codecs) == [1, 2, 3, 4]
+    assert down._snapshot is None and not down._sample_codecs  # not at version 0 (blocks step 1)
     assert down.measure(50, params, shadow) == {}  # version 50 asks for candidates: the shadow is kept
+    assert sorted(down._sample_codecs) == [1, 2, 3, 4]  # ...and the codecs are warmed up
     priors = list(policy.progress.values)
     update = tensors(1)
     params = {k: params[k] + 0.01 * update[k] for k in params}  # the optimizer step to version 51
@@ -44,14 +44,6 @@ def test_a_snapshot_is_used_only_for_the_next_update() -> None:
     assert down.measure(52, params, params) == {}  # two updates later (a resync): not what was encoded
     assert not any(any(down.policy.costs.measured(level)) for level in range(5))  # type: ignore[attr-defined]
     assert not any(down.policy.progress.measured[1:])  # type: ignore[attr-defined]
-
-
-def test_without_warm_up_the_first_timing_is_not_a_cost() -> None:
-    down = DownlinkController("netsense", ladder=LADDER)
-    params = tensors(0)
-    down.measure(50, params, {k: v.clone() for k, v in params.items()})  # no version 0 seen (a restart)
-    assert 2 in down.measure(51, {k: v + 0.01 for k, v in params.items()}, params)
-    assert down.policy.costs.measured(2) == (False, False)  # type: ignore[attr-defined]
 
 
 def test_fixed_policies_measure_nothing() -> None:

@@ -7,7 +7,7 @@ import torch
 from netsense.compression.ladder import Ladder
 from netsense.compression.link import LinkState
 from netsense.compression.policy import NetsensePolicy, make_policy
-from netsense.worker.uplink import STARTUP_STEPS, UplinkController
+from netsense.worker.uplink import PROGRESS_START_STEP, STARTUP_STEPS, UplinkController
 
 S = 1_000_000
 
@@ -30,7 +30,13 @@ def test_first_push_is_not_a_bandwidth_sample() -> None:
 
 def test_candidates_are_measured_and_reported() -> None:
     up, policy = controller()
-    assert up.progress_candidates() == [1, 2, 3]  # step 0: every lossy level
+    assert up.progress_candidates() == []  # no round before PROGRESS_START_STEP (the first samples)
+    up._step = PROGRESS_START_STEP
+    assert up.progress_candidates() == [1, 2, 3]  # then every lossy level, every progress_every steps
+    up._step = PROGRESS_START_STEP + 1
+    assert up.progress_candidates() == []
+    up._step = PROGRESS_START_STEP + policy.settings.progress_every
+    assert up.progress_candidates() == [1, 2, 3]
     gen = torch.Generator().manual_seed(0)
     measured = up.measure_progress([2, 3], [torch.randn(300, 200, generator=gen), torch.randn(5000, generator=gen)])
     assert set(measured) == {2, 3} and measured[2] > 0.9 and 0.01 < measured[3] < 0.5
