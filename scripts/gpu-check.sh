@@ -11,7 +11,8 @@
 #      launch-cpu.json, steps.json (median step-time breakdown of both launches, side by side).
 #
 # `DEVICE=cpu bash scripts/gpu-check.sh run` runs the same steps on the CPU with this checkout's
-# .venv (the CUDA tests then skip): a dry run of everything but the GPU. STEPS and NUMEL shorten it.
+# .venv (the CUDA tests then skip): a dry run of everything but the GPU. STEPS and NUMEL shorten it;
+# PYTHON names another interpreter than the image's python3.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -31,14 +32,15 @@ prepare() {
   ls -la .whl
 }
 
-# Python with CUDA torch and every netsense dependency importable; prints its path.
+# Sets PY: a Python with (CUDA) torch and every netsense dependency importable.
 setup_python() {
   if [ "$DEVICE" = cpu ] && [ -x .venv/bin/python ]; then
-    echo .venv/bin/python
+    PY=.venv/bin/python
     return
   fi
+  PY="${PYTHON:-python3}"
   if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >&2 || return 1
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
     export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
   fi
   # The package maps netsense.{transport,compression,ps,worker} to top-level folders (pyproject);
@@ -47,7 +49,6 @@ setup_python() {
     [ -e "netsense/$d" ] || ln -s "../$d" "netsense/$d"
   done
   export PYTHONPATH="$root:${PYTHONPATH}"
-  echo python3
 }
 
 step_times() {  # run dir -> median seconds per step and of each breakdown field (rank 0)
@@ -71,7 +72,7 @@ run() {
   OUT="${OUT:-$root/gpu-check-out}"
   mkdir -p "$OUT"
   exec > >(tee "$OUT/gpu-check.log") 2>&1
-  PY="$(setup_python)" || { echo "cannot set up python (wheels missing? run 'prepare' first)"; exit 3; }
+  setup_python || { echo "cannot set up python (wheels missing? run 'prepare' first)"; exit 3; }
   export PYTHONUNBUFFERED=1
   failed=0
   {
