@@ -820,11 +820,14 @@ class NetsensePolicy(Policy):
     def _explore_level(self, link: LinkState, reason: str) -> int | None:
         """A heavier level to send once, on the probes' cadence, while the transport's per-byte cost
         is unknown: the fit needs sends of two sizes, and a path where fp32 ties fp16 on bandwidth
-        alone may never send fp16 otherwise. Only a level that loses no measurable progress and is
-        `MIN_SIZE_SPREAD` smaller (fp16 from fp32): the worst it costs is one cast."""
+        alone may never send fp16 otherwise. Only from a lossless level (from a lossy one the probes
+        send lighter levels) and only to a level that loses no measurable progress and is
+        `MIN_SIZE_SPREAD` smaller (fp16 from fp32): the worst it costs is a few casts."""
         s, index = self.settings, self.level
         if not (s.transport_cost and s.progress_aware) or index is None or not reason.startswith("hold: C*"):
             return None
+        if not self.ladder[index].lossless:
+            return None  # a lossy level gets its second point from the probes (lighter levels)
         if self.transport.s_per_byte(link.time_s) is not None:
             return None
         going = self._exploring
