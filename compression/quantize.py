@@ -47,9 +47,9 @@ def bucket_count(numel: int) -> int:
 
 
 _CHUNK_ROWS = 512
-"""Buckets rounded per pass: 256K elements (1 MiB of fp32) stay in L2 across the four in-place
-ops of `_round_rows`; whole-tensor ops would stream each intermediate through DRAM (measured
-~2x slower on 11M floats), and much smaller chunks drown in per-op dispatch cost."""
+"""Buckets per chunk: 256K elements (1 MiB of fp32) stay in L2 across the passes of a chunk
+kernel; whole-tensor ops would stream each intermediate through DRAM (measured ~2x slower on
+11M floats), and much smaller chunks drown in per-op dispatch cost."""
 _NOISE_SCALE = 2.0**-16
 """Rounding noise has 16 bits: the rounding-up probability is frac(u) to within 2**-17 of a level,
 below fp32's own resolution of u for 8-bit codes, so the bias is negligible at every width."""
@@ -258,8 +258,9 @@ def unpack_bits(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
 # --- CPU: numpy kernels per chunk of buckets, on the chunk pool ---------------------------------
 
 _NP_PACK = {4: (np.int16, (4,)), 2: (np.int32, (6, 12)), 1: (np.int64, (7, 14, 28))}
-_NP_SPREAD = {bits: (np.dtype(dt).type, steps) for bits, (dt, steps) in
-              ((4, (np.int16, _SPREAD[4][1])), (2, (np.int32, _SPREAD[2][1])), (1, (np.int64, _SPREAD[1][1])))}
+"""`_PACK_SHIFTS` with numpy word types."""
+_NP_SPREAD = {4: (np.int16, _SPREAD[4][1]), 2: (np.int32, _SPREAD[2][1]), 1: (np.int64, _SPREAD[1][1])}
+"""`_SPREAD` with numpy word types."""
 
 
 def _noise_rows(seed: int, row0: int, rows: int) -> np.ndarray:
