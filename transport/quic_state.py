@@ -319,15 +319,17 @@ class SensingState:
     the usual way, every packet of that first flight would carry the flight's start as its reference
     and its interval would include one whole RTT: k packets / (RTT + k packets' serialisation), a
     rate biased low, which the draft (and Linux) therefore mark app-limited -- so a push that fits in
-    one flight never gave a trusted sample (measured: 150 kB pushes at 50 Mbit/s, every sample
-    app-limited, estimate 25 Mbit/s). Here first-flight packets are re-based on the flight's first ack
-    batch instead (delivered, ack time and the newest acked packet's send time then, as if they had
-    been sent after it): the ack train from the first ack to the k-th measures the bottleneck, with
-    max(send interval, ack interval) and the min-RTT floor guarding as usual. The first batch itself
-    gives only the RTT-biased sample, flagged app-limited (a lower bound), and so does a train of
-    fewer than `MIN_TRAIN_PACKETS` packets: a push that small measures latency, not bandwidth. The idle time is in no interval, so the first flight
-    is not app-limited by itself: the application had the whole push queued when it was sent (BBR's
-    rule: a packet is app-limited when the sender had nothing more to send as it went out).
+    one flight never gave a trusted sample (measured: 150 kB pushes at 50 Mbit/s, 20 ms RTT, every
+    sample app-limited, estimate 25 Mbit/s). Here first-flight packets are re-based on the flight's
+    first ack batch instead (delivered, ack time and the newest acked packet's send time then, as if
+    they had been sent after it): the ack train from the first ack to the k-th measures the
+    bottleneck, with max(send interval, ack interval) and the min-RTT floor guarding as usual. The
+    first batch itself gives only the RTT-biased sample, flagged app-limited (a lower bound), and so
+    does a train of fewer than `MIN_TRAIN_PACKETS` packets; a push whose train is shorter than one
+    min RTT gives no sample past the floor (such a push measures latency more than bandwidth: the
+    150 kB above take about one RTT at 50 Mbit/s). The idle time is in no interval, so the first
+    flight is not app-limited by itself: the application had the whole push queued when it was sent
+    (BBR's rule: a packet is app-limited when the sender had nothing more to send as it went out).
 
     App-limited criterion (what a congestion controller can see from aioquic): aioquic sends a burst
     of packets in one `datagrams_to_send` call, all with the same `sent_time`, and stops when the
@@ -592,7 +594,8 @@ class SensingState:
         self.acked_packets += self._batch_acked
         self.losses.on_acked(now, self._batch_acked)
         self._batch_acked = 0
-        delivered_ref, delivered_time, first_sent, app_limited = tx.delivered, tx.delivered_time, tx.first_sent_time, tx.app_limited
+        delivered_ref, delivered_time, first_sent = tx.delivered, tx.delivered_time, tx.first_sent_time
+        app_limited = tx.app_limited
         if tx.flight is not None and tx.flight == self._flight:
             if self._flight_ref is None:
                 # the flight's first ack batch: the reference for the rest of the flight; its own

@@ -118,15 +118,19 @@ async def _close(server: PSServer) -> None:
 
 
 def fits(rec: dict[str, Any], ladder: Ladder, mbit: float, eps: float) -> bool:
-    """Whether the record's level meets the §5 budget at the true per-worker rate: the workers push
-    at once, so each gets `mbit / WORKERS` of the shared uplink."""
+    """Whether the record's level meets the law's budget at the true per-worker rate: the workers
+    push at once, so each gets `mbit / WORKERS` of the shared uplink. The budget is the
+    convergence-aware law's (docs/POLICIES.md): cost C_l = P_l / q_l within (1 + eps) of the
+    cheapest, with the q of every level the policy held at that decision (`progress_levels`), so a
+    level is judged by the same rule the policy applies, fed the true rate instead of its estimate."""
     bw = mbit * 1e6 / 8 / WORKERS
-    steps = [
+    q = rec.get("progress_levels") or [1.0] * len(ladder)
+    costs = [
         predict(lv, payload_bytes=rec["payload_bytes"], bandwidth_Bps=bw, min_rtt_s=rec["min_rtt_s"] or 0.0,
-                compute_s=rec["compute_s"], overlap=False).step_s
-        for lv in ladder
+                compute_s=rec["compute_s"], overlap=False).step_s / max(qi, 1e-9)
+        for lv, qi in zip(ladder, q)
     ]  # fmt: skip
-    return steps[rec["level"]] <= (1 + eps) * min(steps)
+    return costs[rec["level"]] <= (1 + eps) * min(costs)
 
 
 def reaction_times(run: RateStepRun) -> tuple[float | None, float | None, dict[str, Any]]:
@@ -155,18 +159,27 @@ def reaction_times(run: RateStepRun) -> tuple[float | None, float | None, dict[s
     return worst(fit_s), worst(light_s), info
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(
-    reason="requirement not met yet in one process on 2 loaded cores: measured 1.7-3.4 s to fit after the "
-    "drop and 8.7-18 s (or never) to go lighter after the rise (docs/BENCHMARKS.md, rate step)",
-    strict=False,
+KNOWN_MISS = (
+    "requirement not met reliably (docs/BENCHMARKS.md, rate step): a drop that lands after a push is seen "
+    "only by the next push, sent at the old level, so the first fitting decision comes one compute time + "
+    "one slow push + one compute time after it (2.4-2.9 s here) for about half the drop phases; and with "
+    "measured codec costs the levels held at 100 and 20 Mbit/s depend on timings taken on loaded cores"
 )
+"""Why a miss of the reaction times is an expected failure (xfail) for now. Only the reaction times:
+a crash or a worker error still fails the test."""
+
+
+@pytest.mark.slow
 def test_rate_step_down_fits_within_2s_and_recovers_within_10s(certs: CertPaths, tmp_path: Path) -> None:
     run = run_rate_step(certs, tmp_path)
     t_fit, t_light, info = reaction_times(run)
     for r in run.records:
         print(f"{r['t'] - run.t_down:8.2f} w{r['rank']} {r['spec']:16s} bw={(r['bw_used_Bps'] or 0) * 8e-6:7.1f}Mbit "
-              f"srtt={(r['srtt_s'] or 0) * 1e3:5.1f}ms comm={r['comm_s'] or 0:.3f}s {r['reason'][:60]}")  # fmt: skip
+              f"link={(r['bw_Bps'] or 0) * 8e-6:6.1f}{'AL' if r['app_limited'] else '  '} "
+              f"srtt={(r['srtt_s'] or 0) * 1e3:5.1f}ms q={(r.get('standing_queue_s') or 0) * 1e3:4.1f}ms "
+              f"comm={r['comm_s'] or 0:.3f}s {r['reason'][:60]}")  # fmt: skip
     print(f"reaction: fit after drop {t_fit} s, lighter after rise {t_light} s; {info}")
-    assert t_fit is not None and t_fit <= DOWN_TO_FIT_S, (t_fit, info)
-    assert t_light is not None and t_light <= UP_TO_LIGHTER_S, (t_light, info)
+    fit_ok = t_fit is not None and t_fit <= DOWN_TO_FIT_S
+    light_ok = t_light is not None and t_light <= UP_TO_LIGHTER_S
+    if not (fit_ok and light_ok):
+        pytest.xfail(f"{KNOWN_MISS}; this run: fit {t_fit} s, lighter {t_light} s")
