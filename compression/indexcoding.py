@@ -112,9 +112,11 @@ def _join_long_varints(b: np.ndarray, cont: np.ndarray) -> np.ndarray:
 def chunk16_encode(indices: torch.Tensor, numel: int) -> torch.Tensor:
     """Per-chunk uint32 counts followed by the low 16 bits of every index, as uint8."""
     nchunks = (numel + (1 << _CHUNK_BITS) - 1) >> _CHUNK_BITS
-    counts = torch.bincount(indices >> _CHUNK_BITS, minlength=nchunks).to(torch.int32)
-    low = (indices & 0xFFFF).to(torch.int32).to(torch.uint16)
-    return torch.cat([counts.view(torch.uint8), low.view(torch.uint8)])
+    idx = indices.detach().cpu().numpy()  # numpy on the host, like the varint coder
+    counts = np.bincount(idx >> _CHUNK_BITS, minlength=nchunks).astype("<i4")
+    low = (idx & 0xFFFF).astype("<u2")
+    coded = np.concatenate([counts.view(np.uint8), low.view(np.uint8)])
+    return torch.from_numpy(coded).to(indices.device)
 
 
 def chunk16_decode(data: torch.Tensor, count: int, numel: int) -> torch.Tensor:
