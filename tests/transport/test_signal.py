@@ -92,8 +92,9 @@ class BulkResult:
 async def bulk_transfer(
     seconds: float, *, via_emulator: str | None = None, trickle_s: float = 0.0, window_s: float | None = None
 ) -> BulkResult:
-    """Send as fast as the connection allows for `seconds`, then 12 kB every 20 ms for `trickle_s`
-    (an application sending compressed steps); read a signal every 50 ms."""
+    """Send as fast as the connection allows for `seconds`, then 3 kB every 20 ms for `trickle_s`
+    (an application sending small compressed steps: 3 packets, too few for an ack train, so every
+    sample is app-limited; `quic_state.MIN_TRAIN_PACKETS`); read a signal every 50 ms."""
     cert, key = self_signed()
     server_cfg = QuicConfiguration(is_client=False, max_data=1 << 26, max_stream_data=1 << 26)
     server_cfg.certificate, server_cfg.private_key = cert, key
@@ -144,7 +145,7 @@ async def bulk_transfer(
                     await asyncio.sleep(0.01)
             end = loop.time() + trickle_s
             while loop.time() < end:
-                quic.send_stream_data(stream_id, chunk[:12_000])
+                quic.send_stream_data(stream_id, chunk[:3_000])
                 client.transmit()
                 await asyncio.sleep(0.02)
                 signals.append(reader.read(now=loop.time()))
@@ -189,7 +190,7 @@ async def test_bulk_transfer_on_loopback_gives_a_plausible_signal() -> None:
     assert link.bandwidth_Bps == min(last.bandwidth, last.push_rate)
     assert link.min_rtt_s == last.min_rtt and link.cwnd_bytes == last.cwnd
 
-    # Then the application sends ~0.6 MB/s: its samples are app-limited and must not drag the
+    # Then the application sends ~0.15 MB/s: its samples are app-limited and must not drag the
     # estimate down, however long it lasts (BBR's rule). Trust outlives the bulk phase by one
     # bandwidth window (the max still rests on its samples), not longer.
     trickle = result.signals[result.bulk_signals:]
