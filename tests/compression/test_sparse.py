@@ -223,3 +223,11 @@ def test_non_finite_values_on_the_wire_rejected(suffix: str, bad: float) -> None
     bad_payload = dataclasses.replace(p, parts=(p.parts[0], values.numpy().tobytes()))
     with pytest.raises(CompressionError, match="NaN or infinity"):
         codec.decode(bad_payload)
+
+
+@pytest.mark.parametrize(("numel", "k"), [(5, 10), (1000, 10), (11_000, 2_000)])
+def test_randk_index_set_is_torch_unique_of_the_seeded_draw(numel: int, k: int) -> None:
+    # The seed -> index set mapping is the wire's meaning: it must not change with the dedup method.
+    for seed in (0, 1, 12345):
+        draw = torch.randint(numel, (k,), generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(RandomK.indices(seed, numel, k), torch.unique(draw))
