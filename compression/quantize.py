@@ -351,9 +351,10 @@ def _dequantize_rows(packed: np.ndarray, bits: int, scales: np.ndarray, out: np.
                 word &= mask
             codes = word.view(np.uint8)
         codes = codes.reshape(rows, BUCKET)
-    step = scales * np.float32(2.0 / ((1 << bits) - 1))
-    np.multiply(codes, step[:, None], out=out)  # as torch's addcmul: one rounding, then one more
-    out -= scales[:, None]
+    with np.errstate(over="ignore", invalid="ignore"):  # a scale near fp32's max overflows: the caller checks
+        step = scales * np.float32(2.0 / ((1 << bits) - 1))
+        np.multiply(codes, step[:, None], out=out)  # as torch's addcmul: one rounding, then one more
+        out -= scales[:, None]
 
 
 def _dequantize_numpy(packed: torch.Tensor, scales: torch.Tensor, bits: int, numel: int) -> torch.Tensor:

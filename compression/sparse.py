@@ -83,17 +83,20 @@ def decode_values(
     """Validate untrusted value parts (sizes first) and return `count` finite values in `dtype`;
     where no conversion is needed the result reads the part's bytes in place (read-only)."""
     np_dtype = _NUMPY_DTYPES.get(dtype)
+    on_cpu = torch.device(device).type == "cpu" and np_dtype is not None
     if mode == "q8":
         values = decode_quantized(parts[0], parts[1], 8, count, device, f"{what} values").to(dtype)
-    elif torch.device(device).type == "cpu" and np_dtype is not None:
+        if on_cpu:  # a huge scale can still overflow code * step
+            _require_finite_np(values.numpy(), what)
+            return values
+    elif on_cpu:
         # numpy on CPU: single-threaded, no per-op thread barrier to stall on a busy machine.
         wire = np.float16 if mode == "fp16" else np_dtype
         expect_bytes(parts[0], count * np.dtype(wire).itemsize, f"{what} values")
         array = np.frombuffer(parts[0], dtype=wire, count=count)
         if wire != np_dtype:
             array = array.astype(np_dtype)
-        if count and not np.isfinite(array).all():
-            raise CompressionError(f"{what} values: contains NaN or infinity")
+        _require_finite_np(array, what)
         return torch.from_numpy(array) if array.flags.writeable else _read_only(array)
     else:
         wire = torch.float16 if mode == "fp16" else dtype
@@ -102,6 +105,12 @@ def decode_values(
         values = bytes_to_tensor(parts[0], wire, count, device, copy=False).to(dtype)
     require_finite(values, f"{what} values")  # fp16 inf stays inf in any wider dtype
     return values
+
+
+def _require_finite_np(values: np.ndarray, what: str) -> None:
+    """`require_finite` for a host array, in numpy."""
+    if values.size and not np.isfinite(values).all():
+        raise CompressionError(f"{what} values: contains NaN or infinity")
 
 
 def _read_only(array: np.ndarray) -> torch.Tensor:

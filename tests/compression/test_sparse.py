@@ -231,3 +231,11 @@ def test_randk_index_set_is_torch_unique_of_the_seeded_draw(numel: int, k: int) 
     for seed in (0, 1, 12345):
         draw = torch.randint(numel, (k,), generator=torch.Generator().manual_seed(seed))
         assert torch.equal(RandomK.indices(seed, numel, k), torch.unique(draw))
+
+
+def test_q8_values_overflowing_fp32_rejected() -> None:
+    codec = make_codec("topk:0.5+q8")
+    p = codec.encode(torch.arange(1.0, 9.0))
+    huge = torch.full((1,), 3e38).numpy().tobytes()  # code 255 * step = 2 * scale: inf
+    with pytest.raises(CompressionError, match="NaN or infinity"):
+        codec.decode(dataclasses.replace(p, parts=(p.parts[0], p.parts[1], huge)))
