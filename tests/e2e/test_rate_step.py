@@ -162,7 +162,7 @@ def reaction_times(run: RateStepRun) -> tuple[float | None, float | None, dict[s
 KNOWN_MISS = (
     "requirement not met reliably (docs/BENCHMARKS.md, rate step): a drop that lands after a push is seen "
     "only by the next push, sent at the old level, so the first fitting decision comes one compute time + "
-    "one slow push + one compute time after it (2.4-2.9 s here) for about half the drop phases; and with "
+    "one slow push + one compute time after it (2.2-2.9 s here) for about half the drop phases; and with "
     "measured codec costs the levels held at 100 and 20 Mbit/s depend on timings taken on loaded cores"
 )
 """Why a miss of the reaction times is an expected failure (xfail) for now. Only the reaction times:
