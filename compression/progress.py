@@ -56,6 +56,13 @@ class LevelSample:
     """fp32 bytes of the sample actually encoded (4 x elements), the unit costs are quoted in."""
 
 
+def sender_encode_s(codec: Codec, sample: LevelSample) -> float:
+    """What the sender pays to send `codec` per `sample`: a lossy level's encode plus one decode,
+    since error feedback decodes what it sent to keep the residual (as the PS does to update its
+    shadow); a lossless level's encode alone. Compares a candidate's timing with a step's `encode_s`."""
+    return sample.encode_s if codec.lossless else sample.encode_s + sample.decode_s
+
+
 def measure_progress(codec: Codec, tensors: Iterable[torch.Tensor], *, max_numel: int = DEFAULT_SAMPLE_NUMEL) -> float | None:
     """q of `codec` applied to each tensor on its own (as the uplink applies it per key); see
     `measure_level`, which also times it."""

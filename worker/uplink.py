@@ -18,7 +18,7 @@ from netsense.compression.base import Codec, make_codec
 from netsense.compression.ladder import DEFAULT_LADDER, Ladder
 from netsense.compression.link import LinkState
 from netsense.compression.policy import Decision, Policy, make_policy
-from netsense.compression.progress import WARM_UP_NUMEL, measure_level
+from netsense.compression.progress import WARM_UP_NUMEL, measure_level, sender_encode_s
 from netsense.transport.decisions import DecisionLog
 from netsense.transport.quic_state import SensingConfig
 from netsense.transport.signal import SignalReader
@@ -189,7 +189,7 @@ class UplinkController:
             if sample is None:
                 continue
             self.policy.observe_costs(
-                level=level, dense_bytes=sample.dense_bytes, encode_s=sample.encode_s, decode_s=sample.decode_s
+                level=level, dense_bytes=sample.dense_bytes, encode_s=sender_encode_s(codec, sample), decode_s=sample.decode_s
             )
             if sample.progress is not None:
                 self.policy.observe_progress(level=level, progress=sample.progress)

@@ -80,3 +80,11 @@ def test_measure_level_times_tiny_strided_subsamples() -> None:
         sample = measure_level(make_codec(spec), keys, max_numel=64)
         assert sample is not None and sample.progress is not None
         assert sample.encode_s >= 0 and sample.decode_s >= 0 and 0 < sample.dense_bytes < 4 * sum(k.numel() for k in keys)
+
+
+def test_sender_encode_includes_error_feedbacks_decode_for_lossy_levels() -> None:
+    from netsense.compression.progress import LevelSample, sender_encode_s
+
+    sample = LevelSample(progress=0.9, encode_s=0.004, decode_s=0.001, dense_bytes=4000)
+    assert sender_encode_s(make_codec("qsgd:8"), sample) == pytest.approx(0.005)
+    assert sender_encode_s(make_codec("fp32"), sample) == 0.004
