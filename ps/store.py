@@ -461,7 +461,12 @@ class ParameterStore:
     def _encode_update(self, base: int) -> Params:
         spec = self._update_spec or self._downlink_spec
         if spec in ("fp32", "none"):
-            self.shadow = {k: v.clone() for k, v in self.params.items()}
+            for key, param in self.params.items():  # in place: a fresh 32 MB clone cost 8-13 ms per step here
+                old = self.shadow.get(key)
+                if old is not None and old.shape == param.shape and old.dtype == param.dtype:
+                    old.copy_(param)
+                else:
+                    self.shadow[key] = param.detach().clone()
             return self.full_params()
         tensors = {}
         for key, param in self.params.items():
