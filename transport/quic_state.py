@@ -55,6 +55,7 @@ PRIVATE_PATHS: tuple[str, ...] = (
     "_network_paths[0].bytes_sent",
     "_max_datagram_size",
     "_pacing_at",
+    "_streams",
 )
 """Every private attribute path of `QuicConnection` this module reads (checked by `check_internals`)."""
 
@@ -86,6 +87,13 @@ def check_internals(quic: QuicConnection) -> None:
     """Raise `QuicInternalsError` naming the attribute if any path in `PRIVATE_PATHS` is gone."""
     for path in PRIVATE_PATHS:
         _resolve(quic, path)
+
+
+def stream_unsent(quic: QuicConnection, stream_id: int) -> bool:
+    """True while `stream_id` holds bytes aioquic has not yet sent once (pipelined pushes pace on
+    it: a stream whose bytes are all in flight no longer competes in the round robin)."""
+    stream = _resolve(quic, "_streams").get(stream_id)
+    return stream is not None and not stream.sender.buffer_is_empty
 
 
 def connection_of(protocol: QuicConnectionProtocol) -> QuicConnection:

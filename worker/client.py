@@ -17,6 +17,7 @@ from netsense.compression import Payload
 from netsense.errors import AuthError, PeerError, ProtocolError
 from netsense.transport.auth import auth_mac, new_nonce
 from netsense.transport.channel import ClientConnection, open_connection
+from netsense.transport.quic_state import stream_unsent
 from netsense.transport.wire import Ack, Auth, Bye, Challenge, Hello, Init, Limits, Params, Pull, Push, Welcome
 
 log = logging.getLogger(__name__)
@@ -114,9 +115,21 @@ class PSClient:
         """Rank 0: hand the PS its initial parameters; returns the PS version."""
         return (await self._request(Init(tensors, optimizer, world_size), Ack)).version
 
-    async def push(self, step: int, samples: int, total_keys: int, grads: dict[str, Payload]) -> int:
-        """Send one bucket of gradients for `step`; returns the PS version after it."""
-        return (await self._request(Push(step, samples, total_keys, grads), Ack)).version
+    async def push(
+        self, step: int, samples: int, total_keys: int, grads: dict[str, Payload], *, sent: asyncio.Future[None] | None = None
+    ) -> int:
+        """Send one bucket of gradients for `step`; returns the PS version after it. `sent` is set
+        once every byte of the PUSH has left (before the ACK: pipelined pushes pace on it)."""
+        if sent is None or self.conn is None:
+            return (await self._request(Push(step, samples, total_keys, grads), Ack)).version
+        # `request` opens this stream id without yielding first, so the watcher follows the right stream.
+        watcher = asyncio.ensure_future(_until_sent(self.conn, self.conn.quic.get_next_available_stream_id(), sent))
+        try:
+            return (await self._request(Push(step, samples, total_keys, grads), Ack)).version
+        finally:
+            watcher.cancel()
+            if not sent.done():
+                sent.set_result(None)
 
     async def pull(self, have_version: int, wait_for: int, keys: tuple[str, ...] = ()) -> Params:
         """Parameters at version >= `wait_for` (a delta when `have_version` allows it); with `keys`,
@@ -157,3 +170,12 @@ class PSClient:
             self._keepalive.cancel()
         await self._stack.aclose()
         self.conn = None
+
+
+async def _until_sent(conn: ClientConnection, stream_id: int, sent: asyncio.Future[None], poll_s: float = 0.002) -> None:
+    """Resolve `sent` once `stream_id` has no unsent bytes (polled: aioquic has no event for it)."""
+    await asyncio.sleep(0)  # the request writes the stream first
+    while stream_unsent(conn.quic, stream_id):
+        await asyncio.sleep(poll_s)
+    if not sent.done():
+        sent.set_result(None)

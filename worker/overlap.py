@@ -13,8 +13,8 @@ Pipelined pull (sync PS): each bucket's PUSH goes with a keyed PULL for the same
 answers as soon as every worker has pushed them and it has applied them, so the downlink of early
 keys runs while later keys are still going up (the link is full duplex) and `step()` waits only for
 the last bucket's round trip. The parts are merged into one PARAMS for the step (`merge_parts`), so
-the replica takes the same bytes as from a whole pull. At most `PUSH_WINDOW` pushes per shard are
-on the wire at once: aioquic serves its streams round robin, so with every bucket in flight all of
+the replica takes the same bytes as from a whole pull. At most `PUSH_WINDOW` pushes per shard have
+bytes still to send: aioquic serves its streams round robin, so with every bucket queued all of
 them would finish together at the end and the PS could apply nothing early.
 """
 
@@ -33,12 +33,12 @@ from netsense.transport.wire import MAX_PULL_KEYS, Params
 from .client import PSClient
 from .layout import KeySlot
 
-PUSH_WINDOW = 4
-"""Pushes per shard on the wire at once in a pipelined step. A slot frees at the push's ACK, which
-comes a round trip plus the PS's work after its last byte; the other slots keep the link busy
-meanwhile (4 x 1 MiB is ~0.3 s at 100 Mbit/s). With a sliding window the buckets still complete
-one after another. On resnet18-synth at 100 Mbit/s, one run each: 4.1 s/step with 4, 4.9 with 2,
-4.9 with 16 (docs/BENCHMARKS.md, Overlap)."""
+PUSH_WINDOW = 2
+"""Pushes per shard with bytes not yet sent, in a pipelined step. A slot frees once its push's last
+byte has left (`PSClient.push(sent=)`), not at the ACK: the ACK comes a round trip plus the PS's
+work later (seconds under CPU load), which left the link idle with an ACK-gated window, and more
+ACK-gated slots delay the first complete bucket (W x 1 MiB in round robin). Two slots keep one
+push queued behind the one sending; buckets then complete one after another."""
 
 PushFn = Callable[[int, dict[str, Payload]], "Future[Any]"]
 """push(shard, bucket) -> a future of the PUSH, scheduled on the network thread."""
@@ -132,14 +132,19 @@ async def push_and_pull(
         asyncio.ensure_future(client.pull(step, step + 1, tuple(keys[i : i + MAX_PULL_KEYS])))
         for i in range(0, len(keys), MAX_PULL_KEYS)
     ]
+    push: asyncio.Future[int] | None = None
     try:
-        async with window:
-            ack = await client.push(step, samples, total_keys, bucket)
+        async with window:  # the slot frees once the bytes are out, not at the ACK
+            sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            push = asyncio.ensure_future(client.push(step, samples, total_keys, bucket, sent=sent))
+            await asyncio.wait({sent, push}, return_when=asyncio.FIRST_COMPLETED)
+        ack = await push
         acked_at = time.perf_counter()
         return BucketReply(ack, acked_at, list(await asyncio.gather(*pulls)))
     except BaseException:
-        for p in pulls:
-            p.cancel()
+        for task in [*pulls, push]:
+            if task is not None:
+                task.cancel()
         raise
 
 
