@@ -41,6 +41,18 @@ def packed_size(numel: int, bits: int) -> int:
     return math.ceil(numel * bits / 8)
 
 
+MAX_SCALE = float(np.finfo(np.float32).max) / 2
+"""Largest bucket scale: decoding computes code * (2 * scale / levels) - scale, and 2 * scale must
+stay finite in fp32. A larger scale (an absurd gradient, or a crafted payload) would decode to inf."""
+
+
+def require_scales(scales: torch.Tensor, what: str) -> None:
+    """Raise `CompressionError` unless every bucket scale is finite and within [0, MAX_SCALE]."""
+    require_finite(scales, what)
+    if scales.numel() and bool(((scales < 0) | (scales > MAX_SCALE)).any()):
+        raise CompressionError(f"{what}: bucket scale outside [0, {MAX_SCALE:.3g}]")
+
+
 def bucket_count(numel: int) -> int:
     """Number of scales for `numel` elements."""
     return math.ceil(numel / BUCKET)
@@ -126,7 +138,7 @@ def _quantize_torch(x: torch.Tensor, bits: int, generator: torch.Generator | Non
     n = x.numel()
     nb = bucket_count(n)
     scales = bucket_scales(x)
-    require_finite(scales, f"qsgd:{bits} input")
+    require_scales(scales, f"qsgd:{bits} input")
     levels = (1 << bits) - 1
     step_inv = torch.where(scales > 0, levels / (2 * scales), torch.zeros_like(scales))
     # round(u + (k + 0.5) / 2**16 - 0.5) with u = (x + scale) * step_inv in [0, levels] and k
@@ -323,7 +335,7 @@ def _quantize_numpy(x: torch.Tensor, bits: int, generator: torch.Generator | Non
         tail[0, : n - full * BUCKET] = values[full * BUCKET :]
         _quantize_rows(tail, bits, _noise_rows(seed, full, 1), scales[full:], out[full * per_row :])
     scale_t = torch.from_numpy(scales)
-    require_finite(scale_t, f"qsgd:{bits} input")
+    require_scales(scale_t, f"qsgd:{bits} input")
     return packed[: packed_size(n, bits)], scale_t
 
 
@@ -382,9 +394,7 @@ def decode_quantized(codes: bytes, scales: bytes, bits: int, numel: int, device:
     expect_bytes(codes, packed_size(numel, bits), f"{what} codes")
     expect_bytes(scales, 4 * nb, f"{what} scales")
     scale_t = bytes_to_tensor(scales, torch.float32, nb, device)
-    require_finite(scale_t, f"{what} scales")
-    if nb and bool((scale_t < 0).any()):
-        raise CompressionError(f"{what}: negative bucket scale")
+    require_scales(scale_t, f"{what} scales")
     packed = bytes_to_tensor(codes, torch.uint8, len(codes), device, copy=False)  # only read
     return dequantize(packed, scale_t, bits, numel)
 

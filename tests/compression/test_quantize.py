@@ -101,12 +101,20 @@ def test_fuzzed_payloads_raise_compression_error_only(bits: int, data: st.DataOb
     decode_or_reject(codec, data.draw(mutated(payload)))
 
 
-def test_negative_scale_rejected() -> None:
+@pytest.mark.parametrize("scale", [-1.0, 3e38])
+def test_scale_out_of_range_rejected(scale: float) -> None:
+    """A negative scale, or one so large that decoding overflows to inf, is refused by the decoder."""
     codec = make_codec("qsgd:8")
     p = codec.encode(torch.randn(10))
-    bad = torch.tensor([-1.0]).numpy().tobytes()
-    with pytest.raises(CompressionError, match="negative"):
-        codec.decode(type(p)(p.codec, p.shape, p.dtype, (p.parts[0], bad)))
+    codes = bytes([255]) * len(p.parts[0])  # the top level: code * step would overflow at 3e38
+    bad = torch.tensor([scale]).numpy().tobytes()
+    with pytest.raises(CompressionError, match="bucket scale outside"):
+        codec.decode(type(p)(p.codec, p.shape, p.dtype, (codes, bad)))
+
+
+def test_huge_input_rejected_at_encode() -> None:
+    with pytest.raises(CompressionError, match="bucket scale outside"):
+        make_codec("qsgd:4").encode(torch.tensor([3e38, 1.0]))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
