@@ -43,8 +43,9 @@ class Payload:
     """Shape of the dense tensor."""
     dtype: str
     """Name of the dense tensor's dtype (a key of `DTYPES`)."""
-    parts: tuple[bytes, ...]
-    """Raw byte sections, codec-defined (values, indices, scales ...)."""
+    parts: tuple[bytes | memoryview, ...]
+    """Raw byte sections, codec-defined (values, indices, scales ...). The wire decoder hands
+    in-place sections of a received message as byte-format (`"B"`) memoryviews, so `len` is bytes."""
     meta: tuple[float, ...] = ()
     """Small codec-defined scalars (seed, norm, counts); 8 bytes each on the wire."""
 
