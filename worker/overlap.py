@@ -36,7 +36,7 @@ from .layout import KeySlot
 PUSH_WINDOW = 2
 """Pushes per shard with bytes not yet sent, in a pipelined step. A slot frees once its push's last
 byte has left (`PSClient.push(sent=)`), not at the ACK: the ACK comes a round trip plus the PS's
-work later (seconds under CPU load), which left the link idle with an ACK-gated window, and more
+work later (longer under CPU load), which left the link idle with an ACK-gated window, and more
 ACK-gated slots delay the first complete bucket (W x 1 MiB in round robin). Two slots keep one
 push queued behind the one sending; buckets then complete one after another."""
 
