@@ -390,10 +390,9 @@ class WorkerSession:
                 raise ProtocolError("timeout", f"keys of version {msg.wait_for} not applied within the pull timeout") from None
         params = store.pull_keys(msg.have_version, msg.keys)
         whole = params.full and len(params.tensors) == len(store.params)  # the fallback: every key, full
-        data = self.server.params_bytes(params) if whole else self.server.keyed_params_bytes(params, msg.keys)
-        if self.server.downlink is not None:
-            self.server.downlink.sent(self.conn.quic, params.version, len(data))
-        return data
+        # Not reported to the downlink policy: it times one delivery of the whole update per
+        # worker, and per-bucket replies queued behind each other would read as a slow link.
+        return self.server.params_bytes(params) if whole else self.server.keyed_params_bytes(params, msg.keys)
 
     def _on_hello(self, msg: Hello) -> Message:
         if self.authenticated:
