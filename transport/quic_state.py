@@ -93,7 +93,12 @@ def stream_unsent(quic: QuicConnection, stream_id: int) -> bool:
     """True while `stream_id` holds bytes aioquic has not yet sent once (pipelined pushes pace on
     it: a stream whose bytes are all in flight no longer competes in the round robin)."""
     stream = _resolve(quic, "_streams").get(stream_id)
-    return stream is not None and not stream.sender.buffer_is_empty
+    return stream is not None and not _resolve(stream, STREAM_UNSENT_PATH)
+
+
+STREAM_UNSENT_PATH = "sender.buffer_is_empty"
+"""Private path on one aioquic `QuicStream` (not on the connection, so `check_internals` cannot
+check it up front; `stream_unsent` raises `QuicInternalsError` naming it, and a test reads it)."""
 
 
 def connection_of(protocol: QuicConnectionProtocol) -> QuicConnection:

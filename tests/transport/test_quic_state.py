@@ -94,6 +94,20 @@ def test_private_paths_exist_on_a_real_connection(pair: Pair) -> None:
         quic_state.check_internals(quic)
 
 
+def test_stream_unsent_follows_the_send_buffer() -> None:
+    """The pipelined pushes' pacing reads a private per-stream flag: True while bytes wait to be
+    sent once, False when all left; an unknown stream is not unsent; a moved flag is named."""
+    p = Pair()
+    stream = p.client.get_next_available_stream_id()
+    p.client.send_stream_data(stream, b"x" * 50_000, end_stream=True)
+    assert quic_state.stream_unsent(p.client, stream)
+    p.exchange(rounds=20)
+    assert not quic_state.stream_unsent(p.client, stream)
+    assert not quic_state.stream_unsent(p.client, stream + 400)
+    with pytest.raises(QuicInternalsError, match="buffer_is_empty"):
+        quic_state._resolve(object(), quic_state.STREAM_UNSENT_PATH)
+
+
 def test_recovery_state_has_plausible_values(pair: Pair) -> None:
     rec = quic_state.read_recovery(pair.client)
     assert rec.congestion_window >= 2 * MDS
