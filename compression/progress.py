@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -61,6 +62,31 @@ def sender_encode_s(codec: Codec, sample: LevelSample) -> float:
     since error feedback decodes what it sent to keep the residual (as the PS does to update its
     shadow); a lossless level's encode alone. Compares a candidate's timing with a step's `encode_s`."""
     return sample.encode_s if codec.lossless else sample.encode_s + sample.decode_s
+
+
+class LevelObserver(Protocol):
+    """What `measure_into` reports to: a policy (`compression.policy.Policy`)."""
+
+    def observe_costs(
+        self, *, level: int, dense_bytes: int, encode_s: float | None = None, decode_s: float | None = None
+    ) -> None: ...
+
+    def observe_progress(self, *, level: int, progress: float) -> None: ...
+
+
+def measure_into(observer: LevelObserver, level: int, codec: Codec, tensors: Iterable[torch.Tensor]) -> float | None:
+    """Measure ladder level `level` (`codec`) on `tensors` and report its sender cost and q to the
+    policy; returns the q (None when not measurable). The uplink's and the downlink's candidate
+    rounds both do exactly this."""
+    sample = measure_level(codec, tensors)
+    if sample is None:
+        return None
+    observer.observe_costs(
+        level=level, dense_bytes=sample.dense_bytes, encode_s=sender_encode_s(codec, sample), decode_s=sample.decode_s
+    )
+    if sample.progress is not None:
+        observer.observe_progress(level=level, progress=sample.progress)
+    return sample.progress
 
 
 def measure_progress(codec: Codec, tensors: Iterable[torch.Tensor], *, max_numel: int = DEFAULT_SAMPLE_NUMEL) -> float | None:

@@ -29,7 +29,7 @@ from netsense.compression.base import Codec, make_codec
 from netsense.compression.ladder import DEFAULT_LADDER, Ladder
 from netsense.compression.link import LinkState
 from netsense.compression.policy import Decision, Policy, make_policy
-from netsense.compression.progress import WARM_UP_NUMEL, measure_level, sender_encode_s
+from netsense.compression.progress import WARM_UP_NUMEL, measure_into, measure_level
 from netsense.transport.decisions import DecisionLog
 from netsense.transport.signal import SignalReader
 
@@ -117,16 +117,9 @@ class DownlinkController:
     def _measure_levels(self, levels: list[int], update: list[torch.Tensor]) -> dict[int, float]:
         measured = {}
         for level in levels:
-            codec = self._sample_codecs[level]  # warmed up at the snapshot
-            sample = measure_level(codec, update)
-            if sample is None:
-                continue
-            self.policy.observe_costs(
-                level=level, dense_bytes=sample.dense_bytes, encode_s=sender_encode_s(codec, sample), decode_s=sample.decode_s
-            )
-            if sample.progress is not None:
-                self.policy.observe_progress(level=level, progress=sample.progress)
-                measured[level] = sample.progress
+            q = measure_into(self.policy, level, self._sample_codecs[level], update)  # warmed up at the snapshot
+            if q is not None:
+                measured[level] = q
         return measured
 
     def choose(self, version: int, quics: list[Any], payload_bytes: int) -> str | None:

@@ -18,7 +18,7 @@ from netsense.compression.base import Codec, make_codec
 from netsense.compression.ladder import DEFAULT_LADDER, Ladder
 from netsense.compression.link import LinkState
 from netsense.compression.policy import Decision, Policy, make_policy
-from netsense.compression.progress import WARM_UP_NUMEL, measure_level, sender_encode_s
+from netsense.compression.progress import WARM_UP_NUMEL, measure_into, measure_level
 from netsense.transport.decisions import DecisionLog
 from netsense.transport.quic_state import SensingConfig
 from netsense.transport.signal import SignalReader
@@ -185,15 +185,9 @@ class UplinkController:
                 # A first call pays lazy set-up (2-10x): warm up on a small sample, then time.
                 codec = self._probe_codecs[level] = make_codec(self.policy.ladder[level].spec)
                 measure_level(codec, tensors, max_numel=WARM_UP_NUMEL)
-            sample = measure_level(codec, tensors)
-            if sample is None:
-                continue
-            self.policy.observe_costs(
-                level=level, dense_bytes=sample.dense_bytes, encode_s=sender_encode_s(codec, sample), decode_s=sample.decode_s
-            )
-            if sample.progress is not None:
-                self.policy.observe_progress(level=level, progress=sample.progress)
-                measured[level] = sample.progress
+            q = measure_into(self.policy, level, codec, tensors)
+            if q is not None:
+                measured[level] = q
         return measured
 
     def _warmed(self, level: int) -> bool:
