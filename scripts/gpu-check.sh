@@ -109,8 +109,21 @@ run() {
   exit "$failed"
 }
 
+# Issue #7's shard scaling (2 shards >= 1.6x the ingest of 1 with 4 workers) needs cores for every
+# process (the 2-core development VM cannot show it): on the 16-core machine, as a second command,
+#   run(command="bash scripts/gpu-check.sh shards", carry=[".whl"], timeout_s=300)
+shards() {
+  OUT="${OUT:-$root/gpu-check-out}"
+  mkdir -p "$OUT"
+  setup_python || { echo "cannot set up python (wheels missing? run 'prepare' first)"; exit 3; }
+  { date -u; uptime; nproc; } | tee "$OUT/shards-env.txt"
+  timeout 280 "$PY" -m netsense bench shards --servers 1,2 --workers 2,4,8 --mb 8 --steps 4 \
+    --json "$OUT/shards.json" 2>&1 | tee "$OUT/shards.log"
+}
+
 case "$mode" in
   prepare) prepare ;;
   run) run ;;
-  *) echo "usage: $0 prepare|run" >&2; exit 2 ;;
+  shards) shards ;;
+  *) echo "usage: $0 prepare|run|shards" >&2; exit 2 ;;
 esac
