@@ -62,6 +62,11 @@ class Decision:
     """Progress efficiency q of the chosen level the decision assumed (netsense), else None."""
     progress_levels: tuple[float, ...] | None = None
     """q of every ladder level at decision time (netsense), else None."""
+    predicted_levels: tuple[float, ...] | None = None
+    """P_l of every ladder level the law compared (netsense; inf where a level was excluded), so a
+    log shows why a level won: its cost is P_l / q_l. None when no prediction was made."""
+    per_byte_s: float | None = None
+    """Measured transport seconds per wire byte (c) the predictions used; 0 while unknown."""
 
     def to_record(
         self, link: LinkState, *, bytes_sent: int | None = None, comm_s: float | None = None
@@ -88,6 +93,10 @@ class Decision:
             "bw_used_Bps": self.bandwidth_Bps,
             "progress": self.progress,
             "progress_levels": None if self.progress_levels is None else [round(q, 4) for q in self.progress_levels],
+            "predicted_levels": None
+            if self.predicted_levels is None
+            else [_json_safe(round(p, 4)) for p in self.predicted_levels],
+            "per_byte_s": self.per_byte_s,
             "bw_Bps": link.bandwidth_Bps,
             "min_rtt_s": link.min_rtt_s,
             "srtt_s": link.srtt_s,
@@ -206,6 +215,7 @@ class Policy(ABC):
         progress: float | None = None,
         progress_levels: tuple[float, ...] | None = None,
         per_byte_s: float = 0.0,
+        predicted_levels: tuple[float, ...] | None = None,
     ) -> Decision:
         comm = step_s = None
         if bandwidth_Bps is not None and bandwidth_Bps > 0:
@@ -234,6 +244,8 @@ class Policy(ABC):
             policy=self.name,
             progress=progress,
             progress_levels=progress_levels,
+            predicted_levels=predicted_levels,
+            per_byte_s=per_byte_s,
         )
 
 
@@ -761,6 +773,7 @@ class NetsensePolicy(Policy):
         bw = self.effective_bandwidth(link)
         levels = self._levels_now()
         per_byte = self._per_byte_s()
+        preds: list[float] | None = None  # set once the law has predicted every level
 
         def emit(index: int, reason: str) -> Decision:
             return self._decision(
@@ -776,6 +789,7 @@ class NetsensePolicy(Policy):
                 progress=self._q(index),
                 progress_levels=tuple(self.progress.values),
                 per_byte_s=per_byte,
+                predicted_levels=None if preds is None else tuple(preds),
             )
 
         bound = self.bandwidth.lower_bound_Bps if bw is None and s.progress_aware else None

@@ -603,6 +603,9 @@ def test_measured_progress_moves_the_choice() -> None:
     assert levels[0] == 3 and levels[-1] == 2  # top-k measured poor: back to 4-bit after k steps of headroom
     rec = d.to_record(link(5), bytes_sent=1, comm_s=0.1)
     assert rec["progress"] == 0.3 and rec["progress_levels"] == [1.0, 1.0, 0.97, 0.3]
+    # The log shows why: every level's P_l, and the chosen one's P / q is the cheapest.
+    costs = [pl / q for pl, q in zip(rec["predicted_levels"], rec["progress_levels"])]
+    assert len(costs) == 4 and costs[3] == min(costs) and rec["per_byte_s"] == 0.0
     json.dumps(rec, allow_nan=False)
     assert p.progress_candidates(50) == [1, 2, 3] and p.progress_candidates(10) == []
     assert aware(progress_every=0).progress_candidates(0) == []

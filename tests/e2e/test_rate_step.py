@@ -159,6 +159,12 @@ def reaction_times(run: RateStepRun) -> tuple[float | None, float | None, dict[s
     return worst(fit_s), worst(light_s), info
 
 
+def _costs(rec: dict[str, Any]) -> list[float | None]:
+    """The record's per-level cost P_l / q_l as the policy saw it (None where excluded or unknown)."""
+    preds, q = rec.get("predicted_levels") or [], rec.get("progress_levels") or []
+    return [None if p is None or not qi else round(p / qi, 3) for p, qi in zip(preds, q)]
+
+
 KNOWN_MISS = (
     "requirement not met reliably (docs/BENCHMARKS.md, rate step): a drop that lands after a push is seen "
     "only by the next push, sent at the old level, so the first fitting decision comes one compute time + "
@@ -177,7 +183,7 @@ def test_rate_step_down_fits_within_2s_and_recovers_within_10s(certs: CertPaths,
         print(f"{r['t'] - run.t_down:8.2f} w{r['rank']} {r['spec']:16s} bw={(r['bw_used_Bps'] or 0) * 8e-6:7.1f}Mbit "
               f"link={(r['bw_Bps'] or 0) * 8e-6:6.1f}{'AL' if r['app_limited'] else '  '} "
               f"srtt={(r['srtt_s'] or 0) * 1e3:5.1f}ms q={(r.get('standing_queue_s') or 0) * 1e3:4.1f}ms "
-              f"comm={r['comm_s'] or 0:.3f}s {r['reason'][:60]}")  # fmt: skip
+              f"comm={r['comm_s'] or 0:.3f}s {r['reason'][:60]} C_l={_costs(r)}")  # fmt: skip
     print(f"reaction: fit after drop {t_fit} s, lighter after rise {t_light} s; {info}")
     fit_ok = t_fit is not None and t_fit <= DOWN_TO_FIT_S
     light_ok = t_light is not None and t_light <= UP_TO_LIGHTER_S
