@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -382,18 +383,23 @@ class NetSenseOptimizer:
         try:
             done = await asyncio.gather(*replies)
         except PeerError as exc:
-            for r in replies:
-                r.cancel()
-            if exc.code != "stale":
-                raise
-            log.warning("step %d dropped by shard %d (%s); resyncing", step, shard, exc.reason)
-            return await client.pull(-1, 0)
+            return await self._resync_stale(exc, replies, step, shard)
         self._push_times[shard] = max(r.acked_at for r in done) - started
         merged = merge_parts([p for r in done for p in r.parts], [s.key for s in self.shard_slots[shard]], step)
         if merged is None:  # not one update from our version (the PS moved on): take the parameters whole
             log.warning("shard %d: keyed replies of step %d do not form its update; resyncing", shard, step)
             return await client.pull(-1, 0)
         return merged
+
+    async def _resync_stale(self, exc: PeerError, pending: Sequence[asyncio.Future[Any]], step: int, shard: int) -> Params:
+        """A push or pull of `step` refused: cancel what is still in flight; if the barrier moved on
+        without us (we were too slow), resync and skip this step, else re-raise."""
+        for f in pending:
+            f.cancel()
+        if exc.code != "stale":
+            raise exc
+        log.warning("step %d dropped by shard %d (%s); resyncing", step, shard, exc.reason)
+        return await self.clients[shard].pull(-1, 0)
 
     def _codec_for(self, key: str, spec: str) -> Codec:
         """Per-key encoder instances: stateful codecs (warm starts) keep state per key."""
@@ -513,15 +519,7 @@ class NetSenseOptimizer:
             acks = await asyncio.gather(*pushes)
             self._push_times[shard] = time.perf_counter() - started  # first byte to the last push's ack
         except PeerError as exc:
-            if pull is not None:
-                pull.cancel()
-            for p in pushes:
-                p.cancel()
-            if exc.code != "stale":
-                raise
-            # The barrier moved on without us (we were too slow): resync and skip this step.
-            log.warning("step %d dropped by shard %d (%s); resyncing", step, shard, exc.reason)
-            return await client.pull(-1, 0)
+            return await self._resync_stale(exc, pushes if pull is None else [pull, *pushes], step, shard)
         if pull is None:
             self._staleness[shard] = max(0, max(acks) - 1 - step)  # the last ack names our update's version
             return await client.pull(-1, 0)
