@@ -175,6 +175,13 @@ class Policy(ABC):
         application-measured RTT sample; `app_limited` marks a send known not to fill the pipe.
         The default ignores feedback; adaptive policies override."""
 
+    def rechoose(self, *, link: LinkState, sent: Decision, bytes_acked: int, elapsed_s: float) -> Decision | None:
+        """Mid-push: the push of `sent` has run `elapsed_s` (first byte on) and `bytes_acked` of it
+        arrived, with bytes still unsent; `link` is the path now. A decision for a heavier level
+        means: withdraw the unsent part and send this step at that level instead (error feedback
+        keeps that exact); None lets the push finish. Default: None (the level stands)."""
+        return None
+
     def observe_progress(self, *, level: int, progress: float) -> None:
         """A measured progress efficiency q of ladder level `level` (docs/POLICIES.md): from the
         level just sent, or from a candidate measured on a gradient sample. Default: ignored."""
@@ -930,11 +937,7 @@ class NetsensePolicy(Policy):
                 self._since_relax = None
         fits = current in ok
         if not fits and target > current:
-            if self._since_relax is not None:  # undone within k steps: it was noise, wait longer next time
-                self.k_now = min(s.max_k, self.k_now * 2)
-                self._since_relax = None
-            self._set_level(target)
-            self._low_bw = bw
+            self._go_heavier(target, bw)
             return f"heavier: C_{current}={preds[current] / self._q(current):.4g}s, C*={best:.4g}s"
         # Headroom is judged by the same law with the stricter tolerances (a dead band), unless the
         # bandwidth rose well above the lowest seen at this level: then the link changed, and the
@@ -959,6 +962,42 @@ class NetsensePolicy(Policy):
         self._set_level(self._relax_to)
         self._since_relax = 0
         return f"relax: {self.k_now} steps of headroom, C*={best:.4g}s"
+
+    def _go_heavier(self, target: int, bw: float) -> None:
+        """Commit to the heavier `target` (the law's pick at bandwidth `bw`)."""
+        if self._since_relax is not None:  # undone within k steps: it was noise, wait longer next time
+            self.k_now = min(self.settings.max_k, self.k_now * 2)
+            self._since_relax = None
+        self._set_level(target)
+        self._low_bw = bw
+
+    def _set_level(self, index: int) -> None:
+        if index != self.level:
+            logger.debug("netsense level %s -> %s", self.level, index, extra={"level": index})
+            self._since_change = 0
+            self._low_bw = None
+        self.level = index
+        self._headroom = 0
+
+    def _probe_due(self, link: LinkState, reason: str) -> bool:
+        s = self.settings
+        app_limited = link.app_limited or self.bandwidth.last_sample_app_limited
+        steps = min(self._since_change, self._since_probe)
+        by_steps = s.probe_interval > 0 and steps >= s.probe_interval
+        by_time = (
+            s.probe_interval_s > 0
+            and steps >= 2  # at least one step at the committed level between probes
+            and self._moved_at is not None
+            and link.time_s - self._moved_at >= s.probe_interval_s
+        )
+        return (
+            (by_steps or by_time)
+            and app_limited
+            and self.level is not None
+            and self.level > 0
+            and reason.startswith("hold: C*")  # neither just moved nor already on the way lighter
+            and not self._last_send_slow  # a send slower than predicted says less capacity, not more
+        )
 
     def _set_level(self, index: int) -> None:
         if index != self.level:
@@ -1019,6 +1058,52 @@ class NetsensePolicy(Policy):
                 queue_s=self._queue_s,
                 queue_tolerance_s=self.settings.queue_tolerance_s,
             )
+
+    def rechoose(self, *, link: LinkState, sent: Decision, bytes_acked: int, elapsed_s: float) -> Decision | None:
+        """The law again, mid-push, with the push so far as a bandwidth sample (its pipe is full:
+        bytes wait unsent). Only a move to a heavier level is returned, and it is committed as if
+        `choose` had made it: a rate drop that lands while a step computes is otherwise seen only
+        by the push after the slow one (docs/BENCHMARKS.md, rate step). No step is counted."""
+        s, index = self.settings, sent.level
+        if index is None or self.level is None or elapsed_s <= 0:
+            return None
+        self.bandwidth.add_app_sample(
+            bytes_sent=bytes_acked, comm_s=elapsed_s, min_rtt_s=self._min_rtt_s, app_limited=False
+        )
+        bw = self.effective_bandwidth(link)
+        if bw is None:
+            return None
+        self._now_s = link.time_s
+        levels, per_byte, rtt = self._levels_now(), self._per_byte_s(), link.min_rtt_s or 0.0
+        preds = [
+            predict(lv, payload_bytes=sent.payload_bytes, bandwidth_Bps=bw, min_rtt_s=rtt, compute_s=sent.compute_s,
+                    overlap=sent.overlap, per_byte_s=per_byte).step_s
+            for lv in levels
+        ]  # fmt: skip
+        target, ok = self._law(preds, s.eps, s.tie_eps)
+        if index in ok or target <= index:
+            return None
+        if target > self.level:
+            self._go_heavier(target, bw)
+        self._predicted_wire_s = None  # the withdrawn push is not observed
+        cost = lambda i: preds[i] / self._q(i)  # noqa: E731
+        decision = self._decision(
+            level_index=target,
+            level=levels[target],
+            reason=f"re-decide: {sent.spec} push slow ({elapsed_s:.3g}s, {bytes_acked} B acked), "
+            f"C_{index}={cost(index):.4g}s, C*={min(map(cost, range(len(preds)))):.4g}s",
+            link=link,
+            bandwidth_Bps=bw,
+            payload_bytes=sent.payload_bytes,
+            compute_s=sent.compute_s,
+            overlap=sent.overlap,
+            step=sent.step,
+            progress=self._q(target),
+            progress_levels=tuple(self.progress.values),
+            per_byte_s=per_byte,
+            predicted_levels=tuple(preds),
+        )
+        return self._sent(decision, bw, rtt)
 
     def observe_costs(
         self, *, level: int, dense_bytes: int, encode_s: float | None = None, decode_s: float | None = None

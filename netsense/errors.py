@@ -38,6 +38,10 @@ class PeerTimeout(NetSenseError):
     """A peer did not answer within the configured time."""
 
 
+class RequestAbandoned(NetSenseError):
+    """This side withdrew a request before its last byte left (a push re-encoded mid-flight)."""
+
+
 class PeerError(NetSenseError):
     """The remote side answered with an ERROR message."""
 

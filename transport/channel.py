@@ -21,8 +21,9 @@ from aioquic.asyncio.server import QuicServer
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import ConnectionTerminated, QuicEvent, StreamDataReceived, StreamReset
 
-from netsense.errors import NetSenseError, PeerError, PeerTimeout, ProtocolError
+from netsense.errors import NetSenseError, PeerError, PeerTimeout, ProtocolError, RequestAbandoned
 
+from .quic_state import abandon_stream
 from .wire import Error, Limits, Message, decode_message, encode_chunks
 
 log = logging.getLogger(__name__)
@@ -220,6 +221,16 @@ class ServerConnection(MessageProtocol):
         if reply is not None and not self._quic._close_event:
             self.send_message(stream_id, reply)
 
+    def stream_failed(self, stream_id: int, reason: str) -> None:
+        """The peer withdrew a request (a push re-encoded mid-flight): it gets no answer, so our
+        side of the stream is reset too, which lets both ends forget it."""
+        try:
+            self._quic.reset_stream(stream_id, 0)
+        except ValueError as exc:  # not a stream we may send on
+            log.debug("stream %d: %s (%s)", stream_id, reason, exc)
+            return
+        self.transmit()
+
     def message_failed(self, stream_id: int, exc: ProtocolError) -> None:
         log.warning("dropped bad message from %s: %s", self.session and getattr(self.session, "peer", "?"), exc)
         if self.session is not None and hasattr(self.session, "on_bad_message"):
@@ -266,13 +277,19 @@ class ClientConnection(MessageProtocol):
         self._waiting: dict[int, asyncio.Future[Message]] = {}
         self.closed_reason: str | None = None
 
-    async def request(self, msg: Message | bytes, timeout: float | None = None) -> Message:
-        """Send `msg`, return the reply; raise `PeerError` for ERROR, `PeerTimeout` on timeout."""
+    async def request(
+        self, msg: Message | bytes, timeout: float | None = None, *, on_stream: Callable[[int], None] | None = None
+    ) -> Message:
+        """Send `msg`, return the reply; raise `PeerError` for ERROR, `PeerTimeout` on timeout.
+
+        `on_stream` is called with the request's stream id before it is written (to `abandon` it)."""
         if self.closed_reason is not None:
             raise PeerTimeout(f"connection closed: {self.closed_reason}")
         sid = self._quic.get_next_available_stream_id()
         fut: asyncio.Future[Message] = asyncio.get_event_loop().create_future()
         self._waiting[sid] = fut
+        if on_stream is not None:
+            on_stream(sid)
         self.send_message(sid, msg)
         try:
             reply = await asyncio.wait_for(fut, timeout)
@@ -283,6 +300,17 @@ class ClientConnection(MessageProtocol):
         if isinstance(reply, Error):
             raise PeerError(reply.code, reply.reason)
         return reply
+
+    def abandon(self, stream_id: int) -> bool:
+        """Withdraw the request on `stream_id` while its last byte has not left: the stream is
+        reset (the peer drops the partial message and never answers it) and the request raises
+        `RequestAbandoned`. False, and nothing changes, once the whole request was sent once."""
+        fut = self._waiting.get(stream_id)
+        if fut is None or fut.done() or not abandon_stream(self._quic, stream_id):
+            return False
+        fut.set_exception(RequestAbandoned(f"request on stream {stream_id} abandoned before it was sent"))
+        self.transmit()
+        return True
 
     def message_received(self, stream_id: int, msg: Message) -> None:
         fut = self._waiting.get(stream_id)

@@ -101,6 +101,51 @@ STREAM_UNSENT_PATH = "sender.buffer_is_empty"
 check it up front; `stream_unsent` raises `QuicInternalsError` naming it, and a test reads it)."""
 
 
+STREAM_SEND_PATHS = ("sender._buffer_start", "sender.highest_offset", "sender._buffer_fin")
+"""Private paths on one aioquic `QuicStream` that `stream_send_state` reads: the acknowledged
+prefix, the highest offset ever sent, and the final size once the FIN was written (None before)."""
+
+
+class StreamSendState(NamedTuple):
+    """How far one stream's send has got, in bytes of its payload."""
+
+    acked: int
+    """The contiguous prefix the peer acknowledged."""
+    sent: int
+    """The highest offset sent at least once."""
+    final: int | None
+    """The stream's final size once the application ended it, else None."""
+
+    @property
+    def fin_sent(self) -> bool:
+        """True once the last byte (and with it the FIN) has left at least once: from then on the
+        peer may hold the whole message, so the stream must not be abandoned."""
+        return self.final is not None and self.sent >= self.final
+
+
+def stream_send_state(quic: QuicConnection, stream_id: int) -> StreamSendState | None:
+    """The send progress of `stream_id`, or None for a stream aioquic does not (or no longer) hold."""
+    stream = _resolve(quic, "_streams").get(stream_id)
+    if stream is None:
+        return None
+    acked, sent, final = (_resolve(stream, path) for path in STREAM_SEND_PATHS)
+    return StreamSendState(int(acked), int(sent), None if final is None else int(final))
+
+
+def abandon_stream(quic: QuicConnection, stream_id: int, error_code: int = 0) -> bool:
+    """Reset the sending side of `stream_id` if its FIN has never left; True when it was reset.
+
+    A stream whose last byte was never sent cannot have been received whole, so the peer drops the
+    partial message (RESET_STREAM) and the sender may send its content again, re-encoded, on a new
+    stream without it being counted twice. Once the FIN left, nothing is reset: the peer may
+    already hold the message (a lost FIN still counts: it may have arrived after all)."""
+    state = stream_send_state(quic, stream_id)
+    if state is None or state.final is None or state.fin_sent:
+        return False
+    quic.reset_stream(stream_id, error_code)
+    return True
+
+
 def connection_of(protocol: QuicConnectionProtocol) -> QuicConnection:
     """The `QuicConnection` behind an asyncio protocol (client or server side)."""
     quic = getattr(protocol, "_quic", None)

@@ -17,7 +17,7 @@ from netsense.compression import Payload
 from netsense.errors import AuthError, PeerError, ProtocolError
 from netsense.transport.auth import auth_mac, new_nonce
 from netsense.transport.channel import ClientConnection, open_connection
-from netsense.transport.quic_state import stream_unsent
+from netsense.transport.quic_state import StreamSendState, stream_send_state, stream_unsent
 from netsense.transport.wire import Ack, Auth, Bye, Challenge, Hello, Init, Limits, Params, Pull, Push, Welcome
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,20 @@ class Identity:
     """Rank; 0 provides the initial parameters."""
     secret: bytes | None
     """Shared secret for the HMAC challenge; None only against an --insecure PS."""
+
+
+@dataclass
+class PushHandle:
+    """Where one PUSH travels: its connection and stream, set when it is written."""
+
+    conn: ClientConnection | None = None
+    stream_id: int | None = None
+
+    def send_state(self) -> StreamSendState | None:
+        """How far the push's bytes have got (None before it started or once aioquic dropped it)."""
+        if self.conn is None or self.stream_id is None:
+            return None
+        return stream_send_state(self.conn.quic, self.stream_id)
 
 
 class PSClient:
@@ -104,9 +118,16 @@ class PSClient:
                 conn.quic.send_ping(0)
                 conn.transmit()
 
-    async def _request(self, msg: Any, expect: type) -> Any:
+    async def _request(self, msg: Any, expect: type, handle: PushHandle | None = None) -> Any:
         assert self.conn is not None, "connect() first"
-        reply = await self.conn.request(msg, self.timeout)
+        on_stream = None
+        if handle is not None:
+            handle.conn = self.conn
+
+            def on_stream(sid: int) -> None:
+                handle.stream_id = sid
+
+        reply = await self.conn.request(msg, self.timeout, on_stream=on_stream)
         if not isinstance(reply, expect):
             raise ProtocolError("type", f"expected {expect.__name__.upper()}, got {type(reply).__name__.upper()}")
         return reply
@@ -116,20 +137,35 @@ class PSClient:
         return (await self._request(Init(tensors, optimizer, world_size), Ack)).version
 
     async def push(
-        self, step: int, samples: int, total_keys: int, grads: dict[str, Payload], *, sent: asyncio.Future[None] | None = None
+        self,
+        step: int,
+        samples: int,
+        total_keys: int,
+        grads: dict[str, Payload],
+        *,
+        sent: asyncio.Future[None] | None = None,
+        handle: PushHandle | None = None,
     ) -> int:
         """Send one bucket of gradients for `step`; returns the PS version after it. `sent` is set
-        once every byte of the PUSH has left (before the ACK: pipelined pushes pace on it)."""
+        once every byte of the PUSH has left (before the ACK: pipelined pushes pace on it);
+        `handle` names the push's stream, so that `abandon(handle)` can withdraw it."""
         if sent is None or self.conn is None:
-            return (await self._request(Push(step, samples, total_keys, grads), Ack)).version
+            return (await self._request(Push(step, samples, total_keys, grads), Ack, handle)).version
         # `request` opens this stream id without yielding first, so the watcher follows the right stream.
         watcher = asyncio.ensure_future(_until_sent(self.conn, self.conn.quic.get_next_available_stream_id(), sent))
         try:
-            return (await self._request(Push(step, samples, total_keys, grads), Ack)).version
+            return (await self._request(Push(step, samples, total_keys, grads), Ack, handle)).version
         finally:
             watcher.cancel()
             if not sent.done():
                 sent.set_result(None)
+
+    def abandon(self, handle: PushHandle) -> bool:
+        """Withdraw the push of `handle` if its last byte has not left (see `ClientConnection.abandon`):
+        its `push()` raises `RequestAbandoned` and the PS drops the partial message. False once
+        it was sent whole, on another (older) connection, or not started."""
+        conn = handle.conn
+        return conn is not None and conn is self.conn and handle.stream_id is not None and conn.abandon(handle.stream_id)
 
     async def pull(self, have_version: int, wait_for: int, keys: tuple[str, ...] = ()) -> Params:
         """Parameters at version >= `wait_for` (a delta when `have_version` allows it); with `keys`,

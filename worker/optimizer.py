@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from netsense.compression import Codec, LinkState, Payload, make_codec
-from netsense.compression.policy import Policy
+from netsense.compression.policy import Decision, Policy
 from netsense.errors import AuthError, ConfigError, PeerError, PeerTimeout, ProtocolError
 from netsense.transport.auth import load_secret
 from netsense.transport.sharding import assign_shards
@@ -33,6 +33,7 @@ from .layout import DEFAULT_CHUNK_ELEMS, KeySlot, key_layout
 from .netthread import NetThread
 from .overlap import PUSH_WINDOW, BackwardPushes, BucketReply, merge_parts, push_and_pull, slots_by_param
 from .uplink import UplinkController, build_policy
+from .withdraw import PushSlot, fail, push_slot, replace, withdraw
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +194,9 @@ class NetSenseOptimizer:
         leaves early in backward (a 4 MiB bucket held the whole 4 MB test MLP until backward ended)."""
         self._backward: BackwardPushes | None = None
         self._windows: dict[int, asyncio.Semaphore] = {}  # pipelined pushes on the wire, per shard
+        self._slots: dict[int, tuple[list[PushSlot], int, list[dict[str, Payload]]]] = {}
+        """Per shard, this step's withdrawable pushes: their slots, the index of the first in the
+        shard's bucket list, and that list (a replacement is written back for reconnect retries)."""
         self._next_samples: int | None = None
         self._param_slots = slots_by_param(self.slots)
         self._hooks = (
@@ -232,12 +236,16 @@ class NetSenseOptimizer:
         self._next_samples = samples
         stats = StepStats(codec=spec)
         payloads: dict[str, Payload] = dict(early.payloads) if early is not None else {}
+        # What each payload stands for, kept while the policy may re-encode the push mid-flight.
+        sources: dict[str, torch.Tensor] | None = {} if _recheck_after(decision) is not None and early is None else None
         for slot in self.slots:
             if slot.key in payloads:
                 continue
             grad = slot.param.grad
             g = slot.view(grad) if grad is not None else torch.zeros(slot.shape, dtype=slot.param.dtype, device=slot.param.device)
-            payloads[slot.key] = self._encode(slot.key, g, self._codec_for(slot.key, spec))
+            payloads[slot.key], source = self._encode(slot.key, g, self._codec_for(slot.key, spec))
+            if sources is not None:
+                sources[slot.key] = source
         if early is None:
             buckets = [_buckets({s.key: payloads[s.key] for s in slots}, self.bucket_bytes) for slots in self.shard_slots]
         else:  # the pushed buckets first (their futures pair with them), then the rest
@@ -252,7 +260,9 @@ class NetSenseOptimizer:
         )
         if decision is not None:
             self._track_progress(decision.level, spec)  # while the push is on the wire
-        params = exchange.result()
+        params, regear = self._await_exchange(exchange, t1, decision, sources, payloads)
+        if regear is not None:
+            stats.codec = regear.spec
         t2 = time.perf_counter()
         self._decode_s = 0.0
         for shard, p in enumerate(params):
@@ -261,6 +271,12 @@ class NetSenseOptimizer:
         stats.version, stats.staleness = self.version, max(self._staleness)
         stats.early_buckets = sum(len(f) for f in early.futures) if early is not None else 0
         stats.encode_s, stats.wire_s = t1 - t0 + (early.encode_s if early else 0.0), t2 - t1
+        comm_s, step_encode_s = self._push_s, stats.encode_s
+        if regear is not None:  # the re-encoding counts as encoding; the withdrawn push's time does not
+            stats.encode_s += regear.encode_s
+            stats.wire_s -= regear.encode_s
+            comm_s = max(0.0, t1 + self._push_s - regear.pushed_at)
+            step_encode_s = regear.encode_s
         stats.compute_s = t0 - self._step_end if self._step_end is not None else 0.0
         stats.push_s, stats.wait_s = self._push_s, max(0.0, stats.wire_s - self._push_s)
         stats.decode_s, stats.apply_s = self._decode_s, max(0.0, t3 - t2 - self._decode_s)
@@ -271,8 +287,8 @@ class NetSenseOptimizer:
         if decision is not None:
             self.uplink.observe(
                 bytes_sent=sum(p.wire_size for p in payloads.values()),
-                comm_s=self._push_s,
-                encode_s=stats.encode_s,
+                comm_s=comm_s,
+                encode_s=step_encode_s,
                 wire_s=stats.wire_s,
                 version=self.version,
             )
@@ -304,14 +320,16 @@ class NetSenseOptimizer:
 
     # --- internals -------------------------------------------------------------------------
 
-    def _encode(self, key: str, grad: torch.Tensor, codec: Codec) -> Payload:
+    def _encode(self, key: str, grad: torch.Tensor, codec: Codec) -> tuple[Payload, torch.Tensor]:
+        """The payload of `key` and what it stands for: encoding that tensor again (at another
+        level, through error feedback) sends exactly what this payload would have."""
         if codec.lossless and self.feedback is None:
-            return codec.encode(grad)  # with residuals left by lossy steps, feedback flushes them
+            return codec.encode(grad), grad  # with residuals left by lossy steps, feedback flushes them
         if self.feedback is None:
             from netsense.compression.feedback import ErrorFeedback
 
             self.feedback = ErrorFeedback()
-        return self.feedback.compress(key, grad, codec)[0]
+        return self.feedback.compress(key, grad, codec)
 
     def _track_progress(self, level: int | None, spec: str) -> None:
         """Feed the policy the progress efficiency q of the level just sent (error feedback's sums)
@@ -351,7 +369,7 @@ class NetSenseOptimizer:
             )
         t = time.perf_counter()
         for slot in self._param_slots[id(param)]:
-            early.add(self.owner[slot.key], slot.key, self._encode(slot.key, slot.view(param.grad), self._codec_for(slot.key, early.spec)))
+            early.add(self.owner[slot.key], slot.key, self._encode(slot.key, slot.view(param.grad), self._codec_for(slot.key, early.spec))[0])
         early.encode_s += time.perf_counter() - t
 
     def _push_early(self, shard: int, bucket: dict[str, Payload]) -> Future[int] | Future[BucketReply]:
@@ -401,6 +419,76 @@ class NetSenseOptimizer:
         log.warning("step %d dropped by shard %d (%s); resyncing", step, shard, exc.reason)
         return await self.clients[shard].pull(-1, 0)
 
+    def _await_exchange(
+        self, exchange: Future[list[Params]], started: float, decision: Decision | None,
+        sources: dict[str, torch.Tensor] | None, payloads: dict[str, Payload],
+    ) -> tuple[list[Params], Regear | None]:  # fmt: skip
+        """The step's PARAMS. A push still running `_recheck_after(decision)` after `started` is put
+        to the policy once (`UplinkController.recheck`); if it wants a heavier level, the pushes not
+        yet sent whole are withdrawn and their keys re-encoded (`worker/withdraw.py`)."""
+        after = _recheck_after(decision) if sources is not None else None
+        if after is None:
+            return exchange.result(), None
+        try:
+            return exchange.result(timeout=max(0.0, started + after - time.perf_counter())), None
+        except TimeoutError:
+            regear = self._regear(started, sources or {}, payloads)
+        return exchange.result(), regear
+
+    def _regear(self, started: float, sources: dict[str, torch.Tensor], payloads: dict[str, Payload]) -> Regear | None:
+        """Re-decide a slow push mid-flight; on a heavier level, withdraw and re-encode what is
+        still unsent (updating `payloads`); returns what was done, None when nothing was."""
+        elapsed = time.perf_counter() - started
+        link, acked, unsent = self._net.run(self._push_progress())
+        if not unsent:
+            return None
+        new = self.uplink.recheck(link, bytes_acked=acked, elapsed_s=elapsed)
+        if new is None:
+            return None
+        taken = self._net.run(self._withdraw())
+        if not taken:
+            return None  # all sent meanwhile: the heavier level stands for the next step
+        t = time.perf_counter()
+        try:
+            buckets = [
+                {key: self._encode(key, sources[key], self._codec_for(key, new.spec))[0] for key in slots[i].bucket}
+                for slots, i in taken
+            ]
+        except BaseException as exc:
+            self._net.run(self._settle(taken, exc))
+            raise
+        for bucket in buckets:
+            payloads.update(bucket)
+        self._net.run(self._settle(taken, buckets))
+        encode_s = time.perf_counter() - t
+        self.uplink.withdrawn(new, link, bytes_acked=acked, elapsed_s=elapsed)
+        codec = self._codec_for(self.slots[0].key, new.spec)
+        if self.feedback is not None and not codec.lossless:
+            self.uplink.observe_progress(new.level, self.feedback.pop_progress(unbiased=codec.unbiased))
+        log.info("push of step %d withdrawn after %.2f s; %d bucket(s) re-encoded as %s", self.version, elapsed, len(taken), new.spec)
+        return Regear(new.spec, encode_s, time.perf_counter())
+
+    async def _push_progress(self) -> tuple[LinkState, int, bool]:
+        """(the path now, bytes of this step's pushes acked, whether any push is not yet sent whole)."""
+        slots = [slot for shard_slots, _, _ in self._slots.values() for slot in shard_slots]
+        return await self._read_link(), sum(s.bytes_acked() for s in slots), any(s.unsent() for s in slots)
+
+    async def _withdraw(self) -> list[tuple[list[PushSlot], int]]:
+        """Withdraw every push not yet sent whole (see `withdraw`); (its shard's slots, index) each."""
+        return [(slots, i) for shard, (slots, _, _) in self._slots.items() for i in withdraw(self.clients[shard], slots)]
+
+    async def _settle(self, taken: list[tuple[list[PushSlot], int]], outcome: list[dict[str, Payload]] | BaseException) -> None:
+        """Give each withdrawn push its replacement bucket (also written back into the shard's bucket
+        list, which a reconnect retry sends), or the error that stopped the re-encoding."""
+        for n, (slots, i) in enumerate(taken):
+            if isinstance(outcome, BaseException):
+                fail(slots[i], outcome)
+                continue
+            for shard_slots, first, buckets in self._slots.values():
+                if shard_slots is slots:
+                    buckets[first + i] = outcome[n]
+            replace(slots[i], outcome[n])
+
     def _codec_for(self, key: str, spec: str) -> Codec:
         """Per-key encoder instances: stateful codecs (warm starts) keep state per key."""
         codec = self._codecs.get(f"{key}|{spec}")
@@ -446,6 +534,7 @@ class NetSenseOptimizer:
         first buckets of a shard are already on their way (`inflight`, pushed since `started`)."""
         self._push_times = [0.0] * len(self.clients)
         self._staleness = [0] * len(self.clients)
+        self._slots = {}
         params = await asyncio.gather(
             *(self._exchange_shard(i, b, samples, inflight[i] if inflight else [], started) for i, b in enumerate(buckets))
         )
@@ -509,7 +598,9 @@ class NetSenseOptimizer:
         if self._pipelined(shard):
             return await self._exchange_pipelined(shard, buckets, samples, inflight, started)  # type: ignore[arg-type]
         pushes = [asyncio.wrap_future(f) for f in inflight]
-        pushes += [asyncio.ensure_future(client.push(step, samples, keys, b)) for b in buckets[len(inflight) :]]
+        slots = [PushSlot(b) for b in buckets[len(inflight) :]]
+        self._slots[shard] = (slots, len(inflight), buckets)
+        pushes += [asyncio.ensure_future(push_slot(client, slot, step, samples, keys)) for slot in slots]
         # An async PS (SSP) applies our push on its own and answers a pull with the full parameters
         # at whatever version is current; we pull only once the pushes are in, so the PS has counted
         # this step before it decides whether we may start the next (one more RTT than sync mode).
@@ -550,6 +641,33 @@ class NetSenseOptimizer:
                 target.add_(value.to(target.dtype))
         self.versions[shard] = params.version
         self.version = min(self.versions)
+
+
+RECHECK_FACTOR = 2.0
+"""A push still running this many times its predicted communication time is put to the policy..."""
+RECHECK_MIN_S = 0.2
+"""...and at least this long past it: a few ms of scheduling noise on a fast path is no news."""
+
+
+def _recheck_after(decision: Decision | None) -> float | None:
+    """Seconds after the push starts at which it is re-decided, None when it never is (no
+    prediction: bandwidth unknown, or a fixed policy)."""
+    if decision is None or decision.predicted_comm_s is None or decision.level is None:
+        return None
+    comm = decision.predicted_comm_s
+    return max(RECHECK_FACTOR * comm, comm + RECHECK_MIN_S)
+
+
+@dataclass(frozen=True)
+class Regear:
+    """A step whose push was withdrawn mid-flight and re-encoded."""
+
+    spec: str
+    """The level it was re-encoded at."""
+    encode_s: float
+    """Seconds the re-encoding took."""
+    pushed_at: float
+    """perf_counter when the replacement pushes were handed to the network thread."""
 
 
 def _buckets(payloads: dict[str, Payload], bucket_bytes: int) -> list[dict[str, Payload]]:

@@ -84,6 +84,8 @@ class UplinkController:
         self._probe_codecs: dict[int, Codec] = {}  # own instances: stateful codecs keep their state
         self._choose_s = 0.0  # reading the link and deciding, inside the step's `encode_s`
         self._warm: set[int] = set()  # levels sent once: their first encode paid lazy set-up
+        self.withdrawals = 0
+        """Pushes withdrawn mid-flight and re-encoded at a heavier level (`withdrawn`)."""
 
     def read_link(self, quic: Any) -> LinkState:
         """Snapshot of `quic`'s path; call on the thread that runs the connection's loop."""
@@ -164,6 +166,25 @@ class UplinkController:
         if self.log is None:
             return None
         return self.log.write(decision, link, bytes_sent=bytes_sent, comm_s=comm_s, **fields)
+
+    def recheck(self, link: LinkState, *, bytes_acked: int, elapsed_s: float) -> Decision | None:
+        """Mid-push: ask the policy whether the pending decision's push, running `elapsed_s` with
+        `bytes_acked` arrived, should give way to a heavier level (`Policy.rechoose`)."""
+        if self._pending is None:
+            return None
+        return self.policy.rechoose(link=link, sent=self._pending[0], bytes_acked=bytes_acked, elapsed_s=elapsed_s)
+
+    def withdrawn(self, new: Decision, link: LinkState, *, bytes_acked: int, elapsed_s: float) -> None:
+        """The pending decision's push was withdrawn mid-flight and the step re-encoded with `new`:
+        log the withdrawn one (``withdrawn: true``, what it had delivered) and make `new` pending."""
+        if self._pending is None:
+            return
+        old, old_link = self._pending
+        self.withdrawals += 1
+        if self.log is not None:
+            self.log.write(old, old_link, bytes_sent=bytes_acked, comm_s=elapsed_s, withdrawn=True)
+        self._pending = self.last = (new, link)
+        self._choose_s = 0.0
 
     def progress_candidates(self) -> list[int]:
         """Ladder levels the policy wants measured on this step's gradient (see `measure_progress`),

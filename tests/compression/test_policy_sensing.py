@@ -120,3 +120,30 @@ def test_relax_rise_must_exceed_one() -> None:
 
     with pytest.raises(ConfigError, match="relax_rise"):
         netsense(relax_rise=1.0)
+
+
+def test_rechoose_mid_push_moves_heavier_only_when_the_law_says_so() -> None:
+    """A push running far slower than predicted is put to the law again with the path as it is now:
+    a rate drop gives a heavier decision at once (committed, so the next step keeps it); the same
+    rate as at the decision, or a faster one, lets the push finish; no step is counted."""
+    p = netsense()
+    levels = run(p, [1000.0] * 3)
+    start = levels[-1]
+    assert start is not None
+    sent = p.choose(link=link(1000.0, t=3.0), payload_bytes=S, compute_s=TC, step=3)
+    assert p.rechoose(link=link(1000.0, t=3.2), sent=sent, bytes_acked=S // 2, elapsed_s=0.2) is None
+    assert p.rechoose(link=link(2000.0, t=3.3), sent=sent, bytes_acked=S, elapsed_s=0.2) is None
+    assert p.level == start
+    new = p.rechoose(link=link(20.0, t=3.5), sent=sent, bytes_acked=S // 40, elapsed_s=0.5)
+    assert new is not None and new.level is not None and new.level > start
+    assert new.reason.startswith("re-decide:") and new.step == 3
+    assert new.level == reference_level(20.0 * MBIT)  # the law's level at the rate now
+    assert p.level == new.level
+    nxt = p.choose(link=link(20.0, t=4.0), payload_bytes=S, compute_s=TC, step=4)
+    assert nxt.level == new.level and nxt.reason.startswith("hold")
+
+
+def test_rechoose_is_none_for_non_adaptive_policies() -> None:
+    fixed = make_policy("fixed:qsgd:8", LADDER)
+    sent = fixed.choose(link=link(1000.0), payload_bytes=S, compute_s=TC, step=0)
+    assert fixed.rechoose(link=link(1.0, t=1.0), sent=sent, bytes_acked=1000, elapsed_s=1.0) is None

@@ -13,6 +13,7 @@ import pytest
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.congestion.base import create_congestion_control
 from aioquic.quic.connection import QuicConnection
+from aioquic.quic.events import StreamDataReceived, StreamReset
 from aioquic.quic.packet_builder import QuicSentPacket
 from aioquic.quic.packet import QuicPacketType
 from aioquic.tls import Epoch
@@ -106,6 +107,38 @@ def test_stream_unsent_follows_the_send_buffer() -> None:
     assert not quic_state.stream_unsent(p.client, stream + 400)
     with pytest.raises(QuicInternalsError, match="buffer_is_empty"):
         quic_state._resolve(object(), quic_state.STREAM_UNSENT_PATH)
+
+
+def test_stream_send_state_and_abandon_only_before_the_fin_left() -> None:
+    """A withdrawn push reads a stream's acked prefix, highest sent offset and final size, and is
+    reset only while its last byte has not left; the peer then sees a reset, never the message."""
+    p = Pair()
+    stream = p.client.get_next_available_stream_id()
+    p.client.send_stream_data(stream, b"x" * 2_000_000, end_stream=True)
+    p.exchange(rounds=3)
+    state = quic_state.stream_send_state(p.client, stream)
+    assert state is not None and state.final == 2_000_000
+    assert 0 < state.acked <= state.sent < state.final and not state.fin_sent
+    assert quic_state.abandon_stream(p.client, stream)
+    received: list[object] = []
+    for _ in range(10):
+        p.exchange(rounds=1)
+        while (event := p.server.next_event()) is not None:
+            received.append(event)
+    assert any(isinstance(e, StreamReset) and e.stream_id == stream for e in received)
+    assert not any(isinstance(e, StreamDataReceived) and e.end_stream for e in received)
+    assert quic_state.stream_send_state(p.client, stream + 4) is None
+
+    whole = p.client.get_next_available_stream_id()
+    p.client.send_stream_data(whole, b"y" * 5_000, end_stream=True)
+    p.exchange(rounds=1)
+    assert quic_state.stream_send_state(p.client, whole).fin_sent  # type: ignore[union-attr]
+    assert not quic_state.abandon_stream(p.client, whole)
+    open_stream = p.client.get_next_available_stream_id()
+    p.client.send_stream_data(open_stream, b"z" * 10, end_stream=False)
+    assert not quic_state.abandon_stream(p.client, open_stream)  # no final size yet: not a request
+    with pytest.raises(QuicInternalsError, match="_buffer_fin"):
+        quic_state._resolve(SimpleNamespace(sender=SimpleNamespace(_buffer_start=0, highest_offset=0)), quic_state.STREAM_SEND_PATHS[2])
 
 
 def test_recovery_state_has_plausible_values(pair: Pair) -> None:

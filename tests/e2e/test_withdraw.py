@@ -1,0 +1,101 @@
+"""A push re-decided mid-flight (worker/withdraw.py): withdrawn, re-encoded heavier, applied once, exactly.
+
+In-process PS behind a `LinkEmulator` at 8 Mbit/s, one worker, a ~1 MB model: an fp32 push takes
+about a second, and a test policy predicts it in a millisecond, so the step re-decides it at 0.2 s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from netsense.compression.ladder import DEFAULT_LADDER, Ladder
+from netsense.compression.link import LinkState
+from netsense.compression.policy import Decision, Policy
+from netsense.transport.decisions import read_decision_log
+from netsense.transport.emulator import LinkEmulator
+from netsense.worker.netthread import NetThread
+from netsense.worker.optimizer import NetSenseOptimizer
+
+from ..conftest import RunningPS
+
+LINK = "rate=8mbit,delay=5ms,queue=100ms"
+
+
+class RegearOnce(Policy):
+    """fp32 predicted at ~1 ms (so a push over the slow link is rechecked); the first recheck
+    asks for `to`, later ones let the push finish."""
+
+    def __init__(self, to: str) -> None:
+        super().__init__(Ladder.parse(DEFAULT_LADDER), name="regear-once")
+        self.to = self.ladder.find(to)
+        self.rechecks: list[tuple[int, float]] = []
+
+    def choose(self, *, link: LinkState, payload_bytes: int, compute_s: float, overlap: bool = False, step: int) -> Decision:
+        return self._decision(
+            level_index=0, level=self.ladder[0], reason="test", link=link, bandwidth_Bps=1e12,
+            payload_bytes=payload_bytes, compute_s=compute_s, overlap=overlap, step=step,
+        )  # fmt: skip
+
+    def rechoose(self, *, link: LinkState, sent: Decision, bytes_acked: int, elapsed_s: float) -> Decision | None:
+        self.rechecks.append((bytes_acked, elapsed_s))
+        if len(self.rechecks) > 1:
+            return None
+        assert self.to is not None
+        return self._decision(
+            level_index=self.to, level=self.ladder[self.to], reason="re-decide: test", link=link, bandwidth_Bps=1e6,
+            payload_bytes=sent.payload_bytes, compute_s=sent.compute_s, overlap=sent.overlap, step=sent.step,
+        )  # fmt: skip
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Linear(512, 512)  # 262,656 parameters: 1.05 MB of fp32
+
+
+@pytest.mark.slow
+def test_a_withdrawn_push_is_re_encoded_applied_once_and_exact(ps: RunningPS, tmp_path: Path) -> None:
+    emu_net = NetThread("withdraw-emu")
+    emu = LinkEmulator(upstream=("127.0.0.1", ps.port), spec=LINK)
+    emu_net.run(emu.start())
+    host, port = emu.address
+    model = _model()
+    start = [p.detach().clone() for p in model.parameters()]
+    gen = torch.Generator().manual_seed(1)
+    grads = [torch.randn(p.shape, generator=gen) * 0.01 for p in model.parameters()]
+    policy = RegearOnce("qsgd:8")
+    log = tmp_path / "up.jsonl"
+    try:
+        with NetSenseOptimizer(
+            model, connect=replace(ps.connect_settings(), host=host, port=port), optimizer={"name": "sgd", "lr": 1.0, "momentum": 0.0},
+            policy=policy, decision_log=log,
+        ) as opt:  # fmt: skip
+            for p, g in zip(model.parameters(), grads):
+                p.grad = g.clone()
+            first = opt.step(samples=1)
+            assert first.codec == "qsgd:8"
+            assert opt.uplink.withdrawals == 1
+            after_one = [p.detach().clone() for p in model.parameters()]
+            for p in model.parameters():
+                p.grad = torch.zeros_like(p)
+            second = opt.step(samples=1, codec="fp32")  # flushes the residual error feedback kept
+            assert second.version == 2
+    finally:
+        emu_net.run(emu.close())
+        emu_net.close()
+    assert ps.server.store.version == 2  # the withdrawn push counted nothing
+    bytes_acked, elapsed = policy.rechecks[0]
+    assert 0.2 <= elapsed < 1.0 and 0 < bytes_acked < 4 * 262_656  # re-decided mid-push
+    # Step 1 applied qsgd:8 of the gradient (not the fp32 push that was on the wire) ...
+    assert any((a - (s - g)).abs().max() > 1e-6 for a, s, g in zip(after_one, start, grads))
+    # ... and with the residual flushed, exactly the gradient: nothing lost, nothing twice.
+    for p, s, g in zip(model.parameters(), start, grads):
+        torch.testing.assert_close(p.detach(), s - g, rtol=0, atol=2e-6)
+    records: list[dict[str, Any]] = read_decision_log(log)
+    assert [(r["spec"], bool(r.get("withdrawn"))) for r in records] == [("fp32", True), ("qsgd:8", False)]
+    assert records[1]["reason"].startswith("re-decide")
+    assert records[1]["bytes_sent"] < records[0]["predicted_bytes"]  # the re-encoded push is the smaller one

@@ -1,0 +1,82 @@
+"""Pushes that can be withdrawn mid-flight and sent again at a heavier level (DESIGN.md §5).
+
+A policy decides a step's level before its push; a rate drop that lands while the step computes
+shows only once that push is on the wire, far slower than predicted. Rather than wait for it to
+crawl through, the worker may re-decide mid-push (`Policy.rechoose`): every push whose last byte
+has not left is withdrawn (its QUIC stream reset, so the PS drops the partial message and counts
+nothing), its keys are re-encoded at the new level from what the withdrawn payload carried (error
+feedback keeps the sum exact), and the replacement goes out on a fresh stream. A push whose last
+byte left is never withdrawn: the PS may already hold it, and a second copy would be refused.
+
+These helpers run on the network thread; the worker's `step()` drives them (worker/optimizer.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from netsense.compression import Payload
+from netsense.errors import RequestAbandoned
+
+from .client import PSClient, PushHandle
+
+
+@dataclass
+class PushSlot:
+    """One bucket's push: the payloads it carries now and the stream carrying them."""
+
+    bucket: dict[str, Payload]
+    handle: PushHandle = field(default_factory=PushHandle)
+    replacement: asyncio.Future[dict[str, Payload]] | None = None
+    """Set while withdrawn: resolves to the re-encoded bucket to send instead."""
+
+    def bytes_acked(self) -> int:
+        """Bytes of the current push the PS acknowledged (its contiguous prefix)."""
+        state = self.handle.send_state()
+        return state.acked if state is not None else 0
+
+    def unsent(self) -> bool:
+        """True while the push's last byte has not left (so it may still be withdrawn)."""
+        state = self.handle.send_state()
+        return state is not None and not state.fin_sent
+
+
+async def push_slot(client: PSClient, slot: PushSlot, step: int, samples: int, total_keys: int) -> int:
+    """Push `slot`'s bucket; when it is withdrawn, wait for the replacement and push that instead."""
+    while True:
+        try:
+            return await client.push(step, samples, total_keys, slot.bucket, handle=slot.handle)
+        except RequestAbandoned:
+            if slot.replacement is None:
+                raise
+            slot.bucket = await slot.replacement
+            slot.handle, slot.replacement = PushHandle(), None
+
+
+def withdraw(client: PSClient, slots: list[PushSlot]) -> list[int]:
+    """Withdraw every push of `slots` whose last byte has not left; returns their indexes. Each
+    withdrawn slot waits for `replace` (or `fail`) before its push goes on."""
+    loop = asyncio.get_running_loop()
+    taken = []
+    for i, slot in enumerate(slots):
+        if slot.replacement is not None:
+            continue
+        slot.replacement = loop.create_future()  # before abandoning: the push wakes up to wait on it
+        if client.abandon(slot.handle):
+            taken.append(i)
+        else:
+            slot.replacement = None
+    return taken
+
+
+def replace(slot: PushSlot, bucket: dict[str, Payload]) -> None:
+    """Hand a withdrawn slot the bucket to push instead."""
+    if slot.replacement is not None and not slot.replacement.done():
+        slot.replacement.set_result(bucket)
+
+
+def fail(slot: PushSlot, exc: BaseException) -> None:
+    """A withdrawn slot gets no replacement (re-encoding failed): its push raises `exc`."""
+    if slot.replacement is not None and not slot.replacement.done():
+        slot.replacement.set_exception(exc)
