@@ -54,6 +54,9 @@ class CodecCosts:
         self.ladder = ladder
         self._encode: list[deque[float]] = [deque(maxlen=window) for _ in ladder]
         self._decode: list[deque[float]] = [deque(maxlen=window) for _ in ladder]
+        # The policy asks for every level on every decision; timings arrive a few times per step at
+        # most, so each level's medians are taken once per new timing (None: to be recomputed).
+        self._levels: list[Level | None] = [None] * len(ladder)
 
     def observe(
         self, level: int, *, dense_bytes: int, encode_s: float | None = None, decode_s: float | None = None
@@ -65,8 +68,10 @@ class CodecCosts:
         mb = dense_bytes / MB
         if _valid(encode_s):
             self._encode[level].append(encode_s / mb)  # type: ignore[operator]
+            self._levels[level] = None
         if _valid(decode_s):
             self._decode[level].append(decode_s / mb)  # type: ignore[operator]
+            self._levels[level] = None
 
     def measured(self, level: int) -> tuple[bool, bool]:
         """Whether `level`'s encode and decode costs come from timings (not the ladder)."""
@@ -74,20 +79,27 @@ class CodecCosts:
 
     def encode_s_per_mb(self, level: int) -> float:
         """Current encode cost of `level`, s/MB."""
-        window = self._encode[level]
-        return statistics.median(window) if window else self.ladder[level].encode_s_per_mb
+        return self.level(level).encode_s_per_mb
 
     def decode_s_per_mb(self, level: int) -> float:
         """Current decode cost of `level`, s/MB."""
-        window = self._decode[level]
-        return statistics.median(window) if window else self.ladder[level].decode_s_per_mb
+        return self.level(level).decode_s_per_mb
 
     def level(self, index: int) -> Level:
         """Ladder level `index` with its current costs (the ladder's when nothing was measured)."""
-        base = self.ladder[index]
-        if not (self._encode[index] or self._decode[index]):
-            return base
-        return replace(base, encode_s_per_mb=self.encode_s_per_mb(index), decode_s_per_mb=self.decode_s_per_mb(index))
+        cached = self._levels[index]
+        if cached is None:
+            base, enc, dec = self.ladder[index], self._encode[index], self._decode[index]
+            cached = self._levels[index] = (
+                replace(
+                    base,
+                    encode_s_per_mb=statistics.median(enc) if enc else base.encode_s_per_mb,
+                    decode_s_per_mb=statistics.median(dec) if dec else base.decode_s_per_mb,
+                )
+                if enc or dec
+                else base
+            )
+        return cached
 
     def levels(self) -> list[Level]:
         """Every ladder level with its current costs, in ladder order."""
@@ -132,6 +144,11 @@ class TransportCost:
         self.horizon_s = horizon_s
         self._sends: dict[int, deque[tuple[float, float]]] = {}  # level -> (wire bytes, seconds)
         self._last: dict[int, float] = {}  # level -> time of its latest send
+        # The fit changes only with a send or when a point leaves the horizon, yet the policy asks
+        # for it on every decision: points are kept until their level's next send, and the fit
+        # with the levels it was made from.
+        self._points: dict[int, tuple[float, float]] = {}
+        self._fit: tuple[tuple[int, ...], float | None] | None = None
 
     def observe(
         self,
@@ -152,6 +169,8 @@ class TransportCost:
         sends = self._sends.setdefault(level, deque(maxlen=self.window))
         sends.append((float(bytes_sent), max(0.0, comm_s - min_rtt_s - peer_decode_s)))
         self._last[level] = time_s
+        self._points.pop(level, None)
+        self._fit = None
 
     def count(self, level: int) -> int:
         """Sends of `level` in its window."""
@@ -159,16 +178,34 @@ class TransportCost:
 
     def points(self, now_s: float) -> list[tuple[float, float]]:
         """(bytes, seconds) per level sent within `horizon_s` of `now_s`: the medians of its sends."""
-        return [
-            (statistics.median(b for b, _ in sends), statistics.median(t for _, t in sends))
-            for level, sends in self._sends.items()
-            if len(sends) >= self.min_samples and now_s - self._last[level] <= self.horizon_s
-        ]
+        return [self._point(level) for level in self._live(now_s)]
 
     def s_per_byte(self, now_s: float) -> float | None:
         """The fitted marginal cost c (>= 0) at `now_s`, None until two levels of different sizes
         were sent within the horizon."""
-        pts = self.points(now_s)
+        live = self._live(now_s)
+        if self._fit is None or self._fit[0] != live:
+            self._fit = (live, self._slope([self._point(level) for level in live]))
+        return self._fit[1]
+
+    def _live(self, now_s: float) -> tuple[int, ...]:
+        """Levels with a point at `now_s`: `min_samples` sends, the latest within the horizon."""
+        return tuple(
+            level
+            for level, sends in self._sends.items()
+            if len(sends) >= self.min_samples and now_s - self._last[level] <= self.horizon_s
+        )
+
+    def _point(self, level: int) -> tuple[float, float]:
+        point = self._points.get(level)
+        if point is None:
+            sends = self._sends[level]
+            point = (statistics.median(b for b, _ in sends), statistics.median(t for _, t in sends))
+            self._points[level] = point
+        return point
+
+    def _slope(self, pts: list[tuple[float, float]]) -> float | None:
+        """The capped least-squares slope through `pts`; None for fewer than two or too close sizes."""
         if len(pts) < 2:
             return None
         xs = [b for b, _ in pts]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 
 import pytest
 
@@ -75,6 +76,31 @@ def test_codec_costs_start_from_the_ladder_and_switch_to_the_median_of_timings()
     assert [lv.spec for lv in costs.levels()] == list(LADDER.specs)
 
 
+def test_codec_costs_cached_levels_follow_every_new_timing() -> None:
+    """`levels()` is computed once per new timing (the policy asks on every decision): after any
+    mix of timings and reads it equals the medians of the last `window` timings, read afresh."""
+    rng = random.Random(5)
+    costs = CodecCosts(LADDER, window=4)
+    timed: dict[int, tuple[list[float], list[float]]] = {i: ([], []) for i in range(len(LADDER))}
+    for _ in range(300):
+        level = rng.randrange(len(LADDER))
+        enc = rng.choice([None, rng.uniform(0.0, 0.01)])
+        dec = rng.choice([None, rng.uniform(0.0, 0.01)])
+        costs.observe(level, dense_bytes=S, encode_s=enc, decode_s=dec)
+        for seconds, seen in ((enc, timed[level][0]), (dec, timed[level][1])):
+            if seconds is not None:
+                seen.append(seconds / (S / MB))
+        if rng.random() < 0.5:  # reads between timings fill the cache that the next timing must clear
+            for i, lv in enumerate(costs.levels()):
+                enc_seen, dec_seen = timed[i]
+                assert lv.encode_s_per_mb == (
+                    statistics.median(enc_seen[-4:]) if enc_seen else LADDER[i].encode_s_per_mb
+                )
+                assert costs.decode_s_per_mb(i) == lv.decode_s_per_mb == (
+                    statistics.median(dec_seen[-4:]) if dec_seen else LADDER[i].decode_s_per_mb
+                )
+
+
 # --- TransportCost ----------------------------------------------------------------------------
 
 
@@ -122,6 +148,32 @@ def test_transport_cost_subtracts_decode_skips_queues_and_forgets_old_rates() ->
     steep.observe(level=0, bytes_sent=150_000, comm_s=0.030, time_s=0.0)
     steep.observe(level=1, bytes_sent=75_000, comm_s=0.003, time_s=0.0)
     assert steep.s_per_byte(0.0) == pytest.approx(0.003 / 75_000)
+
+
+def test_transport_cost_cached_fit_equals_a_fresh_fit_and_expires_with_the_horizon() -> None:
+    """The fit is kept between sends (the policy asks on every decision); after every send, and as
+    points leave the horizon with no send at all, it equals the fit of a fresh `TransportCost` fed
+    the same sends (which has nothing cached)."""
+    rng = random.Random(7)
+    tc = TransportCost(horizon_s=2.0)
+    sends: list[dict[str, float]] = []
+    t = 0.0
+    for _ in range(400):
+        t += rng.choice([0.02, 0.02, 0.02, 0.5])
+        level = rng.choice([FP32, FP16, FP16, FP16, Q8])
+        size = S * LADDER[level].ratio
+        send = dict(level=level, bytes_sent=int(size), comm_s=0.002 + size / rng.uniform(20e6, 60e6), time_s=t)
+        tc.observe(**send)  # type: ignore[arg-type]
+        sends.append(send)
+        for now in (t, t + rng.uniform(0.0, 3.0)):  # later reads drop points that aged out
+            fresh = TransportCost(horizon_s=2.0)
+            for old in sends:
+                fresh.observe(**old)  # type: ignore[arg-type]
+            assert tc.s_per_byte(now) == fresh.s_per_byte(now)
+            assert tc.points(now) == fresh.points(now)
+    # No send for longer than the horizon: the last fit must not outlive its points.
+    assert tc.s_per_byte(t) is not None or len(tc.points(t)) < 2
+    assert tc.s_per_byte(t + 2.5) is None and tc.points(t + 2.5) == []
 
 
 # --- the law with measured costs --------------------------------------------------------------
