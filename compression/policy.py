@@ -825,7 +825,9 @@ class NetsensePolicy(Policy):
             return emit(s.warmup_level, f"warm-up: law wanted {self.ladder[index].spec}")
         if self._moved_at is None or self._since_change == 0:
             self._moved_at = link.time_s
-        if self._probe_due(link, reason):
+        if self._probe_due(link, reason) and self._capacity_matters(
+            levels, bw, payload_bytes=payload_bytes, compute_s=compute_s, overlap=overlap, rtt=rtt, per_byte=per_byte
+        ):
             self._since_probe = 0
             self._moved_at = link.time_s
             probe = self._probe_level(index, payload_bytes)
@@ -999,33 +1001,34 @@ class NetsensePolicy(Policy):
             and not self._last_send_slow  # a send slower than predicted says less capacity, not more
         )
 
-    def _set_level(self, index: int) -> None:
-        if index != self.level:
-            logger.debug("netsense level %s -> %s", self.level, index, extra={"level": index})
-            self._since_change = 0
-            self._low_bw = None
-        self.level = index
-        self._headroom = 0
-
-    def _probe_due(self, link: LinkState, reason: str) -> bool:
-        s = self.settings
-        app_limited = link.app_limited or self.bandwidth.last_sample_app_limited
-        steps = min(self._since_change, self._since_probe)
-        by_steps = s.probe_interval > 0 and steps >= s.probe_interval
-        by_time = (
-            s.probe_interval_s > 0
-            and steps >= 2  # at least one step at the committed level between probes
-            and self._moved_at is not None
-            and link.time_s - self._moved_at >= s.probe_interval_s
-        )
-        return (
-            (by_steps or by_time)
-            and app_limited
-            and self.level is not None
-            and self.level > 0
-            and reason.startswith("hold: C*")  # neither just moved nor already on the way lighter
-            and not self._last_send_slow  # a send slower than predicted says less capacity, not more
-        )
+    def _capacity_matters(
+        self,
+        levels: list[Level],
+        bw: float,
+        *,
+        payload_bytes: int,
+        compute_s: float,
+        overlap: bool,
+        rtt: float,
+        per_byte: float,
+    ) -> bool:
+        """Whether more bandwidth than `bw` could make the law pick a level lighter than the committed
+        one, which is what a probe looks for. It could unless the measured per-byte cost c alone
+        rules the lighter levels out: at unlimited bandwidth a byte still costs the part of c that
+        1 / `bw` does not explain (the hosts' CPUs: on unshaped loopback c was up to 2x 1 / B, and
+        fp16 beat fp32 by 0.5-1.5 ms a step). There the probes (an fp32 step every 20 on each worker
+        and the PS, ~15 % of steps with one) can reveal nothing that moves the choice. On a
+        link-bound path c is ~1 / B, nothing is left over, and the probes go on as before."""
+        host = per_byte - 1.0 / bw
+        if host <= 0:
+            return True
+        unlimited = [
+            predict(lv, payload_bytes=payload_bytes, bandwidth_Bps=math.inf, min_rtt_s=rtt, compute_s=compute_s,
+                    overlap=overlap, per_byte_s=host).step_s
+            for lv in levels
+        ]  # fmt: skip
+        assert self.level is not None
+        return self._law(unlimited, self.settings.eps, self.settings.tie_eps)[0] < self.level
 
     def observe(
         self,

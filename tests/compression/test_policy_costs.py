@@ -179,6 +179,34 @@ def test_transport_cost_cached_fit_equals_a_fresh_fit_and_expires_with_the_horiz
 # --- the law with measured costs --------------------------------------------------------------
 
 
+def drive(p: NetsensePolicy, bw_Bps: float, per_byte_s: float, steps: int) -> list[str]:
+    """`steps` app-limited pushes 15 ms apart, each taking 2 ms plus max(1 / B, c) per byte; the specs."""
+    specs = []
+    for step in range(steps):
+        d = p.choose(link=link(bw_Bps, t=step * 0.015, app_limited=True), payload_bytes=S, compute_s=TC, step=step)
+        wire = d.predicted_bytes
+        p.observe(step=step, level=d.level, bytes_sent=wire, comm_s=RTT + 0.002 + wire * max(per_byte_s, 1 / bw_Bps))
+        specs.append(d.spec if not d.reason.startswith("probe") else "probe:" + d.spec)
+    return specs
+
+
+def test_no_probes_where_the_hosts_per_byte_cost_alone_rules_out_lighter_levels() -> None:
+    """Unshaped loopback: bytes cost c = 20 ns (50 MB/s, the hosts' CPUs) over a link estimated at
+    300 MB/s. fp16 beats fp32 even at unlimited bandwidth, so a probe to fp32 can reveal nothing
+    (they were every 20 steps on each worker and the PS); on a link-bound path, where c is the
+    link's own 1 / B, the probes go on."""
+    loopback = drive(measured(policy()), 300e6, 20e-9, steps=400)
+    assert loopback[50:] == ["fp16"] * 350
+    for bw in (2.5e6, 12.5e6):  # 20 and 100 Mbit/s
+        specs = drive(measured(policy()), bw, 20e-9, steps=400)
+        assert sum(s.startswith("probe:") for s in specs[50:]) >= 15
+    # The fp32 point ages out after `horizon_s` without an fp32 send; c is unknown again and the
+    # law itself sends fp32 once, which refreshes it: one fp32 step per ~10 s, not per 20 steps.
+    long = drive(measured(policy()), 300e6, 20e-9, steps=2000)
+    late = [i for i, s in enumerate(long) if "fp32" in s and i >= 100]
+    assert 1 <= len(late) <= 4 and not any(s.startswith("probe:") for s in long[100:])
+
+
 def test_measured_codec_cost_makes_an_unconstrained_link_pick_fp16_not_qsgd8() -> None:
     """Unshaped loopback, 50 MB/s: with the ladder's planning figures qsgd:8 looks cheapest (that is
     what the uplink chose in the 2026-11-30 runs); with its measured 7.5 ms encode, fp16 wins."""
