@@ -24,7 +24,7 @@ from netsense.errors import ConfigError
 from .costs import CodecCosts, TransportCost
 from .ladder import Ladder, Level, level_for
 from .link import LinkState
-from .progress import ProgressEstimate
+from .progress import DEFAULT_SAMPLE_NUMEL, ProgressEstimate
 
 logger = logging.getLogger(__name__)
 
@@ -608,6 +608,11 @@ class NetsensePolicySettings:
     """Ask for a measurement of every lossy level's q on a gradient sample this often (steps; 0: never).
     One round costs ~4-5 ms per lossy level on digits-cnn (6 keys, 2 shared cores): every 10 steps
     that was ~12% of a 20 ms loopback step; q drifts over hundreds of steps."""
+    progress_budget: float = 0.01
+    """Largest share of the time candidate rounds may take: a round due by `progress_every` waits
+    (to the next multiple) until the time since the last one is at least its predicted cost (every
+    lossy level's measured codec time on the sample) over this share (0: no limit). Unshaped, a
+    round took 15-30 ms on a 15-18 ms step: every 50 steps that was ~5 % of the run."""
     measured_costs: bool = True
     """Predict with each level's measured encode/decode seconds per MB (`observe_costs`: the
     sender's timings and the candidate rounds) instead of the ladder's figures once timed."""
@@ -711,6 +716,7 @@ class NetsensePolicy(Policy):
         _require(0 < s.progress_alpha <= 1, n, "progress_alpha", s.progress_alpha, "in (0, 1]")
         _require(0 < s.progress_floor <= 1, n, "progress_floor", s.progress_floor, "in (0, 1]")
         _require(s.progress_every >= 0, n, "progress_every", s.progress_every, ">= 0")
+        _require(0 <= s.progress_budget < 1, n, "progress_budget", s.progress_budget, "in [0, 1)")
         _require(s.cost_window >= 1, n, "cost_window", s.cost_window, ">= 1")
         self.settings = s
         self.costs = CodecCosts(ladder, window=s.cost_window)
@@ -742,6 +748,7 @@ class NetsensePolicy(Policy):
         self._since_relax: int | None = None  # steps since the last relax, while it is on probation
         self._low_bw: float | None = None  # the lowest bandwidth seen at the committed level
         self._min_rtt_s = 0.0
+        self._round: tuple[int, float] | None = None  # step and link time of the latest candidate round
 
     def effective_bandwidth(self, link: LinkState) -> float | None:
         """The estimate shrunk by losses and, on a saturated path, by a queue beyond the tolerance.
@@ -1121,12 +1128,22 @@ class NetsensePolicy(Policy):
             self.progress.update(level, progress)
 
     def progress_candidates(self, step: int) -> list[int]:
-        """Every lossy level, every `progress_every` steps (from step 0): priors are worst-case
-        bounds, so a level is judged on its measured q before long, whether used or not."""
-        every = self.settings.progress_every
-        if not self.settings.progress_aware or every <= 0 or step % every:
+        """Every lossy level, every `progress_every` steps (from step 0) within `progress_budget` of
+        the time: priors are worst-case bounds, so a level is judged on its measured q before long,
+        whether used or not. Asked again for the same step, it answers the same."""
+        s = self.settings
+        if not s.progress_aware or s.progress_every <= 0 or step % s.progress_every:
             return []
-        return [i for i, lv in enumerate(self.ladder) if not lv.lossless]
+        levels = [i for i, lv in enumerate(self.ladder) if not lv.lossless]
+        last = self._round
+        if last is not None and last[0] != step and s.progress_budget > 0:
+            sample = min(self._payload_bytes, 4 * DEFAULT_SAMPLE_NUMEL)
+            cost = sum(self.costs.level(i).codec_s(sample) for i in levels)
+            if (self._now_s - last[1]) * s.progress_budget < cost:
+                return []
+        if last is None or last[0] != step:
+            self._round = (step, self._now_s)
+        return levels
 
 
 register_policy("netsense", _settings_factory("netsense", NetsensePolicy, NetsensePolicySettings))

@@ -207,6 +207,34 @@ def test_no_probes_where_the_hosts_per_byte_cost_alone_rules_out_lighter_levels(
     assert 1 <= len(late) <= 4 and not any(s.startswith("probe:") for s in long[100:])
 
 
+def rounds(p: NetsensePolicy, step_s: float, steps: int = 600) -> list[int]:
+    """The steps at which `p` asks for a candidate round, one decision every `step_s` seconds."""
+    asked = []
+    for step in range(steps):
+        p.choose(link=link(50e6, t=step * step_s), payload_bytes=S, compute_s=TC, step=step)
+        levels = p.progress_candidates(step)
+        assert p.progress_candidates(step) == levels  # the uplink asks twice a step: same answer
+        if levels:
+            asked.append(step)
+    return asked
+
+
+def test_candidate_rounds_stay_within_their_share_of_the_time() -> None:
+    """A round costs every lossy level's codec time on the sample: 6 x 3.5 ms here, ~2 % of 50
+    steps of 18 ms (unshaped loopback), so with `progress_budget` = 1 % the rounds come every 150
+    steps there; on a 100 ms step (20 Mbit/s) 50 steps are 5 s and they stay every 50."""
+    def timed() -> NetsensePolicy:
+        p = policy()
+        for level, lv in enumerate(LADDER):
+            if not lv.lossless:
+                p.observe_costs(level=level, dense_bytes=S, encode_s=0.003, decode_s=0.0005)
+        return p
+
+    assert rounds(timed(), 0.018) == [0, 150, 300, 450]
+    assert rounds(timed(), 0.1) == list(range(0, 600, 50))
+    assert rounds(policy(progress_budget=0.0), 0.018) == list(range(0, 600, 50))  # no limit: as before
+
+
 def test_measured_codec_cost_makes_an_unconstrained_link_pick_fp16_not_qsgd8() -> None:
     """Unshaped loopback, 50 MB/s: with the ladder's planning figures qsgd:8 looks cheapest (that is
     what the uplink chose in the 2026-11-30 runs); with its measured 7.5 ms encode, fp16 wins."""
