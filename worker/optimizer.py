@@ -254,11 +254,18 @@ class NetSenseOptimizer:
                 early.sent[i] + _buckets({s.key: payloads[s.key] for s in slots if s.key not in sent}, self.bucket_bytes)
                 for i, slots in enumerate(self.shard_slots)
             ]
+        # Candidate rounds (every `progress_every` steps) are timed before the push leaves: on the
+        # wire, the network thread contends for the GIL at every torch call of a round, and the
+        # rate-step test measured an fp16 cast of 65k elements at ~20 ms (0.3 s per 4 MB), which
+        # priced fp16 and qsgd:8 out of the law for 50 steps. The cheap rest waits for the push.
+        rounds = decision is not None and early is None and bool(self.uplink.progress_candidates())
+        if rounds:
+            self._track_progress(decision.level, spec)  # type: ignore[union-attr]
         t1 = time.perf_counter()
         exchange = self._net.submit(
             self._exchange(buckets, samples, early.futures if early else None, early.push_started if early else None)
         )
-        if decision is not None:
+        if decision is not None and not rounds:
             self._track_progress(decision.level, spec)  # while the push is on the wire
         params, regear = self._await_exchange(exchange, t1, decision, sources, payloads)
         if regear is not None:
@@ -440,10 +447,10 @@ class NetSenseOptimizer:
         still unsent (updating `payloads`); returns what was done, None when nothing was."""
         elapsed = time.perf_counter() - started
         link, acked, unsent = self._net.run(self._push_progress())
-        if not unsent:
-            return None
+        # Asked even when every byte has left: the slow push is news, and a heavier level then
+        # holds from the next step (logged as `all-sent`).
         new = self.uplink.recheck(link, bytes_acked=acked, elapsed_s=elapsed)
-        if new is None:
+        if new is None or not unsent:
             return None
         taken = self._net.run(self._withdraw())
         if not taken:

@@ -86,6 +86,7 @@ class UplinkController:
         self._warm: set[int] = set()  # levels sent once: their first encode paid lazy set-up
         self.withdrawals = 0
         """Pushes withdrawn mid-flight and re-encoded at a heavier level (`withdrawn`)."""
+        self._recheck: str | None = None  # the pending push's mid-flight recheck, for its log line
 
     def read_link(self, quic: Any) -> LinkState:
         """Snapshot of `quic`'s path; call on the thread that runs the connection's loop."""
@@ -141,6 +142,7 @@ class UplinkController:
         )
         self._choose_s = max(0.0, time.perf_counter() - started)
         self._pending = (decision, link)
+        self._recheck = None
         self.last = (decision, link)  # read by the metrics endpoint
         return decision
 
@@ -165,14 +167,21 @@ class UplinkController:
         self._last_end = time.perf_counter()
         if self.log is None:
             return None
+        if self._recheck is not None:
+            fields.setdefault("recheck", self._recheck)
         return self.log.write(decision, link, bytes_sent=bytes_sent, comm_s=comm_s, **fields)
 
     def recheck(self, link: LinkState, *, bytes_acked: int, elapsed_s: float) -> Decision | None:
         """Mid-push: ask the policy whether the pending decision's push, running `elapsed_s` with
-        `bytes_acked` arrived, should give way to a heavier level (`Policy.rechoose`)."""
+        `bytes_acked` arrived, should give way to a heavier level (`Policy.rechoose`). The push's
+        log line says how it ended (``recheck``): ``kept`` (the level stands), ``all-sent`` (the
+        policy moved heavier, but every byte had left: the next step has the new level) or, on
+        the withdrawn push's own line, ``withdrawn``."""
         if self._pending is None:
             return None
-        return self.policy.rechoose(link=link, sent=self._pending[0], bytes_acked=bytes_acked, elapsed_s=elapsed_s)
+        new = self.policy.rechoose(link=link, sent=self._pending[0], bytes_acked=bytes_acked, elapsed_s=elapsed_s)
+        self._recheck = "kept" if new is None else "all-sent"  # `withdrawn` overwrites the latter
+        return new
 
     def withdrawn(self, new: Decision, link: LinkState, *, bytes_acked: int, elapsed_s: float) -> None:
         """The pending decision's push was withdrawn mid-flight and the step re-encoded with `new`:
@@ -182,8 +191,9 @@ class UplinkController:
         old, old_link = self._pending
         self.withdrawals += 1
         if self.log is not None:
-            self.log.write(old, old_link, bytes_sent=bytes_acked, comm_s=elapsed_s, withdrawn=True)
+            self.log.write(old, old_link, bytes_sent=bytes_acked, comm_s=elapsed_s, withdrawn=True, recheck="withdrawn")
         self._pending = self.last = (new, link)
+        self._recheck = None
         self._choose_s = 0.0
 
     def progress_candidates(self) -> list[int]:

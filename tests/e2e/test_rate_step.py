@@ -136,7 +136,11 @@ def fits(rec: dict[str, Any], ladder: Ladder, mbit: float, eps: float) -> bool:
 def reaction_times(run: RateStepRun) -> tuple[float | None, float | None, dict[str, Any]]:
     """Per worker, seconds from the drop to its first decision whose level fits the budget at 20 Mbit/s,
     and from the rise to its first decision (not a probe) lighter than the level it held when the
-    rate rose; the slower worker's times (None when a worker never got there)."""
+    rate rose; the slower worker's times (None when a worker never got there). A worker that held
+    no heavier a level at 20 Mbit/s than at the end of the first 100 Mbit/s phase has nothing
+    lighter to return to (0 s): with 4 MB of gradients and 0.8 s of compute, qsgd:4 and qsgd:8
+    price within a few % of each other at 50 Mbit/s per worker (measured q of qsgd:4 0.97), so the
+    law may pick qsgd:4 at both rates. Withdrawn decisions (re-decided mid-push) are not levels held."""
     ladder, eps = Ladder.parse(DEFAULT_LADDER), NetsensePolicySettings().eps
     fit_s: list[float | None] = []
     light_s: list[float | None] = []
@@ -145,9 +149,14 @@ def reaction_times(run: RateStepRun) -> tuple[float | None, float | None, dict[s
         recs = [r for r in run.records if r["rank"] == rank and r["level"] is not None]
         low = [r for r in recs if run.t_down <= r["t"] < run.t_up]
         fit_s.append(next((r["t"] - run.t_down for r in low if fits(r, ladder, LOW_MBIT, eps)), None))
-        held = [r["level"] for r in low if not r["reason"].startswith("probe")][-1:]
-        high = [r for r in recs if r["t"] >= run.t_up and not r["reason"].startswith("probe")]
-        light_s.append(next((r["t"] - run.t_up for r in high if held and r["level"] < held[0]), None))
+        kept = [r for r in recs if not r["reason"].startswith("probe") and not r.get("withdrawn")]
+        before = [r["level"] for r in kept if r["t"] < run.t_down][-1:]
+        held = [r["level"] for r in kept if run.t_down <= r["t"] < run.t_up][-1:]
+        high = [r for r in kept if r["t"] >= run.t_up]
+        if held and before and held[0] <= before[0]:
+            light_s.append(0.0)  # it held its 100 Mbit/s level through the drop: nothing lighter to return to
+        else:
+            light_s.append(next((r["t"] - run.t_up for r in high if held and r["level"] < held[0]), None))
         info[f"w{rank}"] = {
             "before": sorted({r["spec"] for r in recs if r["t"] < run.t_down}),
             "low": sorted({r["spec"] for r in low}),
@@ -165,14 +174,16 @@ def _costs(rec: dict[str, Any]) -> list[float | None]:
     return [None if p is None or not qi else round(p / qi, 3) for p, qi in zip(preds, q)]
 
 
-KNOWN_MISS = (
-    "requirement not met reliably (docs/BENCHMARKS.md, rate step): a drop that lands after a push is seen "
-    "only by the next push, sent at the old level, so the first fitting decision comes one compute time + "
-    "one slow push + one compute time after it (2.2-2.9 s here) for about half the drop phases; and with "
-    "measured codec costs the levels held at 100 and 20 Mbit/s depend on timings taken on loaded cores"
-)
-"""Why a miss of the reaction times is an expected failure (xfail) for now. Only the reaction times:
-a crash or a worker error still fails the test."""
+def unrecallable(run: RateStepRun, rank: int, until_s: float) -> bool:
+    """Whether worker `rank`'s push hit by the drop was rechecked mid-flight, the policy wanted a
+    heavier level, and every byte had already left (``recheck: all-sent``): nothing could be
+    withdrawn, so the first fitting push waits for the next step's compute, which is physics here
+    (the drop's push ~0.7 s + 2 x 0.8 s of compute > 2 s), not a slow policy."""
+    return any(
+        r.get("recheck") == "all-sent" and run.t_down - 2.0 <= r["t"] < run.t_down + until_s
+        for r in run.records
+        if r["rank"] == rank
+    )
 
 
 @pytest.mark.slow
@@ -183,9 +194,13 @@ def test_rate_step_down_fits_within_2s_and_recovers_within_10s(certs: CertPaths,
         print(f"{r['t'] - run.t_down:8.2f} w{r['rank']} {r['spec']:16s} bw={(r['bw_used_Bps'] or 0) * 8e-6:7.1f}Mbit "
               f"link={(r['bw_Bps'] or 0) * 8e-6:6.1f}{'AL' if r['app_limited'] else '  '} "
               f"srtt={(r['srtt_s'] or 0) * 1e3:5.1f}ms q={(r.get('standing_queue_s') or 0) * 1e3:4.1f}ms "
-              f"comm={r['comm_s'] or 0:.3f}s {r['reason'][:60]} C_l={_costs(r)}")  # fmt: skip
+              f"comm={r['comm_s'] or 0:.3f}s {r['reason'][:60]} C_l={_costs(r)} "
+              f"q={[round(q, 3) for q in r.get('progress_levels') or []]} {r.get('recheck') or ''}")  # fmt: skip
     print(f"reaction: fit after drop {t_fit} s, lighter after rise {t_light} s; {info}")
-    fit_ok = t_fit is not None and t_fit <= DOWN_TO_FIT_S
-    light_ok = t_light is not None and t_light <= UP_TO_LIGHTER_S
-    if not (fit_ok and light_ok):
-        pytest.xfail(f"{KNOWN_MISS}; this run: fit {t_fit} s, lighter {t_light} s")
+    assert t_light is not None and t_light <= UP_TO_LIGHTER_S, f"back to lighter levels {t_light} s after the rise"
+    assert t_fit is not None, "a worker never reached a fitting level at 20 Mbit/s"
+    if t_fit > DOWN_TO_FIT_S:
+        late = [rank for rank, t in enumerate(info["fit_s"]) if t > DOWN_TO_FIT_S]
+        if all(unrecallable(run, rank, t) for rank, t in zip(late, (info["fit_s"][r] for r in late))):
+            pytest.xfail(f"fit {t_fit} s after the drop: the slow push had left whole before its recheck (see `unrecallable`)")
+        pytest.fail(f"fit {t_fit} s after the drop (limit {DOWN_TO_FIT_S} s), workers {late}")
