@@ -58,6 +58,7 @@ class DownlinkController:
         self._tasks: set[asyncio.Task[None]] = set()
         self._snapshot: tuple[int, list[int], dict[str, torch.Tensor]] | None = None  # version, levels, shadow
         self._sample_codecs: dict[int, Codec] = {}  # own instances: stateful codecs keep their state
+        self._warm: set[int] = set()  # levels whose update was encoded once (set-up paid)
 
     def _reader(self, quic: Any) -> SignalReader:
         reader = self._readers.get(quic)
@@ -81,11 +82,28 @@ class DownlinkController:
         for the live workers' connections, and set it on the store."""
         if not store.initialized or self._chosen_for == store.version:
             return
+        self._observe_encode(store.last_encode, 4 * store.numel)
         self.measure(store.version, store.params, store.shadow)
         quics = [s.conn.quic for wid, s in sessions.items() if wid in store.live]
         spec = self.choose(store.version, quics, 4 * store.numel)
         if spec is not None:
             store.set_downlink(spec)
+
+    def _observe_encode(self, last: tuple[int, str, float] | None, dense_bytes: int) -> None:
+        """Feed the policy the encode time of the update it chose the level of (the store's
+        `last_encode`), as the uplink feeds its sends': without it a level's cost came only from
+        candidate rounds, and with rounds rare on fast paths a near-tie (fp32 vs fp16) stayed on
+        stale timings. The first encode at a level pays lazy set-up and is skipped."""
+        if last is None or self._pending is None:
+            return
+        decision = self._pending[0]
+        version, spec, seconds = last
+        if version != decision.step + 1 or spec != decision.spec or decision.level is None:
+            return
+        if decision.level not in self._warm:
+            self._warm.add(decision.level)
+            return
+        self.policy.observe_costs(level=decision.level, dense_bytes=dense_bytes, encode_s=seconds)
 
     def measure(self, version: int, params: dict[str, torch.Tensor], shadow: dict[str, torch.Tensor]) -> dict[int, float]:
         """At the start of `version`'s step: measure the candidates of the last snapshot if it was

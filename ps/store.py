@@ -31,6 +31,7 @@ previous version whole. Without keyed pulls nothing here runs and a step applies
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -96,6 +97,9 @@ class ParameterStore:
         self._update_spec: str | None = None  # a downlink policy's choice, overrides the codec
         self._downlink_chosen: dict[tuple[str, str], Codec] = {}  # (key, spec) -> encoder
         self._last_update: Params | None = None
+        self.last_encode: tuple[int, str, float] | None = None
+        """(version, codec spec, seconds) of the last whole-step update encode: the downlink
+        policy's measured encode cost of the level it chose (ps/downlink.py)."""
         self._applied: dict[str, Payload] = {}  # pipelined step: key -> downlink payload, ahead of the version
         self._next_shadow: dict[str, torch.Tensor] = {}  # pipelined step: shadow values once it completes
         self._members: tuple[str, ...] | None = None  # pipelined step: its workers, fixed at its first key
@@ -294,7 +298,9 @@ class ParameterStore:
         self.version += 1
         self.applied_steps += 1
         self._reset_step()  # `_wanted` too: keys wanted but never applied ahead
+        t0 = time.perf_counter()
         self._last_update = self._encode_update(base)
+        self.last_encode = (self.version, self._update_spec or self._downlink_spec, time.perf_counter() - t0)
         return StepApplied(self.version, tuple(sorted(ready)), total)
 
     def _apply_one(self, worker_id: str) -> StepApplied:

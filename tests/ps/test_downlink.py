@@ -51,3 +51,23 @@ def test_fixed_policies_measure_nothing() -> None:
     params = tensors(0)
     down.measure(50, params, params)
     assert down._snapshot is None and down.measure(51, params, params) == {}
+
+
+def test_the_update_encode_time_is_the_chosen_levels_cost() -> None:
+    """The store's timing of the update it encoded feeds the level the downlink chose for it,
+    from its second use on (the first pays set-up); a timing of another version or codec does not."""
+    down = DownlinkController("netsense", ladder=LADDER)
+    policy = down.policy
+    assert isinstance(policy, NetsensePolicy)
+    quics: list[object] = []
+    down.choose(3, quics, 4_000_000)  # bandwidth unknown: the safe level, fp32
+    pending = down._pending
+    assert pending is not None and pending[0].spec == "fp32" and pending[0].step == 3
+    down._observe_encode((4, "fp32", 0.5), 4_000_000)  # first encode at fp32: set-up, skipped
+    assert policy.costs.measured(0) == (False, False)
+    down._observe_encode((5, "fp32", 0.5), 4_000_000)  # not the version this decision made
+    down._observe_encode((4, "fp16", 0.5), 4_000_000)  # not the level it chose
+    assert policy.costs.measured(0) == (False, False)
+    down._observe_encode((4, "fp32", 0.002), 4_000_000)
+    assert policy.costs.measured(0) == (True, False)
+    assert abs(policy.costs.encode_s_per_mb(0) - 0.002 / 4) < 1e-9
