@@ -79,16 +79,23 @@ class ConstantRate(RateTrace):
 
 @dataclass(frozen=True)
 class StepRate(RateTrace):
-    """A piecewise-constant rate; the last step holds forever. A 0 step is a blackout."""
+    """A piecewise-constant rate; the last step holds forever, or until `period_s`, from which the
+    steps repeat (a cycle every run sees in full, whatever its speed). A 0 step is a blackout."""
 
     steps: tuple[tuple[float, float], ...]
     """(start time s, bits/s) pairs, the first at 0 s, times strictly increasing."""
+    period_s: float | None = None
+    """Loop period (after the last step's start), or None: no loop."""
     _cum: tuple[float, ...] = field(init=False, repr=False, compare=False)
     _times: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.steps or self.steps[0][0] != 0.0:
             raise ConfigError(f"rate trace: the first step must start at 0s, got {self.steps[:1]}")
+        if self.period_s is not None and not (math.isfinite(self.period_s) and self.period_s > self.steps[-1][0]):
+            raise ConfigError(
+                f"rate trace: the loop time must come after the last step ({self.steps[-1][0]}s), got {self.period_s}s"
+            )
         cum = [0.0]
         for (t0, r0), (t1, _) in zip(self.steps, self.steps[1:]):
             if t1 <= t0:
@@ -98,34 +105,51 @@ class StepRate(RateTrace):
             raise ConfigError(f"rate trace: rates must be >= 0, got {self.steps}")
         if all(r == 0 for _, r in self.steps):
             raise ConfigError("rate trace: every step has rate 0; the link would never deliver")
+        if self.period_s is not None:
+            cum.append(cum[-1] + self.steps[-1][1] / 8.0 * (self.period_s - self.steps[-1][0]))
         object.__setattr__(self, "_cum", tuple(cum))
         object.__setattr__(self, "_times", tuple(t for t, _ in self.steps))
 
     def _index(self, t: float) -> int:
         return max(bisect.bisect_right(self._times, t) - 1, 0)
 
+    def _fold(self, t: float) -> tuple[int, float]:
+        """(whole loops before t, time within the loop); no loop: (0, t)."""
+        if self.period_s is None:
+            return 0, t
+        loops = math.floor(t / self.period_s)
+        return loops, t - loops * self.period_s
+
     def rate_at(self, t: float) -> float:
-        return self.steps[self._index(t)][1]
+        return self.steps[self._index(self._fold(t)[1])][1]
 
     def capacity(self, t: float) -> float:
         if t <= 0.0:
             return 0.0
+        loops, t = self._fold(t)
         i = self._index(t)
         start, bps = self.steps[i]
-        return self._cum[i] + bps / 8.0 * (t - start)
+        return loops * self._cum[-1] + self._cum[i] + bps / 8.0 * (t - start)
 
     def time_for(self, cum_bytes: float) -> float:
         if cum_bytes <= 0.0:
             return 0.0
-        i = bisect.bisect_left(self._cum, cum_bytes) - 1  # last step whose start has less capacity
+        offset = 0.0
+        if self.period_s is not None:
+            loops = math.ceil(cum_bytes / self._cum[-1]) - 1  # whole loops that fall short of it
+            offset, cum_bytes = loops * self.period_s, cum_bytes - loops * self._cum[-1]
+        i = bisect.bisect_left(self._cum, cum_bytes, hi=len(self.steps)) - 1  # last step whose start has less
         start, bps = self.steps[i]
         if bps == 0.0:
-            return math.inf  # only possible on the last step: a blackout that never ends
-        return start + (cum_bytes - self._cum[i]) * 8.0 / bps
+            return math.inf  # only possible on the last step of a trace without a loop: a blackout forever
+        return offset + start + (cum_bytes - self._cum[i]) * 8.0 / bps
 
     @property
     def mean_bps(self) -> float:
-        """Time-weighted over the listed steps (the last one counted for as long as the previous)."""
+        """Time-weighted over one loop, or over the listed steps (the last one counted for as long
+        as the previous) when the trace does not loop."""
+        if self.period_s is not None:
+            return self._cum[-1] * 8.0 / self.period_s
         if len(self.steps) == 1:
             return self.steps[0][1]
         end = self.steps[-1][0] + (self.steps[-1][0] - self.steps[-2][0])
@@ -278,15 +302,23 @@ def parse_duration(value: str, name: str = "delay") -> float:
 
 
 def parse_steps(value: str, name: str = "rate") -> StepRate:
-    """A step trace ``0s:100mbit,20s:10mbit``; a rate of plain ``0`` is a blackout."""
+    """A step trace ``0s:100mbit,20s:10mbit``; a rate of plain ``0`` is a blackout; a last item
+    ``30s:loop`` repeats the steps every 30 s."""
     steps = []
-    for item in value.split(","):
+    period = None
+    items = value.split(",")
+    for n, item in enumerate(items):
         when, sep, rate = item.partition(":")
         if not sep:
             raise _bad(name, item, "a step like 20s:10mbit")
+        if rate.strip().lower() == "loop":
+            if n != len(items) - 1 or n == 0:
+                raise _bad(name, item, "'loop' only as the last item, after at least one step (0s:100mbit,9s:loop)")
+            period = parse_duration(when, name)
+            continue
         bps = 0.0 if rate.strip() == "0" else parse_rate(rate, name)
         steps.append((parse_duration(when, name), bps))
-    return StepRate(tuple(steps))
+    return StepRate(tuple(steps), period)
 
 
 def load_trace(path: str | Path) -> RateTrace:

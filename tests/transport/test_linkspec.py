@@ -96,6 +96,9 @@ def test_empty_spec_is_a_plain_relay() -> None:
         ("rate=0s:5mbit,0s:1mbit", "increase"),
         ("rate=0s:0", "never"),
         ("trace=/nonexistent/trace.csv", "cannot read"),
+        ("rate=0s:5mbit,3s:loop,6s:1mbit", "last item"),
+        ("rate=0s:5mbit,3s:1mbit,3s:loop", "after the last step"),
+        ("rate=0s:loop", "last item"),
     ],
 )
 def test_bad_specs_name_field_and_value(text: str, named: str) -> None:
@@ -113,6 +116,23 @@ def test_inline_step_trace_and_blackout() -> None:
     assert trace.capacity(30) == pytest.approx((20 * 100e6 + 10 * 10e6) / 8)
     assert trace.time_for(trace.capacity(30)) == pytest.approx(30)
     assert trace.time_for(trace.capacity(40) + 1) == pytest.approx(45, abs=1e-6)
+
+
+def test_a_looping_step_trace_repeats_its_cycle() -> None:
+    """`Ns:loop` repeats the steps every N s: a benchmark's jobs all see every phase, however
+    fast each one runs; capacity and its inverse stay consistent across loop boundaries."""
+    trace = parse_link("rate=0s:100mbit,3s:10mbit,6s:50mbit,9s:loop").up.rate
+    assert isinstance(trace, StepRate) and trace.period_s == 9.0
+    assert [trace.rate_at(t) for t in (0, 2.9, 3, 8.9, 9, 12.5, 15.1, 900.5)] == [
+        100e6, 100e6, 10e6, 50e6, 100e6, 10e6, 50e6, 100e6,
+    ]  # fmt: skip
+    per_loop = (3 * 100e6 + 3 * 10e6 + 3 * 50e6) / 8
+    assert trace.capacity(9) == pytest.approx(per_loop)
+    assert trace.capacity(31) == pytest.approx(3 * per_loop + (3 * 100e6 + 1 * 10e6) / 8)
+    assert trace.mean_bps == pytest.approx(per_loop * 8 / 9)
+    for t in (0.5, 3.0, 8.999, 9.0, 12.3, 27.0, 100.7):
+        assert trace.time_for(trace.capacity(t)) == pytest.approx(t)
+    assert parse_link("rate=0s:1mbit,1s:0,2s:loop").up.rate.time_for(1e6) < math.inf  # a blackout that ends
 
 
 def test_final_blackout_never_delivers() -> None:
