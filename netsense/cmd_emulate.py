@@ -14,7 +14,7 @@ from netsense.transport.linkspec import parse_link
 
 EPILOG = """\
 Spec fields (comma-separated, for both directions unless prefixed up. or down.):
-  rate=50mbit | rate=0s:100mbit,20s:10mbit   bit/kbit/mbit/gbit/bps; step list; 0 = blackout
+  rate=50mbit | rate=0s:100mbit,20s:10mbit   bit/kbit/mbit/gbit/bps; step list; 0 = blackout; last Ns:loop repeats
   trace=FILE       CSV (time_s,rate_mbit) or Mahimahi packet-delivery trace
   delay=20ms       one-way propagation delay (us/ms/s)
   queue=100ms | queue=64kb   drop-tail limit, time at the mean rate or bytes (default 100ms)
