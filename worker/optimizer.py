@@ -446,6 +446,8 @@ class NetSenseOptimizer:
         """Re-decide a slow push mid-flight; on a heavier level, withdraw and re-encode what is
         still unsent (updating `payloads`); returns what was done, None when nothing was."""
         elapsed = time.perf_counter() - started
+        if not self._slots:
+            return None  # pipelined pushes (overlap) are not withdrawable
         link, acked, unsent = self._net.run(self._push_progress())
         # Asked even when every byte has left: the slow push is news, and a heavier level then
         # holds from the next step (logged as `all-sent`).

@@ -17,7 +17,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from netsense.compression import Payload
-from netsense.errors import RequestAbandoned
+from netsense.errors import PeerTimeout, RequestAbandoned
 
 from .client import PSClient, PushHandle
 
@@ -50,8 +50,11 @@ async def push_slot(client: PSClient, slot: PushSlot, step: int, samples: int, t
         except RequestAbandoned:
             if slot.replacement is None:
                 raise
+            conn = slot.handle.conn
             slot.bucket = await slot.replacement
             slot.handle, slot.replacement = PushHandle(), None
+            if client.conn is not conn:  # reconnected meanwhile: the retry sends the replacement
+                raise PeerTimeout("connection replaced while a withdrawn push was re-encoded") from None
 
 
 def withdraw(client: PSClient, slots: list[PushSlot]) -> list[int]:
