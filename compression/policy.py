@@ -624,6 +624,12 @@ class NetsensePolicySettings:
     bytes cost host time that a delivery-rate bandwidth does not show."""
 
 
+SLOWED_MIN_RTTS = 2.0
+"""A send counts as slowed only if it lasted at least this many min RTTs beyond the first..."""
+SLOWED_FRACTION = 0.5
+"""...and ran at under this fraction of the current estimate (`BandwidthEstimate.add_app_sample`)."""
+
+
 class BandwidthEstimate:
     """Combines the transport's bandwidth with application samples, BBR's way.
 
@@ -642,9 +648,18 @@ class BandwidthEstimate:
         self._app: deque[tuple[float, bool]] = deque(maxlen=app_window)  # (bytes/s, app-limited)
         self._fresh_app = False
         self._fresh_bounds: list[float] = []  # app-limited rates since the last update: lower bounds
+        self._fresh_slowed = False  # a slowed send (see `add_app_sample`) since the last update
+        self._slow_before = False  # the previous send was slow (a slowed send needs two in a row)
+        self._discounted: float | None = None  # an app-limited link value a slowed send showed stale
         self.lower_bound_Bps: float | None = None
         """Max of the recent app-limited evidence (the last `app_window` application samples and the
         link's app-limited value at the last update): the path carries at least this much."""
+
+    @property
+    def link_stale(self) -> bool:
+        """True while the link's app-limited value is one a slowed send showed stale (until the
+        link has a trusted value again): its app-limited flag then says nothing about now."""
+        return self._discounted is not None
 
     @property
     def last_sample_app_limited(self) -> bool:
@@ -652,7 +667,13 @@ class BandwidthEstimate:
         return bool(self._app) and self._app[-1][1]
 
     def add_app_sample(self, *, bytes_sent: int, comm_s: float, min_rtt_s: float, app_limited: bool) -> None:
-        """Record one send; a latency-bound or small, short send is marked app-limited."""
+        """Record one send; a latency-bound or small, short send is marked app-limited, unless it
+        was *slowed*: it and the send before it each spanned at least 2 min RTTs beyond the first
+        and ran at under half the estimate. An application limit can make a send short, never slow, so a slowed send is
+        evidence that the path lost capacity, however small: 76 kB pushes after a 100 -> 10 Mbit/s
+        step took 4-5x their predicted time, and as "small" sends they could not lower the estimate
+        (the dynamic-trace benchmark held 44-54 Mbit/s through the 10 Mbit/s phase). A slowed
+        sample replaces the higher application samples before it."""
         if bytes_sent <= 0 or comm_s <= 0:
             return
         net_s = comm_s - min_rtt_s  # the ack's return trip carries no payload
@@ -664,8 +685,22 @@ class BandwidthEstimate:
             and net_s >= self.min_sample_rtts * min_rtt_s
             and bytes_sent >= self.min_sample_bytes / 16
         )
-        small = bytes_sent < self.min_sample_bytes and not long_enough
+        slow = (
+            not app_limited
+            and self.value_Bps is not None
+            and min_rtt_s > 0
+            and net_s >= SLOWED_MIN_RTTS * min_rtt_s
+            and bytes_sent >= self.min_sample_bytes / 16
+            and rate < SLOWED_FRACTION * self.value_Bps
+        )
+        # Two in a row: a path that lost capacity slows every send; a stalled host (CPU contention
+        # on shared cores slows a 40 kB loopback push to 8 ms now and then) mostly one.
+        slowed, self._slow_before = slow and self._slow_before, slow
+        small = bytes_sent < self.min_sample_bytes and not long_enough and not slowed
         limited = app_limited or latency_bound or small
+        if slowed:
+            self._app = deque(((r, lim) for r, lim in self._app if lim or r <= rate), maxlen=self._app.maxlen)
+            self._fresh_slowed = True
         self._app.append((rate, limited))
         if limited:
             self._fresh_bounds.append(rate)
@@ -677,12 +712,19 @@ class BandwidthEstimate:
         link_bw = link.bandwidth_Bps if link.bandwidth_Bps and link.bandwidth_Bps > 0 else None
         if link_bw is not None and not link.app_limited:
             self.value_Bps = link_bw
+            self._discounted = None
         elif self._fresh_app:
             self.value_Bps = max(r for r, limited in self._app if not limited)
+        if self._fresh_slowed and link_bw is not None and link.app_limited:
+            # The link's app-limited value is a max kept until a trusted sample replaces it: after a
+            # slowed send it is stale, and would restore the old estimate at every update.
+            self._discounted = max(self._discounted or 0.0, link_bw)
+        if link_bw is not None and link.app_limited and self._discounted is not None and link_bw <= self._discounted:
+            link_bw = None  # no news: only an app-limited value above the stale one is a new bound
         if self.value_Bps is not None:
             bounds = self._fresh_bounds + ([link_bw] if link_bw is not None else [])
             self.value_Bps = max([self.value_Bps, *bounds])
-        self._fresh_app = False
+        self._fresh_app = self._fresh_slowed = False
         self._fresh_bounds = []
         limited = [r for r, lim in self._app if lim] + ([link_bw] if link_bw is not None and link.app_limited else [])
         self.lower_bound_Bps = max(limited, default=None)
@@ -990,7 +1032,7 @@ class NetsensePolicy(Policy):
 
     def _probe_due(self, link: LinkState, reason: str) -> bool:
         s = self.settings
-        app_limited = link.app_limited or self.bandwidth.last_sample_app_limited
+        app_limited = (link.app_limited and not self.bandwidth.link_stale) or self.bandwidth.last_sample_app_limited
         steps = min(self._since_change, self._since_probe)
         by_steps = s.probe_interval > 0 and steps >= s.probe_interval
         by_time = (

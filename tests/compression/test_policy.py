@@ -636,3 +636,29 @@ def test_lower_bound_only_chooses_among_lossless_progress_levels() -> None:
     q = netsense()
     q.observe(step=0, level=0, bytes_sent=153_000, comm_s=0.05, app_limited=True)
     assert q.choose(link=link(None, t=1.0), payload_bytes=153_000, compute_s=0.05, step=1).reason == "unknown-bandwidth"
+
+
+def test_a_slowed_small_send_lowers_the_estimate_and_a_stale_link_value_cannot_restore_it() -> None:
+    """76 kB pushes after a 100 -> 10 Mbit/s step: each is "small", but at 4-5x its predicted time,
+    twice in a row, they show the path slowed. That lowers the estimate at once; the link's app-limited value (a max
+    that only a trusted sample replaces) is then stale and may not raise it back; a higher one may."""
+    est = netsense().bandwidth
+    assert est.update(link(43.7)) == pytest.approx(43.7 * MBIT)  # trusted: the 100 Mbit/s phase
+    est.add_app_sample(bytes_sent=76_000, comm_s=0.022, min_rtt_s=0.02, app_limited=False)  # fast, latency-bound
+    assert est.update(link(43.7, app_limited=True)) == pytest.approx(43.7 * MBIT)
+    est.add_app_sample(bytes_sent=76_000, comm_s=0.09, min_rtt_s=0.02, app_limited=False)  # 1.09 MB/s: slow...
+    assert est.update(link(43.7, app_limited=True)) == pytest.approx(43.7 * MBIT)  # ...once: a host stall?
+    est.add_app_sample(bytes_sent=76_000, comm_s=0.09, min_rtt_s=0.02, app_limited=False)  # twice: slowed
+    assert est.update(link(43.7, app_limited=True)) == pytest.approx(76_000 / 0.07)
+    est.add_app_sample(bytes_sent=76_000, comm_s=0.085, min_rtt_s=0.02, app_limited=False)  # small, not slowed now
+    assert est.update(link(43.7, app_limited=True)) == pytest.approx(76_000 / 0.065)  # its rate bounds; 43.7 is stale
+    assert est.update(link(60, app_limited=True)) == pytest.approx(60 * MBIT)  # a new, higher link value is news
+    fresh = netsense().bandwidth  # no estimate yet: nothing to be slower than, a small send stays a bound
+    for _ in range(2):
+        fresh.add_app_sample(bytes_sent=76_000, comm_s=0.09, min_rtt_s=0.02, app_limited=False)
+    assert fresh.update(link(None)) is None
+    told = netsense().bandwidth  # the caller's app-limited flag wins
+    told.update(link(43.7))
+    for _ in range(2):
+        told.add_app_sample(bytes_sent=76_000, comm_s=0.09, min_rtt_s=0.02, app_limited=True)
+    assert told.update(link(43.7, app_limited=True)) == pytest.approx(43.7 * MBIT)
