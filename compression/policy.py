@@ -626,6 +626,11 @@ class NetsensePolicySettings:
 
 SLOWED_MIN_RTTS = 2.0
 """A send counts as slowed only if it lasted at least this many min RTTs beyond the first..."""
+SLOWED_MIN_S = 0.02
+"""...and at least this long: a small send pays a fixed per-message cost (the hosts' scheduling,
+the PS's handling, delayed acks) of a few ms that a sub-ms loopback RTT does not cover; a 20 kB
+loopback push took 5-12 ms whatever the level, which read as 16-32 Mbit/s and spiralled the
+uplink into top-k 10 % on 217 of 300 steps..."""
 SLOWED_FRACTION = 0.5
 """...and ran at under this fraction of the current estimate (`BandwidthEstimate.add_app_sample`)."""
 
@@ -689,7 +694,7 @@ class BandwidthEstimate:
             not app_limited
             and self.value_Bps is not None
             and min_rtt_s > 0
-            and net_s >= SLOWED_MIN_RTTS * min_rtt_s
+            and net_s >= max(SLOWED_MIN_RTTS * min_rtt_s, SLOWED_MIN_S)
             and bytes_sent >= self.min_sample_bytes / 16
             and rate < SLOWED_FRACTION * self.value_Bps
         )

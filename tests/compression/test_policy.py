@@ -657,6 +657,11 @@ def test_a_slowed_small_send_lowers_the_estimate_and_a_stale_link_value_cannot_r
     for _ in range(2):
         fresh.add_app_sample(bytes_sent=76_000, comm_s=0.09, min_rtt_s=0.02, app_limited=False)
     assert fresh.update(link(None)) is None
+    loopback = netsense().bandwidth  # 20 kB in 6 ms over a 1 ms RTT: the per-message cost, not the path
+    loopback.update(link(600))
+    for _ in range(3):
+        loopback.add_app_sample(bytes_sent=20_000, comm_s=0.006, min_rtt_s=0.001, app_limited=False)
+    assert loopback.update(link(600, app_limited=True)) == pytest.approx(600 * MBIT)
     told = netsense().bandwidth  # the caller's app-limited flag wins
     told.update(link(43.7))
     for _ in range(2):
