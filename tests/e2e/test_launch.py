@@ -13,6 +13,15 @@ from pathlib import Path
 import pytest
 
 
+def _kill_all(text: str) -> None:
+    """SIGKILL every process whose command line mentions `text` (the children of a launch)."""
+    for pid in _procs_mentioning(text):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def _procs_mentioning(text: str) -> list[int]:
     pids = []
     for d in Path("/proc").iterdir():
@@ -74,12 +83,19 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
         assert len(_procs_mentioning(str(run_dir))) >= 3
         time.sleep(2)
         p.send_signal(signal.SIGINT)
-        p.wait(30)
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()  # stop launch and what it did not stop, then report with its stderr
+            _kill_all(str(run_dir))
+            out, err = p.communicate()
+            pytest.fail(f"launch still running 30 s after SIGINT; stderr tail: {err[-2000:]!r}")
+        assert p.returncode == 130
+        deadline = time.monotonic() + 10
+        while _procs_mentioning(str(run_dir)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _procs_mentioning(str(run_dir))
     finally:
         if p.poll() is None:
             p.kill()
-    assert p.returncode == 130
-    deadline = time.monotonic() + 10
-    while _procs_mentioning(str(run_dir)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _procs_mentioning(str(run_dir))
+        _kill_all(str(run_dir))  # a failed run must not leave training processes behind for later tests
