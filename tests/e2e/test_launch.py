@@ -13,6 +13,13 @@ from pathlib import Path
 import pytest
 
 
+def _sigint_default() -> None:
+    """In the child: Ctrl-C's default action. A test run in the background (CI started with `&`)
+    inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler, so the SIGINT
+    this test sends would be ignored and the command never stop."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _kill_all(text: str) -> None:
     """SIGKILL every process whose command line mentions `text` (the children of a launch)."""
     for pid in _procs_mentioning(text):
@@ -74,7 +81,7 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     p = subprocess.Popen(
         [sys.executable, "-m", "netsense", "launch", "--no-progress", "--steps", "100000", "--run-dir", str(run_dir)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_sigint_default,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60

@@ -29,6 +29,13 @@ from netsense.transport.linkspec import LinkSpec, parse_link
 # -- the sans-I/O bottleneck -----------------------------------------------------------------------
 
 
+def _sigint_default() -> None:
+    """In the child: Ctrl-C's default action. A test run in the background (CI started with `&`)
+    inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler, so the SIGINT
+    this test sends would be ignored and the command never stop."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _link(text: str) -> LinkSpec:
     return parse_link(text).up
 
@@ -434,7 +441,7 @@ def test_cli_relays_prints_counters_and_stops_on_ctrl_c() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-c", _CLI, "emulate", "--upstream", f"127.0.0.1:{server.getsockname()[1]}",
          "--link", "rate=1mbit,delay=5ms", "--stats-every", "0.2"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default,
     )
     client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
