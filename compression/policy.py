@@ -143,6 +143,11 @@ def predict(
     return Prediction(comm, max(compute_s, comm) if overlap else compute_s + comm)
 
 
+def predict_steps(levels: list[Level], **conditions: Any) -> list[float]:
+    """P_l of every level in `levels` under the same `conditions` (the keywords of `predict`)."""
+    return [predict(lv, **conditions).step_s for lv in levels]
+
+
 class Policy(ABC):
     """Picks a codec level per step from the link state; learns from `observe` feedback."""
 
@@ -862,11 +867,8 @@ class NetsensePolicy(Policy):
             bw = bound  # `emit` reports it as the bandwidth used
         assert bw is not None
         rtt = link.min_rtt_s or 0.0
-        preds = [
-            predict(lv, payload_bytes=payload_bytes, bandwidth_Bps=bw, min_rtt_s=rtt, compute_s=compute_s,
-                    overlap=overlap, per_byte_s=per_byte).step_s
-            for lv in levels
-        ]
+        preds = predict_steps(levels, payload_bytes=payload_bytes, bandwidth_Bps=bw, min_rtt_s=rtt,
+                              compute_s=compute_s, overlap=overlap, per_byte_s=per_byte)  # fmt: skip
         if bound is not None:
             # Only a lower bound is known (every send so far was app-limited: small, latency-bound):
             # it overstates comm time, so it may choose only among levels that lose no measurable
@@ -1076,11 +1078,8 @@ class NetsensePolicy(Policy):
         host = per_byte - 1.0 / bw
         if host <= 0:
             return True
-        unlimited = [
-            predict(lv, payload_bytes=payload_bytes, bandwidth_Bps=math.inf, min_rtt_s=rtt, compute_s=compute_s,
-                    overlap=overlap, per_byte_s=host).step_s
-            for lv in levels
-        ]  # fmt: skip
+        unlimited = predict_steps(levels, payload_bytes=payload_bytes, bandwidth_Bps=math.inf, min_rtt_s=rtt,
+                                  compute_s=compute_s, overlap=overlap, per_byte_s=host)  # fmt: skip
         assert self.level is not None
         return self._law(unlimited, self.settings.eps, self.settings.tie_eps)[0] < self.level
 
@@ -1132,11 +1131,8 @@ class NetsensePolicy(Policy):
             return None
         self._now_s = link.time_s
         levels, per_byte, rtt = self._levels_now(), self._per_byte_s(), link.min_rtt_s or 0.0
-        preds = [
-            predict(lv, payload_bytes=sent.payload_bytes, bandwidth_Bps=bw, min_rtt_s=rtt, compute_s=sent.compute_s,
-                    overlap=sent.overlap, per_byte_s=per_byte).step_s
-            for lv in levels
-        ]  # fmt: skip
+        preds = predict_steps(levels, payload_bytes=sent.payload_bytes, bandwidth_Bps=bw, min_rtt_s=rtt,
+                              compute_s=sent.compute_s, overlap=sent.overlap, per_byte_s=per_byte)  # fmt: skip
         target, ok = self._law(preds, s.eps, s.tie_eps)
         if index in ok or target <= index:
             return None

@@ -460,8 +460,8 @@ class NetSenseOptimizer:
         t = time.perf_counter()
         try:
             buckets = [
-                {key: self._encode(key, sources[key], self._codec_for(key, new.spec))[0] for key in slots[i].bucket}
-                for slots, i in taken
+                {key: self._encode(key, sources[key], self._codec_for(key, new.spec))[0] for key in self._slots[shard][0][i].bucket}
+                for shard, i in taken
             ]
         except BaseException as exc:
             self._net.run(self._settle(taken, exc))
@@ -482,20 +482,19 @@ class NetSenseOptimizer:
         slots = [slot for shard_slots, _, _ in self._slots.values() for slot in shard_slots]
         return await self._read_link(), sum(s.bytes_acked() for s in slots), any(s.unsent() for s in slots)
 
-    async def _withdraw(self) -> list[tuple[list[PushSlot], int]]:
-        """Withdraw every push not yet sent whole (see `withdraw`); (its shard's slots, index) each."""
-        return [(slots, i) for shard, (slots, _, _) in self._slots.items() for i in withdraw(self.clients[shard], slots)]
+    async def _withdraw(self) -> list[tuple[int, int]]:
+        """Withdraw every push not yet sent whole (see `withdraw`); (shard, slot index) each."""
+        return [(shard, i) for shard, (slots, _, _) in self._slots.items() for i in withdraw(self.clients[shard], slots)]
 
-    async def _settle(self, taken: list[tuple[list[PushSlot], int]], outcome: list[dict[str, Payload]] | BaseException) -> None:
+    async def _settle(self, taken: list[tuple[int, int]], outcome: list[dict[str, Payload]] | BaseException) -> None:
         """Give each withdrawn push its replacement bucket (also written back into the shard's bucket
         list, which a reconnect retry sends), or the error that stopped the re-encoding."""
-        for n, (slots, i) in enumerate(taken):
+        for n, (shard, i) in enumerate(taken):
+            slots, first, buckets = self._slots[shard]
             if isinstance(outcome, BaseException):
                 fail(slots[i], outcome)
                 continue
-            for shard_slots, first, buckets in self._slots.values():
-                if shard_slots is slots:
-                    buckets[first + i] = outcome[n]
+            buckets[first + i] = outcome[n]
             replace(slots[i], outcome[n])
 
     def _codec_for(self, key: str, spec: str) -> Codec:
