@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from netsense.ps.store import all_finite
+from netsense.ps.store.core import all_finite
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
