@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from netsense.compression import make_codec
-from netsense.errors import ProtocolError
 from netsense.ps.store import ParameterStore
 from netsense.transport.wire import Params, Push
 
@@ -147,21 +146,6 @@ def test_the_barrier_timeout_drops_an_incomplete_member() -> None:
     _push(s, "w1", 0, g1, ("a",))
     dropped, result = s.drop_incomplete()
     assert dropped == ["w1"] and result is not None and result.version == 1 and result.workers == ("w0",)
-
-
-def test_no_checkpoint_mid_step_and_async_stores_refuse_keyed_pulls() -> None:
-    s = _store()
-    s.want(["a"], 0)
-    _push(s, "w0", 0, _grads(0, 0), ("a",))
-    _push(s, "w1", 0, _grads(0, 1), ("a",))
-    with pytest.raises(ProtocolError, match="mid-step"):
-        s.state()
-    with pytest.raises(ProtocolError, match="unknown keys"):
-        s.want(["nope"], 0)
-    a = ParameterStore(staleness=1)
-    a.initialize({"a": FP32.encode(torch.zeros(2))}, {"name": "sgd", "lr": 0.1})
-    with pytest.raises(ProtocolError, match="synchronous"):
-        a.want(["a"], 0)
 
 
 def test_a_pull_for_an_old_step_gets_its_keys_of_the_last_update_or_everything() -> None:

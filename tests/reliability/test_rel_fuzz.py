@@ -107,10 +107,11 @@ def test_store_push_adversarial(step: int, samples: int, total: int, grads: dict
     except ProtocolError as exc:
         assert exc.code in {"stale", "keys", "key", "duplicate", "shape", "non-finite", "malformed", "dtype", "bad-payload"}
     if valid:
-        assert all(torch.isfinite(g).all() for g in STORE._pending[worker].grads.values())
+        assert all(torch.isfinite(g).all() for g in STORE._core.pending[worker].grads.values())
     # drop whatever was recorded so the next example starts from the same step, never applying
-    STORE._pending.clear()
-    STORE.live = {"a", "z"}  # "z" never pushes: no example can complete the barrier
+    STORE._core.pending.clear()
+    STORE.live.clear()
+    STORE.live.update({"a", "z"})  # "z" never pushes: no example can complete the barrier
     assert STORE.version == 0 and all(torch.equal(BEFORE[k], v) for k, v in STORE.params.items())
 
 

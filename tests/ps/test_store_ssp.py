@@ -93,14 +93,6 @@ def test_timeout_drops_the_slowest_only_when_they_block_someone() -> None:
     assert "slow" in store.live and store.clocks["slow"] == 3
 
 
-def test_checkpoint_keeps_the_clocks() -> None:
-    store = _store(2)
-    _push(store, "fast", 0)
-    fresh = ParameterStore(staleness=2)
-    fresh.restore(store.state())
-    assert fresh.clocks == store.clocks and fresh.version == 1
-
-
 @settings(max_examples=200, deadline=None)
 @given(
     staleness=st.integers(0, 3),

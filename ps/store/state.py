@@ -1,0 +1,69 @@
+"""The store's checkpoint state: what `ParameterStore.state()` hands to ps/checkpoint.py and what
+`ParameterStore.restore()` takes back.
+
+Plain containers of copied tensors, so a snapshot taken on the PS loop can be serialised on another
+thread while training goes on. Pending pushes are not part of it: workers re-push after they
+reconnect. Stateful downlink encoders restart empty; workers pull the full shadow after a restart.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from netsense.errors import ProtocolError
+
+from ..optim import OptimizerSettings
+from .core import StoreCore
+from .encode import UpdateEncoder
+
+FORMAT = 1
+"""Version of the state layout; `restore` refuses any other."""
+
+
+def snapshot(core: StoreCore, encoder: UpdateEncoder) -> dict[str, object]:
+    """Everything a restart needs (call between steps)."""
+    assert core.optimizer is not None and core.optimizer_settings is not None
+    return {
+        "format": FORMAT,
+        "version": core.version,
+        "applied_steps": core.applied_steps,
+        "params": {k: v.detach().clone() for k, v in core.params.items()},
+        "shadow": {k: v.clone() for k, v in encoder.shadow.items()},
+        "optimizer_settings": core.optimizer_settings.to_dict(),
+        "optimizer_state": clone_tree(core.optimizer.state_dict()),
+        "live": sorted(core.live),
+        "clocks": dict(core.clocks),
+        "downlink_codec": encoder.spec,
+    }
+
+
+def restore(core: StoreCore, encoder: UpdateEncoder, state: dict[str, object]) -> None:
+    """Load a `snapshot` into a fresh core and encoder."""
+    if state.get("format") != FORMAT:
+        raise ProtocolError("checkpoint", f"unknown checkpoint format {state.get('format')!r}")
+    params = {str(k): v.to(torch.float32).clone() for k, v in dict(state["params"]).items()}  # type: ignore[call-overload]
+    settings = OptimizerSettings.from_dict(dict(state["optimizer_settings"]))  # type: ignore[call-overload]
+    core.params = params
+    encoder.shadow = {str(k): v.clone() for k, v in dict(state["shadow"]).items()}  # type: ignore[call-overload]
+    core.optimizer_settings = settings
+    core.optimizer = settings.build(list(params.values()))
+    core.optimizer.load_state_dict(state["optimizer_state"])  # type: ignore[arg-type]
+    core.version = int(state["version"])  # type: ignore[call-overload]
+    core.applied_steps = int(state["applied_steps"])  # type: ignore[call-overload]
+    core.live = set(state["live"])  # type: ignore[call-overload]
+    core.clocks = {str(k): int(v) for k, v in dict(state.get("clocks", {})).items()}  # type: ignore[call-overload]
+    encoder.spec = str(state.get("downlink_codec", encoder.spec))
+    encoder.restart_codecs(params)
+    core.pending.clear()
+    encoder.last_update = None
+
+
+def clone_tree(value: object) -> object:
+    """Deep-copy the tensors of a (nested) state dict, so a snapshot does not alias live state."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: clone_tree(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(clone_tree(v) for v in value)
+    return value

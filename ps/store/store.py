@@ -1,0 +1,248 @@
+"""`ParameterStore`: the PS's authoritative state as a pure, synchronous state machine.
+
+Inputs are plain calls (`initialize`, `join`, `push`, `leave`, `drop_incomplete`, `pull`); no
+sockets, no event loop, no clock. The store is the one public face of this package: it owns the
+shared core (core.py), one mode that decides when pending gradients apply (sync.py or ssp.py), the
+pipelined part of a sync step (pipeline.py) and the downlink encoder (encode.py), and routes each
+call to them; its checkpoint state is state.py's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import torch
+
+from netsense.compression import Payload
+from netsense.errors import ProtocolError
+from netsense.transport.wire import Params, Push
+
+from ..optim import OptimizerSettings
+from . import state as checkpoint_state
+from .core import Mode, StepApplied, StoreCore
+from .encode import UpdateEncoder
+from .pipeline import PipelinedStep
+from .ssp import SspClocks
+from .sync import SyncBarrier
+
+log = logging.getLogger(__name__)
+
+
+class ParameterStore:
+    """Authoritative parameters, optimizer state, versions and the synchronous barrier."""
+
+    def __init__(self, *, downlink_codec: str = "fp32", staleness: int | None = None) -> None:
+        if staleness is not None and staleness < 0:
+            raise ValueError(f"staleness must be >= 0 (or None for synchronous), got {staleness}")
+        self.staleness = staleness
+        """None: synchronous barrier (BSP); s: asynchronous, at most s versions ahead (SSP)."""
+        self._core = StoreCore()
+        self._encoder = UpdateEncoder(downlink_codec)
+        self._pipeline: PipelinedStep | None = None
+        """Keyed pulls: sync mode only."""
+        self._mode: Mode
+        if staleness is None:
+            self._pipeline = PipelinedStep(self._core, self._encoder)
+            self._mode = SyncBarrier(self._core, self._encoder, self._pipeline)
+        else:
+            self._mode = SspClocks(self._core, self._encoder, staleness)
+        self.rejected_messages = 0
+
+    # --- the state, read-only (the parts own it) ------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self._core.version
+
+    @property
+    def params(self) -> dict[str, torch.Tensor]:
+        return self._core.params
+
+    @property
+    def shadow(self) -> dict[str, torch.Tensor]:
+        """What every replica holds (sync mode)."""
+        return self._encoder.shadow
+
+    @property
+    def optimizer_settings(self) -> OptimizerSettings | None:
+        return self._core.optimizer_settings
+
+    @property
+    def live(self) -> set[str]:
+        return self._core.live
+
+    @property
+    def clocks(self) -> dict[str, int]:
+        """Async mode: worker -> its applied pushes (kept after it leaves, for a rejoin)."""
+        return self._core.clocks
+
+    @property
+    def max_staleness(self) -> int:
+        """Largest staleness of an applied gradient since start (async mode)."""
+        return self._mode.max_staleness
+
+    @property
+    def applied_steps(self) -> int:
+        return self._core.applied_steps
+
+    @property
+    def start_quorum(self) -> int:
+        return self._core.start_quorum
+
+    @property
+    def last_encode(self) -> tuple[int, str, float] | None:
+        """(version, codec spec, seconds) of the last whole-step update encode: the downlink
+        policy's measured encode cost of the level it chose (ps/downlink.py)."""
+        return self._encoder.last_encode
+
+    # --- set-up ---------------------------------------------------------------------------
+
+    @property
+    def initialized(self) -> bool:
+        return self._core.initialized
+
+    def initialize(self, tensors: dict[str, Payload], optimizer: dict[str, object], world_size: int = 1) -> None:
+        """Take rank 0's initial parameters; ignored (not an error) if already initialized.
+
+        The first update waits for `world_size` workers (or the barrier timeout): otherwise a
+        worker that connects a moment after rank 0 would silently miss step 0.
+        """
+        if self.initialized:
+            return
+        self._core.initialize(tensors, optimizer, world_size)
+        self._encoder.reset(self._core.params)
+        assert self.optimizer_settings is not None
+        log.info("store initialized: %d keys, %d elements, optimizer %s", len(self.params), self.numel, self.optimizer_settings.name)
+
+    @property
+    def numel(self) -> int:
+        return sum(t.numel() for t in self.params.values())
+
+    def layout(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Key -> (shape, dtype name)."""
+        return self._core.layout()
+
+    # --- membership -----------------------------------------------------------------------
+
+    def join(self, worker_id: str) -> None:
+        """Add a worker to the barrier (a rejoin after a crash is a join)."""
+        self._mode.join(worker_id)
+
+    @property
+    def asynchronous(self) -> bool:
+        return self.staleness is not None
+
+    @property
+    def min_live_clock(self) -> int | None:
+        """Async mode: the slowest live worker's clock (None without live workers)."""
+        return self._core.min_live_clock
+
+    def may_proceed(self, worker_id: str) -> bool:
+        """SSP rule: a worker with clock c may start its next step iff ``c - min_live_clock <= s``
+        (always true in sync mode, and for a worker that is not live: its next push re-enters it)."""
+        return self._mode.may_proceed(worker_id)
+
+    @property
+    def blocked(self) -> bool:
+        """Async mode: some live worker is more than `staleness` ahead of the slowest one."""
+        return self._mode.blocked
+
+    def leave(self, worker_id: str) -> StepApplied | None:
+        """Remove a worker and discard its partial step; may complete the barrier for the rest."""
+        return self._mode.leave(worker_id)
+
+    def drop_incomplete(self) -> tuple[list[str], StepApplied | None]:
+        """Barrier timeout: remove live workers that have not finished the current step.
+
+        Async mode: remove the slowest live workers, if they hold back another one (SSP wait)."""
+        return self._mode.drop_incomplete()
+
+    @property
+    def step_started(self) -> bool:
+        """True once any worker pushed for the current version."""
+        return bool(self._core.pending)
+
+    # --- the step -------------------------------------------------------------------------
+
+    def push(self, worker_id: str, msg: Push) -> StepApplied | None:
+        """Validate and record one PUSH; apply the update if it completes the barrier."""
+        grads = self._core.check_push(worker_id, msg, older_ok=self.asynchronous)
+        # Validation passed for every key: only now does anything change.
+        return self._mode.record(worker_id, msg, grads)
+
+    # --- pipelined steps (keyed pulls) ----------------------------------------------------
+
+    @property
+    def applied_keys(self) -> int:
+        """Keys of the current step applied ahead of the version (pipelined steps)."""
+        return len(self._pipeline.applied) if self._pipeline is not None else 0
+
+    def want(self, keys: Iterable[str], step: int) -> int:
+        """A keyed PULL waits for `keys` of the update from version `step`: apply those that every
+        worker of the step has pushed; returns how many were applied now."""
+        if not self.initialized:
+            raise ProtocolError("not-initialized", "nothing to pull yet")
+        keys = list(keys)
+        unknown = [k for k in keys if k not in self.params]
+        if unknown:
+            raise ProtocolError("key", f"unknown keys {unknown[:3]!r} in a keyed PULL")
+        if self._pipeline is None:
+            raise ProtocolError("keys", "a keyed PULL needs a synchronous PS; this one is asynchronous (staleness set)")
+        return self._pipeline.want(keys, step)
+
+    def keys_ready(self, keys: Iterable[str], version: int) -> bool:
+        """True once a keyed pull for `keys` at `version` can be answered."""
+        if self._pipeline is None:
+            return self.version >= version  # nothing is applied ahead in async mode
+        return self._pipeline.keys_ready(keys, version)
+
+    def pull_keys(self, have_version: int, keys: Iterable[str]) -> Params:
+        """The update of `keys` from `have_version` to the next version, as soon as they are
+        applied; the full parameters (every key) when no such update exists."""
+        if self._pipeline is None:
+            raise ProtocolError("keys", "a keyed PULL needs a synchronous PS; this one is asynchronous (staleness set)")
+        return self._pipeline.pull(have_version, keys)
+
+    # --- downlink -------------------------------------------------------------------------
+
+    def set_downlink(self, spec: str | None) -> None:
+        """Codec of the next updates (a downlink policy's choice, per update); None: back to the
+        configured `downlink_codec`. Replicas still equal the shadow bit for bit: the shadow
+        follows whatever was sent, and a lossless choice sends the parameters themselves."""
+        self._encoder.choose(spec)
+
+    def full_params(self) -> Params:
+        """The replica every worker must hold (the shadow), lossless."""
+        return self._encoder.full_params(self.version)
+
+    def pull(self, have_version: int) -> Params:
+        """What a worker at `have_version` needs to reach the current version."""
+        if not self.initialized:
+            raise ProtocolError("not-initialized", "nothing to pull yet")
+        return self._mode.pull(have_version)
+
+    # --- checkpoints (ps/checkpoint.py writes them) ----------------------------------------
+
+    def state(self) -> dict[str, object]:
+        """A snapshot of everything a restart needs, as plain containers of copied tensors.
+
+        Taken between steps it never holds a partial step (pending pushes are not part of it:
+        workers re-push after they reconnect). Safe to serialise on another thread.
+        """
+        if not self.initialized:
+            raise ProtocolError("not-initialized", "nothing to checkpoint before INIT")
+        if self.applied_keys:
+            raise ProtocolError("mid-step", f"{self.applied_keys} keys of step {self.version} are applied ahead; checkpoint between steps")
+        return checkpoint_state.snapshot(self._core, self._encoder)
+
+    def restore(self, state: dict[str, object]) -> None:
+        """Become the store that `state()` described (fresh store only).
+
+        Stateful downlink encoders restart empty; workers pull the full shadow after a restart.
+        """
+        if self.initialized:
+            raise ProtocolError("initialized", "restore needs a fresh store")
+        checkpoint_state.restore(self._core, self._encoder, state)
+        self._mode.reset()
+        log.info("store restored at version %d (%d keys, %d live workers)", self.version, len(self.params), len(self.live))

@@ -1,0 +1,76 @@
+"""ParameterStore's sync barrier: a step applies when every live worker pushed every key, a leaver's
+partial push is discarded, the timeout drops the incomplete, the first step waits for the job."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from netsense.compression import make_codec
+from netsense.ps.store import ParameterStore
+from netsense.transport.wire import Push
+
+FP32 = make_codec("fp32")
+
+
+def _init(store: ParameterStore, params: dict[str, torch.Tensor], optimizer: dict | None = None) -> None:
+    store.initialize({k: FP32.encode(v) for k, v in params.items()}, optimizer or {"name": "sgd", "lr": 0.1, "momentum": 0.9})
+
+
+def _push(store: ParameterStore, worker: str, step: int, grads: dict[str, torch.Tensor], samples: int = 4, total: int | None = None):
+    msg = Push(step, samples, total or len(store.params), {k: FP32.encode(v) for k, v in grads.items()})
+    return store.push(worker, msg)
+
+
+@pytest.fixture
+def store() -> ParameterStore:
+    s = ParameterStore()
+    _init(s, {"w": torch.ones(2, 3), "b": torch.zeros(3)})
+    s.join("a")
+    s.join("b")
+    return s
+
+
+def test_applies_only_when_every_live_worker_pushed_every_key(store: ParameterStore) -> None:
+    g = {"w": torch.ones(2, 3), "b": torch.ones(3)}
+    assert _push(store, "a", 0, g) is None
+    assert _push(store, "b", 0, {"w": g["w"]}) is None
+    result = _push(store, "b", 0, {"b": g["b"]})
+    assert result is not None and result.version == 1 and result.workers == ("a", "b")
+    assert store.version == 1
+
+
+def test_leave_discards_partial_step_and_completes_barrier(store: ParameterStore) -> None:
+    g = {"w": torch.ones(2, 3), "b": torch.ones(3)}
+    _push(store, "b", 0, {"w": g["w"]})  # b half done
+    _push(store, "a", 0, g)
+    result = store.leave("b")
+    assert result is not None and result.workers == ("a",)
+    torch.testing.assert_close(store.params["b"], torch.full((3,), -0.1))  # a's gradient only
+
+
+def test_barrier_timeout_drops_only_incomplete_workers(store: ParameterStore) -> None:
+    assert store.drop_incomplete() == ([], None)  # nobody finished: nothing to drop yet
+    _push(store, "a", 0, {"w": torch.ones(2, 3), "b": torch.ones(3)})
+    dropped, result = store.drop_incomplete()
+    assert dropped == ["b"] and result is not None and result.version == 1
+    # b rejoins by pushing the current step
+    _push(store, "b", 1, {"w": torch.ones(2, 3), "b": torch.ones(3)})
+    assert "b" in store.live
+
+
+def test_first_step_waits_for_the_whole_job_until_the_timeout() -> None:
+    s = ParameterStore()
+    s.initialize({"b": FP32.encode(torch.zeros(3))}, {"name": "sgd", "lr": 0.1}, world_size=2)
+    s.join("a")
+    assert _push(s, "a", 0, {"b": torch.ones(3)}) is None  # b has not even connected yet
+    s.join("b")
+    result = _push(s, "b", 0, {"b": torch.ones(3)})
+    assert result is not None and result.workers == ("a", "b")
+    # a second job where b never comes: the barrier timeout lets a go alone
+    s2 = ParameterStore()
+    s2.initialize({"b": FP32.encode(torch.zeros(3))}, {"name": "sgd", "lr": 0.1}, world_size=2)
+    s2.join("a")
+    _push(s2, "a", 0, {"b": torch.ones(3)})
+    dropped, result = s2.drop_incomplete()
+    assert dropped == [] and result is not None and result.workers == ("a",)
