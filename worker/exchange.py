@@ -6,8 +6,9 @@ there. A step's push + pull on every shard, with reconnects and retries, is one 
 (`start_step`), so a step with a given codec crosses once. A step whose level a policy chooses
 crosses once more before it, to read the path (`read_link`): the choice needs the path as it is
 when `step()` starts, and the connection's state may only be read on the loop that runs it.
-Redeciding a slow push (worker/redecide.py) adds one crossing to withdraw, one to hand over the
-re-encoded buckets. With overlap each bucket pushed from a gradient hook is a crossing of its own.
+Redeciding a slow push (worker/redecide.py) adds one crossing (progress, the policy's verdict and
+the withdrawal at once) and, when pushes were withdrawn, one to hand over their re-encoded
+buckets. With overlap each bucket pushed from a gradient hook is a crossing of its own.
 
 The connections, the reconnect counter and the pushes in flight are written only here. The uplink
 (`read_link`, the redecide verdict) and the replica (the pulls of a reconnect) are touched here
