@@ -58,7 +58,7 @@ class StepResult:
 
 @dataclass
 class _Tally:
-    """Per-shard timings of one step, written by the shards' coroutines."""
+    """Per shard, what one step's pushes measured (written by the shards' coroutines)."""
 
     push_s: list[float]
     staleness: list[int]
@@ -94,6 +94,7 @@ class Exchange:
         """Per shard, this step's withdrawable pushes: their slots, the index of the first in the
         shard's bucket list, and that list (a replacement is written back for reconnect retries)."""
         self.net = NetThread()
+        """The private event loop (on its own thread) that runs every connection."""
         try:
             self.clients: list[PSClient] = [make_client(s, worker_id, rank) for s in shards]
             """One connection per PS shard."""
