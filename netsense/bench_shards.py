@@ -145,7 +145,8 @@ def _worker(spec: dict[str, Any]) -> None:
     import torch
 
     from netsense.transport.tls import TransportSettings
-    from netsense.worker.optimizer import ConnectSettings, NetSenseOptimizer
+    from netsense.worker.connect import ConnectSettings
+    from netsense.worker.optimizer import NetSenseOptimizer
 
     torch.set_num_threads(1)
     numel = int(spec["mb"] * 1e6 / 4 / spec["keys"])
@@ -166,7 +167,7 @@ def _worker(spec: dict[str, Any]) -> None:
             if i == 0:
                 continue  # warm-up: connections' windows open, first-step quorum
             start = t0 + stats.encode_s
-            push.append((start, start + opt._push_s))
+            push.append((start, start + stats.push_s))
             step_s.append(time.perf_counter() - t0)
     print(json.dumps({"payload_bytes": 4 * numel * spec["keys"], "push": push, "step_s": step_s}), flush=True)
 

@@ -26,8 +26,9 @@ from netsense.config import JobConfig
 from netsense.errors import ConfigError
 from netsense.launchenv import DEFAULT_PS_PORT, from_environ
 from netsense.models import load_task
+from netsense.worker.connect import ConnectSettings
 from netsense.worker.device import resolve_device
-from netsense.worker.optimizer import ConnectSettings, NetSenseOptimizer
+from netsense.worker.optimizer import NetSenseOptimizer
 from netsense.worker.trainer import build_model, train
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ import pytest
 from netsense.ps.server import PSServer, ServerSettings
 from netsense.transport.auth import load_secret
 from netsense.transport.tls import CertPaths, TransportSettings, make_dev_certs, server_configuration
+from netsense.worker.connect import ConnectSettings
 from netsense.worker.netthread import NetThread
-from netsense.worker.optimizer import ConnectSettings
 
 
 @pytest.fixture(scope="session")

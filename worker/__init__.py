@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from .client import Identity, PSClient
-from .optimizer import ConnectSettings, NetSenseOptimizer, StepStats
+from .connect import ConnectSettings
+from .optimizer import NetSenseOptimizer, StepStats
 from .task import TrainTask
 from .trainer import TrainSettings, train
 

@@ -1,5 +1,5 @@
-"""Overlap of the push with backward (DESIGN.md §2): gradient hooks encode each key as soon as
-its gradient is final and push full buckets while earlier layers are still computing.
+"""Overlap of the push with backward (docs/ARCHITECTURE.md, "Overlap"): gradient hooks encode
+each key as soon as its gradient is final and push full buckets while earlier layers still compute.
 
 `NetSenseOptimizer(overlap=True)` registers `Tensor.register_post_accumulate_grad_hook` on every
 parameter; backward fires them roughly in reverse layer order. One `BackwardPushes` collects one

@@ -1,6 +1,6 @@
 """Every codec family trains digits-cnn through `netsense launch` (1 PS + 2 worker processes).
 
-Error feedback is on for every lossy codec (worker/optimizer.py), so even top-k 1% converges.
+Error feedback is on for every lossy codec (worker/encoding.py), so even top-k 1% converges.
 Budget: the file must run in ~150 s on 2 loaded cores, and each launch costs ~10 s of process
 start-up (three interpreters importing torch) before its first step. So only top-k 1% runs to
 the 93% bar (~150 s of steps would be 200 steps more for every codec); the other families run a

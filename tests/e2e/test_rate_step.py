@@ -24,8 +24,9 @@ from netsense.transport.auth import load_secret
 from netsense.transport.decisions import read_decision_log
 from netsense.transport.emulator import LinkEmulator
 from netsense.transport.tls import LOOPBACK_MAX_DATAGRAM_SIZE, CertPaths, TransportSettings, server_configuration
+from netsense.worker.connect import ConnectSettings
 from netsense.worker.netthread import NetThread
-from netsense.worker.optimizer import ConnectSettings, NetSenseOptimizer
+from netsense.worker.optimizer import NetSenseOptimizer
 
 HIGH_MBIT, LOW_MBIT = 100, 20
 LINK = "up.rate={mbit}mbit,delay=10ms,queue=50ms"

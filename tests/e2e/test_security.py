@@ -13,7 +13,8 @@ from netsense.transport.auth import write_secret
 from netsense.transport.tls import TransportSettings, client_configuration, make_dev_certs
 from netsense.transport.wire import Error, Hello
 from netsense.worker.client import Identity, PSClient
-from netsense.worker.optimizer import ConnectSettings, NetSenseOptimizer
+from netsense.worker.connect import ConnectSettings
+from netsense.worker.optimizer import NetSenseOptimizer
 
 from ..conftest import RunningPS
 

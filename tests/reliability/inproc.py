@@ -17,8 +17,9 @@ from netsense.ps.server import PSServer, ServerSettings
 from netsense.transport.auth import load_secret
 from netsense.transport.wire import Limits
 from netsense.transport.tls import CertPaths, TransportSettings, server_configuration
+from netsense.worker.connect import ConnectSettings
 from netsense.worker.netthread import NetThread
-from netsense.worker.optimizer import ConnectSettings, NetSenseOptimizer
+from netsense.worker.optimizer import NetSenseOptimizer
 
 OPTIMIZER = {"name": "sgd", "lr": 0.2, "momentum": 0.9}
 
@@ -119,7 +120,7 @@ class Worker:
                 if self.hook is not None:
                     self.hook(self, self.opt.version)
                 if self.crash:
-                    self.opt._net.close()  # the loop stops mid-connection: no BYE, no CONNECTION_CLOSE
+                    self.opt._exchange.net.close()  # the loop stops mid-connection: no BYE, no CONNECTION_CLOSE
                     return
             self.opt.close()
         except BaseException as exc:  # noqa: BLE001 - reported by the test

@@ -1,14 +1,17 @@
-"""Pushes that can be withdrawn mid-flight and sent again at a heavier level (DESIGN.md §5).
+"""Redeciding a slow push: withdraw it mid-flight and send it again at a heavier level (docs/POLICIES.md).
 
 A policy decides a step's level before its push; a rate drop that lands while the step computes
 shows only once that push is on the wire, far slower than predicted. Rather than wait for it to
-crawl through, the worker may re-decide mid-push (`Policy.rechoose`): every push whose last byte
-has not left is withdrawn (its QUIC stream reset, so the PS drops the partial message and counts
-nothing), its keys are re-encoded at the new level from what the withdrawn payload carried (error
-feedback keeps the sum exact), and the replacement goes out on a fresh stream. A push whose last
-byte left is never withdrawn: the PS may already hold it, and a second copy would be refused.
+crawl through, the worker may redecide mid-push (`Policy.redecide`): a push still running
+`redecide_after(decision)` after it started is put to the policy once, and on a heavier level
+every push whose last byte has not left is withdrawn (its QUIC stream reset, so the PS drops the
+partial message and counts nothing), its keys are re-encoded at the new level from what the
+withdrawn payload carried (error feedback keeps the sum exact), and the replacement goes out on a
+fresh stream. A push whose last byte left is never withdrawn: the PS may already hold it, and a
+second copy would be refused.
 
-These helpers run on the network thread; the worker's `step()` drives them (worker/optimizer.py).
+The slot helpers run on the network thread (`Exchange` in worker/exchange.py); the training
+thread times the push and re-encodes (`NetSenseOptimizer.step` in worker/optimizer.py).
 """
 
 from __future__ import annotations
@@ -16,10 +19,53 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from netsense.compression import Payload
+from netsense.compression import LinkState, Payload
+from netsense.compression.policy import Decision
 from netsense.errors import PeerTimeout, RequestAbandoned
 
 from .client import PSClient, PushHandle
+
+REDECIDE_FACTOR = 2.0
+"""A push still running this many times its predicted communication time is put to the policy..."""
+REDECIDE_MIN_S = 0.2
+"""...and at least this long past it: a few ms of scheduling noise on a fast path is no news."""
+
+
+def redecide_after(decision: Decision | None) -> float | None:
+    """Seconds after the push starts at which it is redecided, None when it never is (no
+    prediction: bandwidth unknown, or a fixed policy)."""
+    if decision is None or decision.predicted_comm_s is None or decision.level is None:
+        return None
+    comm = decision.predicted_comm_s
+    return max(REDECIDE_FACTOR * comm, comm + REDECIDE_MIN_S)
+
+
+@dataclass(frozen=True)
+class Withdrawal:
+    """What the network thread withdrew for a heavier level: the training thread re-encodes it."""
+
+    decision: Decision
+    """The policy's new decision."""
+    link: LinkState
+    """The path it was taken on."""
+    bytes_acked: int
+    """Bytes of the step's pushes the PS had acknowledged."""
+    taken: list[tuple[int, int]]
+    """(shard, slot index) of each withdrawn push."""
+    buckets: list[dict[str, Payload]]
+    """The payloads each withdrawn push carried (their keys are re-encoded)."""
+
+
+@dataclass(frozen=True)
+class Redecided:
+    """A step whose push was withdrawn mid-flight and re-encoded."""
+
+    spec: str
+    """The level it was re-encoded at."""
+    encode_s: float
+    """Seconds the re-encoding took."""
+    pushed_at: float
+    """perf_counter when the replacement pushes were handed to the network thread."""
 
 
 @dataclass

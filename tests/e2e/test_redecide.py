@@ -1,7 +1,7 @@
-"""A push re-decided mid-flight (worker/withdraw.py): withdrawn, re-encoded heavier, applied once, exactly.
+"""A push redecided mid-flight (worker/redecide.py): withdrawn, re-encoded heavier, applied once, exactly.
 
 In-process PS behind a `LinkEmulator` at 8 Mbit/s, one worker, a ~1 MB model: an fp32 push takes
-about a second, and a test policy predicts it in a millisecond, so the step re-decides it at 0.2 s.
+about a second, and a test policy predicts it in a millisecond, so the step redecides it at 0.2 s.
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ from ..conftest import RunningPS
 LINK = "rate=8mbit,delay=5ms,queue=100ms"
 
 
-class RegearOnce(Policy):
-    """fp32 predicted at ~1 ms (so a push over the slow link is rechecked); the first recheck
+class RedecideOnce(Policy):
+    """fp32 predicted at ~1 ms (so a push over the slow link is redecided); the first redecision
     asks for `to`, later ones let the push finish."""
 
     def __init__(self, to: str) -> None:
-        super().__init__(Ladder.parse(DEFAULT_LADDER), name="regear-once")
+        super().__init__(Ladder.parse(DEFAULT_LADDER), name="redecide-once")
         self.to = self.ladder.find(to)
-        self.rechecks: list[tuple[int, float]] = []
+        self.redecisions: list[tuple[int, float]] = []
 
     def choose(self, *, link: LinkState, payload_bytes: int, compute_s: float, overlap: bool = False, step: int) -> Decision:
         return self._decision(
@@ -42,12 +42,12 @@ class RegearOnce(Policy):
         )  # fmt: skip
 
     def rechoose(self, *, link: LinkState, sent: Decision, bytes_acked: int, elapsed_s: float) -> Decision | None:
-        self.rechecks.append((bytes_acked, elapsed_s))
-        if len(self.rechecks) > 1:
+        self.redecisions.append((bytes_acked, elapsed_s))
+        if len(self.redecisions) > 1:
             return None
         assert self.to is not None
         return self._decision(
-            level_index=self.to, level=self.ladder[self.to], reason="re-decide: test", link=link, bandwidth_Bps=1e6,
+            level_index=self.to, level=self.ladder[self.to], reason="redecide: test", link=link, bandwidth_Bps=1e6,
             payload_bytes=sent.payload_bytes, compute_s=sent.compute_s, overlap=sent.overlap, step=sent.step,
         )  # fmt: skip
 
@@ -58,8 +58,8 @@ def _model() -> torch.nn.Module:
 
 
 @pytest.mark.slow
-def test_a_withdrawn_push_is_re_encoded_applied_once_and_exact(ps: RunningPS, tmp_path: Path) -> None:
-    emu_net = NetThread("withdraw-emu")
+def test_a_redecided_push_is_withdrawn_re_encoded_applied_once_and_exact(ps: RunningPS, tmp_path: Path) -> None:
+    emu_net = NetThread("redecide-emu")
     emu = LinkEmulator(upstream=("127.0.0.1", ps.port), spec=LINK)
     emu_net.run(emu.start())
     host, port = emu.address
@@ -67,7 +67,7 @@ def test_a_withdrawn_push_is_re_encoded_applied_once_and_exact(ps: RunningPS, tm
     start = [p.detach().clone() for p in model.parameters()]
     gen = torch.Generator().manual_seed(1)
     grads = [torch.randn(p.shape, generator=gen) * 0.01 for p in model.parameters()]
-    policy = RegearOnce("qsgd:8")
+    policy = RedecideOnce("qsgd:8")
     log = tmp_path / "up.jsonl"
     try:
         with NetSenseOptimizer(
@@ -88,8 +88,8 @@ def test_a_withdrawn_push_is_re_encoded_applied_once_and_exact(ps: RunningPS, tm
         emu_net.run(emu.close())
         emu_net.close()
     assert ps.server.store.version == 2  # the withdrawn push counted nothing
-    bytes_acked, elapsed = policy.rechecks[0]
-    assert 0.2 <= elapsed < 1.0 and 0 < bytes_acked < 4 * 262_656  # re-decided mid-push
+    bytes_acked, elapsed = policy.redecisions[0]
+    assert 0.2 <= elapsed < 1.0 and 0 < bytes_acked < 4 * 262_656  # redecided mid-push
     # Step 1 applied qsgd:8 of the gradient (not the fp32 push that was on the wire) ...
     assert any((a - (s - g)).abs().max() > 1e-6 for a, s, g in zip(after_one, start, grads))
     # ... and with the residual flushed, exactly the gradient: nothing lost, nothing twice.
@@ -97,5 +97,5 @@ def test_a_withdrawn_push_is_re_encoded_applied_once_and_exact(ps: RunningPS, tm
         torch.testing.assert_close(p.detach(), s - g, rtol=0, atol=2e-6)
     records: list[dict[str, Any]] = read_decision_log(log)
     assert [(r["spec"], bool(r.get("withdrawn"))) for r in records] == [("fp32", True), ("qsgd:8", False)]
-    assert records[1]["reason"].startswith("re-decide")
+    assert records[1]["reason"].startswith("redecide")
     assert records[1]["bytes_sent"] < records[0]["predicted_bytes"]  # the re-encoded push is the smaller one

@@ -1,0 +1,94 @@
+"""Turning a step's gradients into payloads, on the training thread.
+
+Per-key codec instances (stateful codecs keep warm starts per key), error feedback for lossy
+levels (created on the first lossy step: lossless codecs need no residuals), grouping payloads
+into buckets (one stream each), and feeding the policy the progress each level makes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from netsense.compression import Codec, Payload, make_codec
+from netsense.compression.feedback import ErrorFeedback
+
+from .layout import KeySlot
+from .uplink import UplinkController
+
+
+class GradientEncoder:
+    """Encodes the keys of `slots` at a level; the residuals of lossy levels live here."""
+
+    def __init__(self, slots: list[KeySlot], uplink: UplinkController) -> None:
+        self.slots = slots
+        self.uplink = uplink
+        self.feedback: ErrorFeedback | None = None
+        """Residuals of lossy steps; None until the first one."""
+        self._codecs: dict[str, Codec] = {}
+
+    def codec_for(self, key: str, spec: str) -> Codec:
+        """Per-key encoder instances: stateful codecs (warm starts) keep state per key."""
+        codec = self._codecs.get(f"{key}|{spec}")
+        if codec is None:
+            codec = self._codecs[f"{key}|{spec}"] = make_codec(spec)
+        return codec
+
+    def encode(self, key: str, grad: torch.Tensor, spec: str) -> tuple[Payload, torch.Tensor]:
+        """The payload of `key` and what it stands for: encoding that tensor again (at another
+        level, through error feedback) sends exactly what this payload would have."""
+        codec = self.codec_for(key, spec)
+        if codec.lossless and self.feedback is None:
+            return codec.encode(grad), grad  # with residuals left by lossy steps, feedback flushes them
+        if self.feedback is None:
+            self.feedback = ErrorFeedback()
+        return self.feedback.compress(key, grad, codec)
+
+    def encode_rest(self, spec: str, payloads: dict[str, Payload], sources: dict[str, torch.Tensor] | None) -> None:
+        """Encode every key not in `payloads` yet (a parameter without a gradient sends zeros);
+        `sources` (when given) keeps what each payload stands for, for a re-encoding."""
+        for slot in self.slots:
+            if slot.key in payloads:
+                continue
+            grad = slot.param.grad
+            g = slot.view(grad) if grad is not None else torch.zeros(slot.shape, dtype=slot.param.dtype, device=slot.param.device)
+            payloads[slot.key], source = self.encode(slot.key, g, spec)
+            if sources is not None:
+                sources[slot.key] = source
+
+    def track_progress(self, level: int | None, spec: str) -> None:
+        """Feed the policy the progress efficiency q of the level just sent (error feedback's sums)
+        and, when it asks, of candidate levels measured on g + r, the next step's likely input."""
+        self.observe_progress(level, spec)
+        candidates = self.uplink.progress_candidates()
+        if not candidates:
+            return
+        tensors = []
+        for slot in self.slots:
+            if slot.param.grad is None:
+                continue
+            g = slot.view(slot.param.grad).float()
+            r = self.feedback.residual(slot.key) if self.feedback is not None else None
+            tensors.append(g + r if r is not None and r.shape == g.shape else g)
+        self.uplink.measure_progress(candidates, tensors)
+
+    def observe_progress(self, level: int | None, spec: str) -> None:
+        """The q of the level just sent, from error feedback's sums (lossy levels only)."""
+        codec = self.codec_for(self.slots[0].key, spec)
+        if self.feedback is not None and not codec.lossless:
+            self.uplink.observe_progress(level, self.feedback.pop_progress(unbiased=codec.unbiased))
+
+
+def bucketize(payloads: dict[str, Payload], bucket_bytes: int) -> list[dict[str, Payload]]:
+    """Group small keys into messages of about `bucket_bytes` (one stream each); large keys alone."""
+    out: list[dict[str, Payload]] = []
+    current: dict[str, Payload] = {}
+    size = 0
+    for key, p in payloads.items():
+        if current and size + p.wire_size > bucket_bytes:
+            out.append(current)
+            current, size = {}, 0
+        current[key] = p
+        size += p.wire_size
+    if current:
+        out.append(current)
+    return out

@@ -1,0 +1,313 @@
+"""`Exchange`: everything a worker does on the network, on its own event-loop thread.
+
+The training thread (`NetSenseOptimizer`) calls the public methods, and each of them is ONE
+crossing to the network thread (one `run_coroutine_threadsafe`); the private coroutines run
+there. A step's push + pull on every shard, with reconnects and retries, is one coroutine
+(`start_step`), so a step with a given codec crosses once. A step whose level a policy chooses
+crosses once more before it, to read the path (`read_link`): the choice needs the path as it is
+when `step()` starts, and the connection's state may only be read on the loop that runs it.
+Redeciding a slow push (worker/redecide.py) adds one crossing (progress, the policy's verdict and
+the withdrawal at once) and, when pushes were withdrawn, one to hand over their re-encoded
+buckets. With overlap each bucket pushed from a gradient hook is a crossing of its own.
+
+The connections, the reconnect counter and the pushes in flight are written only here. The uplink
+(`read_link`, the redecide verdict) and the replica (the pulls of a reconnect) are touched here
+only while the training thread waits on the crossing that does it, so never by both at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from netsense.compression import LinkState, Payload
+from netsense.compression.policy import Decision
+from netsense.errors import PeerError, PeerTimeout
+from netsense.transport.wire import Params
+
+from .client import PSClient
+from .connect import ConnectSettings, make_client, reconnect
+from .netthread import NetThread
+from .overlap import PUSH_WINDOW, BucketReply, merge_parts, push_and_pull
+from .redecide import PushSlot, Withdrawal, fail, push_slot, replace, withdraw
+from .replica import Replica
+from .uplink import UplinkController
+
+log = logging.getLogger(__name__)
+
+Decide = Callable[[LinkState, int], "Decision | None"]
+"""(the path now, bytes of the step's pushes acked) -> a heavier decision, or None to keep the push."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one step's push + pull brought back."""
+
+    params: list[Params]
+    """Each shard's PARAMS (the next version, or the whole parameters after a resync)."""
+    push_s: float
+    """First push byte to the last push's ack, on the slowest shard."""
+    staleness: int
+    """Async PS: updates applied between this step's version and its own update (max over shards)."""
+
+
+@dataclass
+class _Tally:
+    """Per shard, what one step's pushes measured (written by the shards' coroutines)."""
+
+    push_s: list[float]
+    staleness: list[int]
+
+
+class Exchange:
+    """One connection per PS shard, on a private event loop; connects (and seeds, on rank 0) at once."""
+
+    def __init__(
+        self,
+        shards: list[ConnectSettings],
+        replica: Replica,
+        uplink: UplinkController,
+        *,
+        worker_id: str,
+        rank: int,
+        world_size: int,
+        optimizer: dict[str, object],
+        overlap: bool,
+    ) -> None:
+        self.replica = replica
+        self.uplink = uplink
+        self.shards = shards
+        self.rank = rank
+        self.world_size = world_size
+        self.overlap = overlap
+        """Pipeline against a sync PS: each bucket's keys are pulled as soon as they are applied."""
+        self.reconnects = 0
+        """Connections re-established after a drop (PS restart, path change, timeout)."""
+        self._optimizer = optimizer  # sent with INIT by rank 0
+        self._windows = [asyncio.Semaphore(PUSH_WINDOW) for _ in shards]  # pipelined pushes on the wire
+        self._slots: dict[int, tuple[list[PushSlot], int, list[dict[str, Payload]]]] = {}
+        """Per shard, this step's withdrawable pushes: their slots, the index of the first in the
+        shard's bucket list, and that list (a replacement is written back for reconnect retries)."""
+        self.net = NetThread()
+        """The private event loop (on its own thread) that runs every connection."""
+        try:
+            self.clients: list[PSClient] = [make_client(s, worker_id, rank) for s in shards]
+            """One connection per PS shard."""
+            self.net.run(self._start(shards[0].connect_timeout_s))
+        except BaseException:
+            self.net.close()
+            raise
+
+    # --- crossings: called on the training thread, one run_coroutine_threadsafe each ----------
+
+    def read_link(self) -> LinkState:
+        """The path now; with shards, the one that bounds the push (`UplinkController.read_shards`)."""
+        return self.net.run(self._read_link())
+
+    def start_step(
+        self,
+        buckets: list[list[dict[str, Payload]]],
+        samples: int,
+        inflight: list[list[Future[Any]]] | None = None,
+        started: float | None = None,
+    ) -> Future[StepResult]:
+        """Start one step's push + pull on every shard (`buckets` per shard); with overlap, the
+        first buckets of a shard are already on their way (`inflight`, pushed since `started`)."""
+        return self.net.submit(self._step(buckets, samples, inflight, started))
+
+    def push_early(self, shard: int, bucket: dict[str, Payload], samples: int) -> Future[int] | Future[BucketReply]:
+        """Overlap: push one bucket from a gradient hook (pipelined: with the pull of its keys)."""
+        step, keys = self.replica.versions[shard], len(self.replica.shard_slots[shard])
+        if self._pipelined(shard):
+            return self.net.submit(self._push_bucket(shard, step, samples, bucket))
+        return self.net.submit(self.clients[shard].push(step, samples, keys, bucket))
+
+    def redecide(self, decide: Decide) -> Withdrawal | None:
+        """Put the step's slow push to `decide` (on the loop, so the progress it sees is what is
+        withdrawn); on a heavier decision withdraw every push not yet sent whole. None: nothing was."""
+        return self.net.run(self._redecide(decide))
+
+    def settle(self, withdrawal: Withdrawal, outcome: list[dict[str, Payload]] | BaseException) -> None:
+        """Give each withdrawn push its re-encoded bucket (also written back into the shard's
+        bucket list, which a reconnect retry sends), or the error that stopped the re-encoding."""
+        self.net.run(self._settle(withdrawal.taken, outcome))
+
+    def close(self) -> None:
+        """Leave the job (BYE on every shard) and stop the network thread."""
+
+        async def close_all() -> None:
+            await asyncio.gather(*(c.close() for c in self.clients))
+
+        try:
+            self.net.run(close_all(), timeout=10)
+        finally:
+            self.net.close()
+
+    # --- read without crossing ---------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self.net.loop.is_closed()
+
+    def traffic(self) -> tuple[int, int]:
+        """(bytes sent, bytes received) over every shard so far: counters, read as they stand."""
+        return sum(c.bytes_sent for c in self.clients), sum(c.bytes_received for c in self.clients)
+
+    def _pipelined(self, shard: int) -> bool:
+        welcome = self.clients[shard].welcome
+        return self.overlap and welcome is not None and welcome.staleness < 0
+
+    # --- on the network thread --------------------------------------------------------------
+
+    async def _start(self, timeout: float) -> None:
+        await asyncio.gather(*(self._start_shard(i, timeout) for i in range(len(self.clients))))
+
+    async def _start_shard(self, shard: int, timeout: float) -> None:
+        client = self.clients[shard]
+        welcome = await client.connect(timeout)
+        if not welcome.initialized and self.rank == 0:
+            await self._seed(shard)
+        self.replica.apply(await client.pull(-1, 0), shard)
+
+    async def _seed(self, shard: int) -> None:
+        """Rank 0 seeds a shard with its keys of the current replica."""
+        await self.clients[shard].init(self.replica.seed(shard), self._optimizer, self.world_size)
+
+    async def _read_link(self) -> LinkState:
+        assert all(c.conn is not None for c in self.clients), "not connected"
+        if len(self.clients) == 1:
+            return self.uplink.read_link(self.clients[0].conn.quic)  # type: ignore[union-attr]
+        return self.uplink.read_shards([c.conn.quic for c in self.clients], self.replica.shares())  # type: ignore[union-attr]
+
+    async def _step(
+        self,
+        buckets: list[list[dict[str, Payload]]],
+        samples: int,
+        inflight: list[list[Future[Any]]] | None,
+        started: float | None,
+    ) -> StepResult:
+        tally = _Tally([0.0] * len(self.clients), [0] * len(self.clients))
+        self._slots = {}
+        params = await asyncio.gather(
+            *(self._step_shard(i, b, samples, inflight[i] if inflight else [], started, tally) for i, b in enumerate(buckets))
+        )
+        return StepResult(list(params), max(tally.push_s), max(tally.staleness))  # the slowest shard bounds the step
+
+    async def _step_shard(
+        self, shard: int, buckets: list[dict[str, Payload]], samples: int, inflight: list[Future[Any]], started: float | None, tally: _Tally
+    ) -> Params:
+        """Push + pull on one shard; if its connection drops, reconnect and retry or resync."""
+        while True:
+            step = self.replica.versions[shard]
+            try:
+                return await self._push_pull(shard, buckets, samples, inflight, started, tally)
+            except PeerTimeout as exc:
+                seed = (lambda: self._seed(shard)) if self.rank == 0 else None
+                params = await reconnect(self.clients[shard], self.shards[shard], exc, seed)
+                self.reconnects += 1
+            inflight, started = [], None  # a retry pushes every bucket again
+            if params.version != step:
+                # The PS moved on, or went back to a checkpoint: follow its version, drop this step.
+                log.warning("after reconnecting shard %d is at version %d (step was %d); resynced", shard, params.version, step)
+                return params
+            self.replica.apply(params, shard)  # same version: the gradients still fit, push them again
+
+    async def _push_pull(
+        self,
+        shard: int,
+        buckets: list[dict[str, Payload]],
+        samples: int,
+        inflight: Sequence[Future[Any]],
+        started: float | None,
+        tally: _Tally,
+    ) -> Params:
+        step, client, keys = self.replica.versions[shard], self.clients[shard], len(self.replica.shard_slots[shard])
+        started = started if inflight and started is not None else time.perf_counter()
+        if self._pipelined(shard):
+            return await self._push_pull_pipelined(shard, buckets, samples, inflight, started, tally)
+        pushes = [asyncio.wrap_future(f) for f in inflight]
+        slots = [PushSlot(b) for b in buckets[len(inflight) :]]
+        self._slots[shard] = (slots, len(inflight), buckets)
+        pushes += [asyncio.ensure_future(push_slot(client, slot, step, samples, keys)) for slot in slots]
+        # An async PS (SSP) applies our push on its own and answers a pull with the full parameters
+        # at whatever version is current; we pull only once the pushes are in, so the PS has counted
+        # this step before it decides whether we may start the next (one more RTT than sync mode).
+        asynchronous = client.welcome is not None and client.welcome.staleness >= 0
+        pull = None if asynchronous else asyncio.ensure_future(client.pull(step, step + 1))
+        try:
+            acks = await asyncio.gather(*pushes)
+            tally.push_s[shard] = time.perf_counter() - started  # first byte to the last push's ack
+        except PeerError as exc:
+            return await self._resync_stale(exc, pushes if pull is None else [pull, *pushes], step, shard)
+        if pull is None:
+            tally.staleness[shard] = max(0, max(acks) - 1 - step)  # the last ack names our update's version
+            return await client.pull(-1, 0)
+        return await pull
+
+    async def _push_pull_pipelined(
+        self,
+        shard: int,
+        buckets: list[dict[str, Payload]],
+        samples: int,
+        inflight: Sequence[Future[BucketReply]],
+        started: float,
+        tally: _Tally,
+    ) -> Params:
+        """Push + keyed pulls of one shard's buckets; the replies merged into the step's PARAMS."""
+        step, client = self.replica.versions[shard], self.clients[shard]
+        replies = [asyncio.wrap_future(f) for f in inflight]
+        replies += [asyncio.ensure_future(self._push_bucket(shard, step, samples, b)) for b in buckets[len(inflight) :]]
+        try:
+            done = await asyncio.gather(*replies)
+        except PeerError as exc:
+            return await self._resync_stale(exc, replies, step, shard)
+        tally.push_s[shard] = max(r.acked_at for r in done) - started
+        merged = merge_parts([p for r in done for p in r.parts], [s.key for s in self.replica.shard_slots[shard]], step)
+        if merged is None:  # not one update from our version (the PS moved on): take the parameters whole
+            log.warning("shard %d: keyed replies of step %d do not form its update; resyncing", shard, step)
+            return await client.pull(-1, 0)
+        return merged
+
+    async def _push_bucket(self, shard: int, step: int, samples: int, bucket: dict[str, Payload]) -> BucketReply:
+        """One bucket of a pipelined step: push it, pull its keys."""
+        keys = len(self.replica.shard_slots[shard])
+        return await push_and_pull(self.clients[shard], self._windows[shard], step, samples, keys, bucket)
+
+    async def _resync_stale(self, exc: PeerError, pending: Sequence[asyncio.Future[Any]], step: int, shard: int) -> Params:
+        """A push or pull of `step` refused: cancel what is still in flight; if the barrier moved on
+        without us (we were too slow), resync and skip this step, else re-raise."""
+        for f in pending:
+            f.cancel()
+        if exc.code != "stale":
+            raise exc
+        log.warning("step %d dropped by shard %d (%s); resyncing", step, shard, exc.reason)
+        return await self.clients[shard].pull(-1, 0)
+
+    async def _redecide(self, decide: Decide) -> Withdrawal | None:
+        if not self._slots:
+            return None  # pipelined pushes (overlap) are not withdrawable
+        slots = [slot for shard_slots, _, _ in self._slots.values() for slot in shard_slots]
+        link, acked, unsent = await self._read_link(), sum(s.bytes_acked() for s in slots), any(s.unsent() for s in slots)
+        # Asked even when every byte has left: the slow push is news, and a heavier level then
+        # holds from the next step (logged as `all-sent`).
+        new = decide(link, acked)
+        if new is None or not unsent:
+            return None
+        taken = [(shard, i) for shard, (pushes, _, _) in self._slots.items() for i in withdraw(self.clients[shard], pushes)]
+        if not taken:
+            return None  # none could be withdrawn: the heavier level stands for the next step
+        return Withdrawal(new, link, acked, taken, [self._slots[shard][0][i].bucket for shard, i in taken])
+
+    async def _settle(self, taken: list[tuple[int, int]], outcome: list[dict[str, Payload]] | BaseException) -> None:
+        for n, (shard, i) in enumerate(taken):
+            slots, first, buckets = self._slots[shard]
+            if isinstance(outcome, BaseException):
+                fail(slots[i], outcome)
+                continue
+            buckets[first + i] = outcome[n]
+            replace(slots[i], outcome[n])

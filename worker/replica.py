@@ -1,0 +1,76 @@
+"""The worker's replica: the model as the PS shards last sent it.
+
+It knows which shard owns each key (`assign_shards`: size-balanced and deterministic, so every
+worker agrees), each shard's version, and how a PARAMS message is written into the model. Both
+threads write it, never at once: the network thread applies the pulls of a (re)connect while the
+training thread waits for it, the training thread applies each step's PARAMS.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from netsense.compression import Payload, make_codec
+from netsense.errors import ConfigError, ProtocolError
+from netsense.transport.sharding import assign_shards
+from netsense.transport.wire import Params
+
+from .layout import KeySlot, key_layout
+
+
+class Replica:
+    """Keys of `model` spread over `shards` PS shards, and the version of each shard's keys."""
+
+    def __init__(self, model: torch.nn.Module, chunk_elems: int, shards: int) -> None:
+        self.slots: list[KeySlot] = key_layout(model, chunk_elems)
+        if not 1 <= shards <= len(self.slots):
+            raise ConfigError(f"{shards} PS shards for {len(self.slots)} keys: use 1..{len(self.slots)} shards")
+        self.owner: dict[str, int] = assign_shards([(s.key, 4 * s.numel) for s in self.slots], shards)
+        """Key -> index of the PS shard that owns it (the same on every worker)."""
+        self.shard_slots: list[list[KeySlot]] = [[s for s in self.slots if self.owner[s.key] == i] for i in range(shards)]
+        """Each shard's keys, in layout order."""
+        self.versions: list[int] = [-1] * shards
+        """Version of each shard's keys in this replica."""
+        self.version = -1
+        """The lowest of the shards' versions (in sync mode all advance together)."""
+
+    def shares(self) -> list[float]:
+        """Each shard's fraction of the elements (of the dense payload)."""
+        total = sum(s.numel for s in self.slots)
+        return [sum(s.numel for s in slots) / total for slots in self.shard_slots]
+
+    def seed(self, shard: int) -> dict[str, Payload]:
+        """Rank 0's current values of `shard`'s keys, lossless: what initializes an empty PS."""
+        fp32 = make_codec("fp32")
+        return {s.key: fp32.encode(s.view(s.param.detach())) for s in self.shard_slots[shard]}
+
+    def apply(self, params: Params, shard: int) -> float:
+        """Write a PARAMS message of `shard` into the model, validated against its keys; returns
+        the seconds spent decoding (the step's `decode_s`)."""
+        slots = self.shard_slots[shard]
+        if not params.full and params.base_version != self.versions[shard]:
+            raise ProtocolError("version", f"delta for version {params.base_version}, replica is at {self.versions[shard]}")
+        if params.full and len(params.tensors) != len(slots):
+            raise ProtocolError("keys", f"PS shard {shard} has {len(params.tensors)} keys, this model assigns it {len(slots)}")
+        decode_s = 0.0
+        for slot in slots:
+            payload = params.tensors.get(slot.key)
+            if payload is None:
+                if params.full:
+                    raise ProtocolError("key", f"PS parameters lack key {slot.key!r}: is it the same model?")
+                continue
+            if tuple(payload.shape) != slot.shape:
+                raise ProtocolError("shape", f"key {slot.key!r}: PS shape {payload.shape} != model shape {slot.shape}")
+            td = time.perf_counter()
+            value = make_codec(payload.codec).decode(payload, device=slot.param.device)
+            decode_s += time.perf_counter() - td
+            target = slot.view(slot.param.data)
+            if params.full:
+                target.copy_(value)
+            else:
+                target.add_(value.to(target.dtype))
+        self.versions[shard] = params.version
+        self.version = min(self.versions)
+        return decode_s
