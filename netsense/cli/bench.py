@@ -1,6 +1,6 @@
 """`netsense bench`: micro- and macro-benchmarks, one sub-subcommand per bench kind.
 
-Each kind lives in its own module ``netsense/bench_<kind>.py`` with ``register(kinds) -> None``
+Each kind lives in its own module ``netsense/bench/<kind>.py`` with ``register(kinds) -> None``
 that adds its parser to the ``bench`` subparsers and sets ``func=run``, the same contract as the
 top-level commands in `netsense.cli`. Adding a kind is adding a module and its name to `KINDS`.
 """
@@ -28,9 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     kinds = p.add_subparsers(dest="bench_kind", metavar="KIND")
     for name in KINDS:
         try:
-            module = importlib.import_module(f"netsense.bench_{name}")
+            module = importlib.import_module(f"netsense.bench.{name}")
         except ModuleNotFoundError as exc:
-            if exc.name != f"netsense.bench_{name}":
+            if exc.name != f"netsense.bench.{name}":
                 raise
             continue
         module.register(kinds)

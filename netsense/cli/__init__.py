@@ -1,8 +1,9 @@
-"""The `netsense` command line: one entry point, one module per subcommand (`netsense/cmd_*.py`).
+"""The `netsense` command line: one entry point, one module per subcommand (`netsense/cli/<name>.py`).
 
 Each subcommand module defines ``register(subparsers) -> None`` that adds its parser and sets
 ``func=run`` where ``run(args) -> int`` returns the exit status. Adding a command is adding a module
-to `_COMMANDS`; nothing else changes.
+to `_COMMANDS`; nothing else changes. The entry point lives here, in the package itself, so that
+the console script and ``from netsense.cli import main`` name the same place.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import importlib
 import logging
 import sys
 
-from .errors import NetSenseError
+from netsense.errors import NetSenseError
 
 _COMMANDS = ("ps", "worker", "launch", "certs", "bench", "emulate", "probe", "plot")
 
@@ -29,9 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMANDS:
         try:
-            module = importlib.import_module(f"netsense.cmd_{name}")
+            module = importlib.import_module(f"netsense.cli.{name}")
         except ModuleNotFoundError as exc:
-            if exc.name != f"netsense.cmd_{name}":
+            if exc.name != f"netsense.cli.{name}":
                 raise
             continue  # a command not built yet is simply absent
         module.register(sub)
@@ -55,7 +56,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"netsense {args.command}: interrupted", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from netsense.cliargs import ensure_certs
+from netsense.cli.flags import ensure_certs
 from netsense.config import JobConfig, override, to_dict
 from netsense.errors import ProcessFailed
 from netsense.transport.tls import LOOPBACK_MAX_DATAGRAM_SIZE, TransportSettings

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from netsense.cliargs import add_config_flag, add_security_flags, add_staleness_flag, add_train_flags, add_transport_flags, resolve_config
-from netsense.launcher import Launcher
+from netsense.cli.flags import add_config_flag, add_security_flags, add_staleness_flag, add_train_flags, add_transport_flags, resolve_config
+from netsense.launch.launcher import Launcher
 
 
 def register(sub: argparse._SubParsersAction) -> None:

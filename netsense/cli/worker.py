@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from netsense.metrics import MetricsServer, WorkerCollector
-from netsense.cliargs import (
+from netsense.cli.flags import (
     add_metrics_flag,
     add_config_flag,
     add_security_flags,
@@ -24,7 +24,7 @@ from netsense.cliargs import (
 )
 from netsense.config import JobConfig
 from netsense.errors import ConfigError
-from netsense.launchenv import DEFAULT_PS_PORT, from_environ
+from netsense.launch.env import DEFAULT_PS_PORT, from_environ
 from netsense.models import load_task
 from netsense.worker.device import resolve_device
 from netsense.worker.optimizer import ConnectSettings, NetSenseOptimizer

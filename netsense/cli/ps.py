@@ -10,7 +10,7 @@ import signal
 import sys
 
 from netsense.metrics import MetricsServer, PSCollector
-from netsense.cliargs import (
+from netsense.cli.flags import (
     add_config_flag,
     add_metrics_flag,
     add_security_flags,
