@@ -2,5 +2,5 @@
 
 A kind module (`codecs`, `transport`, `scenario`, `shards`) defines ``register(kinds) -> None`` and
 ``run(args) -> int``; `netsense.cli.bench` registers every kind it finds. `results`, `plot` and
-`plot_run` are pure over a run's files, so `netsense plot` redraws figures without rerunning.
+`plot_run` read only what a run left behind, so `netsense plot` redraws figures without rerunning.
 """
