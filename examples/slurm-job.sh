@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Slurm batch script: the PS runs on the job's first node, one worker per task.
-# Workers read SLURM_PROCID / SLURM_NTASKS / SLURM_JOB_NODELIST (see netsense/launchenv.py).
+# Workers read SLURM_PROCID / SLURM_NTASKS / SLURM_JOB_NODELIST (see netsense/launch/env.py).
 #SBATCH --job-name=netsense
 #SBATCH --nodes=2
 #SBATCH --ntasks=4

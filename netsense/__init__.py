@@ -15,6 +15,7 @@ from .errors import (
     PeerTimeout,
     ProcessFailed,
     ProtocolError,
+    RequestAbandoned,
 )
 
 __version__ = "0.1.0"
@@ -28,5 +29,6 @@ __all__ = [
     "PeerTimeout",
     "ProcessFailed",
     "ProtocolError",
+    "RequestAbandoned",
     "__version__",
 ]

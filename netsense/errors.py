@@ -1,7 +1,8 @@
 """The exception tree. Every component raises one of these; library errors are mapped at the boundary.
 
 This module imports nothing from the project so that every layer (compression, transport, ps,
-worker) may depend on it without breaking the one-way dependency direction of DESIGN.md §1.
+worker) may depend on it without breaking the one-way dependency direction of docs/ARCHITECTURE.md
+("Layers"); tests/test_layering.py checks that direction. `netsense.__all__` exports every class here.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`netsense bench scenario`: the pure figures of `netsense.results`, and one tiny scenario end to end."""
+"""`netsense bench scenario`: the pure figures of `netsense.bench.results`, and one tiny scenario end to end."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from netsense.bench_scenario import parse_policies
+from netsense.bench.scenario import parse_policies
 from netsense.cli import main
 from netsense.errors import ConfigError
-from netsense.plot import FIGURES
-from netsense.results import (
+from netsense.bench.plot import FIGURES
+from netsense.bench.results import (
     POLICY_FIELDS,
     best_fixed,
     ideal_step_s,
@@ -204,7 +204,7 @@ def test_ddp_peer_through_netns(tmp_path: Path) -> None:
     ok, reason = netns_available()
     if not ok:
         pytest.skip(reason)
-    from netsense.ddp_baseline import figures, run_ddp
+    from netsense.bench.ddp_baseline import figures, run_ddp
 
     events = run_ddp(model="digits-cnn", hook="fp16", link="rate=50mbit,queue=50ms", steps=4, eval_every=2)
     figs = figures(events, link="rate=50mbit,queue=50ms", target=0.01, global_batch=64)

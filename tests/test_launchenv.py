@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from netsense.errors import ConfigError
-from netsense.launchenv import first_slurm_host, from_environ
+from netsense.launch.env import first_slurm_host, from_environ
 
 
 def test_torchrun() -> None:

@@ -55,7 +55,7 @@ def test_ps_command_serves_metrics(tmp_path) -> None:
     import subprocess
     import sys
 
-    from netsense.launcher import stop_processes
+    from netsense.launch.launcher import stop_processes
 
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}
     p = subprocess.Popen(

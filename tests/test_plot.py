@@ -1,4 +1,4 @@
-"""`netsense.plot` and `netsense plot DIR`: figures from a results.json, and its errors."""
+"""`netsense.bench.plot` and `netsense plot DIR`: figures from a results.json, and its errors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from netsense.cli import main
-from netsense.plot import FIGURES, plot_results
+from netsense.bench.plot import FIGURES, plot_results
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

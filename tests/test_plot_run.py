@@ -9,7 +9,7 @@ import pytest
 
 from netsense.cli import main
 from netsense.errors import ConfigError
-from netsense.plot_run import plot_run
+from netsense.bench.plot_run import plot_run
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 
 import pytest
 
@@ -15,6 +16,23 @@ PROMISED = {
 }
 
 
+def test_every_error_is_exported() -> None:
+    """The exception tree is one module, exported whole: a caller catches any NetSense error from
+    `netsense` without knowing which layer raised it, and a new class cannot be left out."""
+    import netsense
+    from netsense import errors
+
+    defined = {
+        name
+        for name, obj in vars(errors).items()
+        if inspect.isclass(obj) and issubclass(obj, errors.NetSenseError) and obj.__module__ == errors.__name__
+    }
+    assert "NetSenseError" in defined and len(defined) > 1
+    assert sorted(defined - set(netsense.__all__)) == []
+    for name in defined:
+        assert getattr(netsense, name) is getattr(errors, name)
+
+
 @pytest.mark.parametrize("package", sorted(PROMISED))
 def test_exports(package: str) -> None:
     module = importlib.import_module(package)
@@ -24,7 +42,7 @@ def test_exports(package: str) -> None:
 
 
 def test_compression_imports_no_io() -> None:
-    """compression/ is pure: importing it must not pull in asyncio or aioquic (DESIGN.md §1)."""
+    """compression/ is pure: importing it must not pull in asyncio or aioquic (docs/ARCHITECTURE.md, "Layers")."""
     import subprocess
     import sys
 

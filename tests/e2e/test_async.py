@@ -91,7 +91,7 @@ def test_a_sync_ps_reports_sync_mode(ps: RunningPS) -> None:
 @pytest.mark.parametrize("command", ["ps", "launch"])
 def test_staleness_flag_sets_the_server_mode(command: str) -> None:
     from netsense.cli import build_parser
-    from netsense.cliargs import resolve_config
+    from netsense.cli.flags import resolve_config
     from netsense.errors import ConfigError
 
     assert resolve_config(build_parser().parse_args([command])).server.staleness is None

@@ -151,7 +151,7 @@ def test_a_changed_batch_size_without_a_hint_is_refused(servers: list[RunningPS]
 @pytest.mark.parametrize("command", ["worker", "launch"])
 def test_overlap_flag_reaches_the_train_settings(command: str) -> None:
     from netsense.cli import build_parser
-    from netsense.cliargs import resolve_config
+    from netsense.cli.flags import resolve_config
 
     assert resolve_config(build_parser().parse_args([command])).train.overlap is False
     assert resolve_config(build_parser().parse_args([command, "--overlap"])).train.overlap is True

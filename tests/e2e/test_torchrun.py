@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from netsense.launcher import stop_processes
+from netsense.launch.launcher import stop_processes
 
 
 def _start_ps(certs: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], int]:

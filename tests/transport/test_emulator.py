@@ -409,14 +409,14 @@ async def test_quic_transfer_through_emulator(tmp_path: Path) -> None:
 # -- the `netsense emulate` command ---------------------------------------------------------------
 
 _CLI = (
-    "import argparse, sys; from netsense import cmd_emulate; "
+    "import argparse, sys; from netsense.cli import emulate as cmd_emulate; "
     "p = argparse.ArgumentParser(); cmd_emulate.register(p.add_subparsers()); "
     "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))"
 )
 
 
 def _emulate_parser() -> argparse.ArgumentParser:
-    from netsense import cmd_emulate
+    from netsense.cli import emulate as cmd_emulate
 
     parser = argparse.ArgumentParser(prog="netsense")
     cmd_emulate.register(parser.add_subparsers())

@@ -5,13 +5,13 @@ other ranks in the client namespace, so every all-reduce crosses the router's `t
 The same model, seed, batch order (`worker_batch`) and optimizer settings as a NetSense job; the
 optimizer runs on every rank on the averaged gradient (DDP's contract). Rank 0 evaluates every
 ``--eval-every`` steps and prints the same step/eval JSON events as a NetSense worker, so
-`netsense.results.policy_figures` computes the same figures.
+`netsense.bench.results.policy_figures` computes the same figures.
 
 Bytes are the kernel's counters of the client namespace's veth (tx = up through the bottleneck,
 rx = down), read by the client-side rank; the ideal step of a DDP run is the transfer bound only
 (its compute overlaps the all-reduce inside backward and is not timed separately).
 
-Run one rank by hand: ``python -m netsense.ddp_baseline --rank 0 --world-size 2 --master HOST:PORT``;
+Run one rank by hand: ``python -m netsense.bench.ddp_baseline --rank 0 --world-size 2 --master HOST:PORT``;
 `run_ddp` builds the namespaces and runs all ranks (root only; `netns_available()` says why not).
 """
 
@@ -114,7 +114,7 @@ def run_ddp(
     with NetnsTopology(link) as topo:
         procs = []
         for rank in range(workers):
-            argv = [sys.executable, "-m", "netsense.ddp_baseline", "--model", model, "--hook", hook, "--rank", str(rank),
+            argv = [sys.executable, "-m", "netsense.bench.ddp_baseline", "--model", model, "--hook", hook, "--rank", str(rank),
                     "--world-size", str(workers), "--master", f"{topo.server_ip}:{MASTER_PORT}", "--seed", str(seed),
                     "--eval-every", str(eval_every)]  # fmt: skip
             if steps:
@@ -135,7 +135,7 @@ def run_ddp(
 
 def figures(events: dict[int, list[dict[str, Any]]], *, link: str, target: float, global_batch: int) -> dict[str, Any]:
     """The scenario figures of a DDP run (bytes from the client-side rank's counters)."""
-    from netsense.results import policy_figures
+    from netsense.bench.results import policy_figures
     from netsense.transport.linkspec import parse_link
 
     client = {e["step"]: e for e in events[1] if e["event"] == "step"}
@@ -147,7 +147,7 @@ def figures(events: dict[int, list[dict[str, Any]]], *, link: str, target: float
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m netsense.ddp_baseline", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m netsense.bench.ddp_baseline", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="digits-cnn")
     p.add_argument("--hook", choices=HOOKS, default="none")
     p.add_argument("--rank", type=int, required=True)

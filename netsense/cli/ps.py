@@ -9,18 +9,11 @@ import logging
 import signal
 import sys
 
-from netsense.metrics import MetricsServer, PSCollector
-from netsense.cliargs import (
-    add_config_flag,
-    add_metrics_flag,
-    add_security_flags,
-    add_staleness_flag,
-    add_transport_flags,
-    ensure_certs,
-    resolve_config,
-)
+from netsense.cli.flags import add_config_flag, add_job_flags, resolve_config
 from netsense.config import override
+from netsense.devcerts import ensure_certs
 from netsense.errors import ConfigError
+from netsense.metrics import MetricsServer, PSCollector
 from netsense.ps import checkpoint
 from netsense.ps.server import PSServer
 from netsense.transport.auth import load_secret
@@ -53,10 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--resume", nargs="?", const=True, default=None, metavar="DIR",
         help="resume from the newest valid checkpoint in DIR (default: --checkpoint-dir), and keep checkpointing there",
     )  # fmt: skip
-    add_staleness_flag(p)
-    add_metrics_flag(p)
-    add_transport_flags(p)
-    add_security_flags(p)
+    add_job_flags(p, staleness=True, metrics=True)
     p.set_defaults(func=run)
 
 

@@ -1,8 +1,9 @@
-"""The `netsense` command line: one entry point, one module per subcommand (`netsense/cmd_*.py`).
+"""The `netsense` command line: one entry point, one module per subcommand (`netsense/cli/<name>.py`).
 
 Each subcommand module defines ``register(subparsers) -> None`` that adds its parser and sets
 ``func=run`` where ``run(args) -> int`` returns the exit status. Adding a command is adding a module
-to `_COMMANDS`; nothing else changes.
+to `_COMMANDS`; nothing else changes. The entry point lives here, in the package itself, so that
+the console script and ``from netsense.cli import main`` name the same place.
 """
 
 from __future__ import annotations
@@ -11,10 +12,26 @@ import argparse
 import importlib
 import logging
 import sys
+from collections.abc import Iterable
 
-from .errors import NetSenseError
+from netsense.errors import NetSenseError
 
 _COMMANDS = ("ps", "worker", "launch", "certs", "bench", "emulate", "probe", "plot")
+
+
+def register_modules(sub: argparse._SubParsersAction, package: str, names: Iterable[str]) -> None:  # type: ignore[type-arg]
+    """Call ``register(sub)`` of each module ``package.name``, in order.
+
+    A module that does not exist is simply absent (a command or bench kind not built yet); a module
+    that exists but fails to import still raises, so a broken import is never hidden."""
+    for name in names:
+        try:
+            module = importlib.import_module(f"{package}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{package}.{name}":
+                raise
+            continue
+        module.register(sub)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,14 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in _COMMANDS:
-        try:
-            module = importlib.import_module(f"netsense.cmd_{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"netsense.cmd_{name}":
-                raise
-            continue  # a command not built yet is simply absent
-        module.register(sub)
+    register_modules(sub, "netsense.cli", _COMMANDS)
     return parser
 
 
@@ -55,7 +65,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"netsense {args.command}: interrupted", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = sub.add_parser(
         "emulate",
         help="relay UDP (QUIC) through an emulated link: rate, queue, delay, loss",
-        description="A UDP relay that shapes each direction like a bottleneck link (DESIGN.md §7).",
+        description="A UDP relay that shapes each direction like a bottleneck link (docs/EMULATOR.md).",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     if args.stats_every < 0:
         raise ConfigError(f"--stats-every must be >= 0, got {args.stats_every}")
     try:
-        import uvloop  # ~3x the forwarding rate of the default loop (TRANSPORT-FACTS.md)
+        import uvloop  # ~3x the forwarding rate of the default loop (docs/EMULATOR.md)
     except ImportError:
         runner = asyncio.run
     else:

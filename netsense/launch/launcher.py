@@ -19,16 +19,17 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
-from netsense.cliargs import ensure_certs
 from netsense.config import JobConfig, override, to_dict
+from netsense.devcerts import ensure_certs
 from netsense.errors import ProcessFailed
 from netsense.transport.tls import LOOPBACK_MAX_DATAGRAM_SIZE, TransportSettings
 from netsense.worker.device import resolve_device
 
 log = logging.getLogger(__name__)
 _GRACE_S = 5.0
+_T = TypeVar("_T")
 
 
 def _reader(rank: int, stream: IO[str], out: queue.Queue[tuple[int, dict[str, Any]]]) -> None:
@@ -231,32 +232,47 @@ class Launcher:
                 lines.put(line)
 
         threading.Thread(target=pump, daemon=True).start()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                line = lines.get(timeout=0.2)
-            except queue.Empty:
-                if emu.poll() is not None:
-                    raise ProcessFailed(f"the link emulator exited with status {emu.returncode} before listening")
-                continue
-            if line.startswith("listening on "):
-                return emu, int(line.split()[2].rpartition(":")[2])
-        raise ProcessFailed(f"the link emulator did not report its port within {timeout_s} s")
+
+        def port_of(line: str) -> int | None:
+            return int(line.split()[2].rpartition(":")[2]) if line.startswith("listening on ") else None
+
+        return emu, _await_port(lines, emu, port_of, what="the link emulator", report="its port", timeout_s=timeout_s)
 
     def _wait_ready(self, ps: subprocess.Popen[str], timeout_s: float = 60.0) -> int:
         box: queue.Queue[dict[str, Any]] = queue.Queue()
         threading.Thread(target=_reader, args=(-1, ps.stdout, _Adapter(box)), daemon=True).start()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                event = box.get(timeout=0.2)
-            except queue.Empty:
-                if ps.poll() is not None:
-                    raise ProcessFailed(f"the parameter server exited with status {ps.returncode} before listening")
-                continue
-            if event.get("event") == "ready":
-                return int(event["port"])
-        raise ProcessFailed(f"the parameter server did not report ready within {timeout_s} s")
+
+        def port_of(event: dict[str, Any]) -> int | None:
+            return int(event["port"]) if event.get("event") == "ready" else None
+
+        return _await_port(box, ps, port_of, what="the parameter server", report="ready", timeout_s=timeout_s)
+
+
+def _await_port(
+    box: queue.Queue[_T],
+    proc: subprocess.Popen[str],
+    port_of: Callable[[_T], int | None],
+    *,
+    what: str,
+    report: str,
+    timeout_s: float,
+) -> int:
+    """The port that a starting child announces through `box` (`port_of` is None for other lines).
+
+    One wait for the PS and the emulator alike: a child that exits first, or stays silent past
+    `timeout_s`, fails the job with ProcessFailed instead of hanging it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            item = box.get(timeout=0.2)
+        except queue.Empty:
+            if proc.poll() is not None:
+                raise ProcessFailed(f"{what} exited with status {proc.returncode} before listening")
+            continue
+        port = port_of(item)
+        if port is not None:
+            return port
+    raise ProcessFailed(f"{what} did not report {report} within {timeout_s} s")
 
 
 def _merge_levels(histograms: Any) -> dict[str, int]:

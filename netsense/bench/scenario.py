@@ -31,7 +31,7 @@ from typing import Any
 
 from netsense.config import JobConfig, override
 from netsense.errors import ConfigError
-from netsense.launcher import Launcher
+from netsense.launch.launcher import Launcher
 from netsense.transport.decisions import read_decision_log
 from netsense.transport.linkspec import DuplexSpec, parse_link
 
@@ -95,7 +95,7 @@ def parse_policies(text: str) -> list[str]:
         raise ConfigError(f"--policies {text!r} names no policy; e.g. --policies none,fp16,netsense")
     if len(set(names)) != len(names):
         raise ConfigError(f"--policies {text!r} repeats a policy")
-    from netsense.ddp_baseline import HOOKS
+    from netsense.bench.ddp_baseline import HOOKS
 
     ladder = Ladder.parse(DEFAULT_LADDER)
     for name in names:
@@ -170,8 +170,8 @@ def run_policy(
 ) -> dict[str, Any]:
     """One policy's job, across `netns_link`'s tbf when given, else through the emulator (or none).
 
-    Returns its figures (see `netsense.results.policy_figures`)."""
-    from netsense.results import policy_figures
+    Returns its figures (see `netsense.bench.results.policy_figures`)."""
+    from netsense.bench.results import policy_figures
 
     if run_dir.exists():
         shutil.rmtree(run_dir)  # decision logs append: a stale one would mix two runs
@@ -233,7 +233,7 @@ def _netns_link(args: argparse.Namespace, policy: str) -> str:
 
 def _run_ddp(args: argparse.Namespace, policy: str, *, steps: int, batch_size: int, target: float) -> dict[str, Any]:
     """A DDP peer's figures. It runs its whole step budget (--max-time + 120 s is a hard timeout)."""
-    from netsense import ddp_baseline
+    from netsense.bench import ddp_baseline
 
     link = _netns_link(args, policy)
     print(f"== {policy}: {args.model} x{args.workers}, DDP gloo through netns tbf: {link or 'unshaped'}", flush=True)
@@ -291,8 +291,8 @@ def scenario_info(args: argparse.Namespace, *, steps: int, batch_size: int, poli
 
 
 def write_outputs(results: dict[str, Any], out: Path, *, plots: bool = True) -> None:
-    from netsense.plot import plot_results
-    from netsense.results import markdown_table
+    from netsense.bench.plot import plot_results
+    from netsense.bench.results import markdown_table
 
     tmp = out / "results.json.tmp"
     tmp.write_text(json.dumps(results, indent=1, allow_nan=False) + "\n")
@@ -304,7 +304,7 @@ def write_outputs(results: dict[str, Any], out: Path, *, plots: bool = True) -> 
 
 def run(args: argparse.Namespace) -> int:
     from netsense.models import load_task
-    from netsense.results import markdown_table, validate_results
+    from netsense.bench.results import markdown_table, validate_results
 
     if args.workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {args.workers}")

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from netsense.cliargs import add_config_flag, add_security_flags, add_staleness_flag, add_train_flags, add_transport_flags, resolve_config
-from netsense.launcher import Launcher
+from netsense.cli.flags import add_config_flag, add_job_flags, resolve_config
+from netsense.launch.launcher import Launcher
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,10 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--link", metavar="SPEC", help="emulated link between workers and PS (netsense emulate), "
                    "e.g. rate=20mbit,delay=10ms")
     p.add_argument("--trace", metavar="FILE", help="rate trace for the emulated link (CSV or Mahimahi)")
-    add_train_flags(p)
-    add_staleness_flag(p)
-    add_transport_flags(p)
-    add_security_flags(p)
+    add_job_flags(p, train=True, staleness=True)
     p.set_defaults(func=run)
 
 

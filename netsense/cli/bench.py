@@ -1,6 +1,6 @@
 """`netsense bench`: micro- and macro-benchmarks, one sub-subcommand per bench kind.
 
-Each kind lives in its own module ``netsense/bench_<kind>.py`` with ``register(kinds) -> None``
+Each kind lives in its own module ``netsense/bench/<kind>.py`` with ``register(kinds) -> None``
 that adds its parser to the ``bench`` subparsers and sets ``func=run``, the same contract as the
 top-level commands in `netsense.cli`. Adding a kind is adding a module and its name to `KINDS`.
 """
@@ -8,7 +8,8 @@ top-level commands in `netsense.cli`. Adding a kind is adding a module and its n
 from __future__ import annotations
 
 import argparse
-import importlib
+
+from netsense.cli import register_modules
 
 KINDS: tuple[str, ...] = ("codecs", "transport", "scenario", "shards")
 """Bench kinds, in --help order; a kind whose module does not exist yet is simply absent."""
@@ -26,14 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     kinds = p.add_subparsers(dest="bench_kind", metavar="KIND")
-    for name in KINDS:
-        try:
-            module = importlib.import_module(f"netsense.bench_{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"netsense.bench_{name}":
-                raise
-            continue
-        module.register(kinds)
+    register_modules(kinds, "netsense.bench", KINDS)
     p.set_defaults(func=_usage(p))
 
 

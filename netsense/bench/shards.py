@@ -88,7 +88,7 @@ def measure(servers: int, workers: int, *, mb: float, keys: int, steps: int, mds
             spec = {"ps": ports, "workers": workers, "mb": mb, "keys": keys, "steps": steps, "mds": mds}
             ws = [
                 subprocess.Popen(
-                    [sys.executable, "-m", "netsense.bench_shards", json.dumps({**spec, "rank": r})],
+                    [sys.executable, "-m", "netsense.bench.shards", json.dumps({**spec, "rank": r})],
                     stdout=subprocess.PIPE, text=True, env=env,
                 )  # fmt: skip
                 for r in range(workers)

@@ -6,13 +6,10 @@ Precedence: defaults < ``--config FILE`` < flags. A flag left unset never overri
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 from typing import Any
 
 from netsense.config import JobConfig, load_config, override
 from netsense.errors import ConfigError
-from netsense.transport.tls import CertPaths, make_dev_certs
 
 
 def add_metrics_flag(p: argparse.ArgumentParser) -> None:
@@ -74,6 +71,19 @@ def add_transport_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--barrier-timeout", type=float, help="seconds the PS waits for a slow worker before dropping it from a step")
 
 
+def add_job_flags(p: argparse.ArgumentParser, *, train: bool = False, staleness: bool = False, metrics: bool = False) -> None:
+    """The flag groups that `ps`, `worker` and `launch` share, always in this order (their --help
+    lists them so): training, staleness, metrics, then transport and security, which all three take."""
+    if train:
+        add_train_flags(p)
+    if staleness:
+        add_staleness_flag(p)
+    if metrics:
+        add_metrics_flag(p)
+    add_transport_flags(p)
+    add_security_flags(p)
+
+
 def resolve_config(args: argparse.Namespace) -> JobConfig:
     """The job config from --config and the flags present on `args`."""
     config = load_config(getattr(args, "config", None))
@@ -107,23 +117,6 @@ def resolve_config(args: argparse.Namespace) -> JobConfig:
         security__certs_dir=a.get("certs"),
         security__insecure=a.get("insecure"),
     )
-
-
-def default_certs_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "netsense" / "dev-certs"
-
-
-def ensure_certs(certs_dir: str | None, *, create: bool) -> CertPaths:
-    """Cert paths in `certs_dir` (or the cache dir); create dev certs there if allowed and missing."""
-    d = Path(certs_dir) if certs_dir else default_certs_dir()
-    paths = CertPaths.in_dir(d)
-    missing = [p for p in (paths.ca, paths.cert, paths.key, paths.secret) if not p.exists()]
-    if missing:
-        if not create:
-            raise ConfigError(f"missing {', '.join(map(str, missing))}; create them with `netsense certs --out {d}`")
-        make_dev_certs(d)
-    return paths
 
 
 def parse_hostports(value: str) -> list[tuple[str, int]]:

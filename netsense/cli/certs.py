@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from netsense.cliargs import default_certs_dir
+from netsense.devcerts import default_certs_dir
 from netsense.transport.tls import make_dev_certs
 
 

@@ -24,12 +24,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from netsense.plot import plot_results
-    from netsense.results import markdown_table, validate_results
+    from netsense.bench.plot import plot_results
+    from netsense.bench.results import markdown_table, validate_results
 
     path = Path(args.dir) / "results.json"
     if not path.exists():
-        from netsense.plot_run import is_run_dir, plot_run
+        from netsense.bench.plot_run import is_run_dir, plot_run
 
         if is_run_dir(Path(args.dir)):  # a `netsense launch` run folder
             for p in plot_run(args.dir):

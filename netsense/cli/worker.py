@@ -11,20 +11,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from netsense.metrics import MetricsServer, WorkerCollector
-from netsense.cliargs import (
-    add_metrics_flag,
-    add_config_flag,
-    add_security_flags,
-    add_train_flags,
-    add_transport_flags,
-    ensure_certs,
-    parse_hostports,
-    resolve_config,
-)
+from netsense.cli.flags import add_config_flag, add_job_flags, parse_hostports, resolve_config
 from netsense.config import JobConfig
+from netsense.devcerts import ensure_certs
 from netsense.errors import ConfigError
-from netsense.launchenv import DEFAULT_PS_PORT, from_environ
+from netsense.launch.env import DEFAULT_PS_PORT, from_environ
+from netsense.metrics import MetricsServer, WorkerCollector
 from netsense.models import load_task
 from netsense.worker.connect import ConnectSettings
 from netsense.worker.device import resolve_device
@@ -53,10 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--server-name", help="name to verify in the PS certificate (default: the PS host)")
     p.add_argument("--events", action="store_true", help="print progress as JSON lines on stdout")
     p.add_argument("--summary-json", metavar="PATH", help="write the worker's summary here")
-    add_train_flags(p)
-    add_metrics_flag(p)
-    add_transport_flags(p)
-    add_security_flags(p)
+    add_job_flags(p, train=True, metrics=True)
     p.set_defaults(func=run)
 
 
