@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from netsense.compression import Codec, LinkState, Payload, make_codec
-from netsense.compression.policy import Decision, Policy
+from netsense.compression.policy import Decision, Policy, build_policy
 from netsense.errors import AuthError, ConfigError, PeerError, PeerTimeout, ProtocolError
 from netsense.transport.auth import load_secret
 from netsense.transport.sharding import assign_shards
@@ -32,7 +32,7 @@ from .client import Identity, PSClient
 from .layout import DEFAULT_CHUNK_ELEMS, KeySlot, key_layout
 from .netthread import NetThread
 from .overlap import PUSH_WINDOW, BackwardPushes, BucketReply, merge_parts, push_and_pull, slots_by_param
-from .uplink import UplinkController, build_policy
+from .uplink import UplinkController
 from .withdraw import PushSlot, fail, push_slot, replace, withdraw
 
 log = logging.getLogger(__name__)
@@ -451,7 +451,7 @@ class NetSenseOptimizer:
         link, acked, unsent = self._net.run(self._push_progress())
         # Asked even when every byte has left: the slow push is news, and a heavier level then
         # holds from the next step (logged as `all-sent`).
-        new = self.uplink.recheck(link, bytes_acked=acked, elapsed_s=elapsed)
+        new = self.uplink.redecide(link, bytes_acked=acked, elapsed_s=elapsed)
         if new is None or not unsent:
             return None
         taken = self._net.run(self._withdraw())
