@@ -2,9 +2,9 @@
 
 Every policy is a small synchronous state machine behind one interface (`base.Policy`): `choose`
 takes a `ChooseRequest` (the link snapshot, the dense payload size, the measured compute time, the
-step) and returns a `Decision`; `observe` feeds back what the send really cost. No clocks are read
-here (time arrives in `LinkState.time_s` or as an argument), so policies run on synthetic sequences
-in tests. Policies register by name like codecs do (`registry`); importing this package registers
+step) and returns a `Decision`; `observe` takes a `SendReport` of what the send really cost. No
+clocks are read here (time arrives in `LinkState.time_s` or as an argument), so policies run on
+synthetic sequences in tests. Policies register by name like codecs do (`registry`); importing this package registers
 every one of them.
 
 Where things are: the policy's input `link.LinkState`, the level ladder `ladder`, the request, the
@@ -19,7 +19,7 @@ from __future__ import annotations
 # Each policy module registers its policies on import.
 from .base import Policy
 from .dc2 import Dc2Policy, Dc2Settings
-from .decision import ChooseRequest, Decision, Prediction, predict
+from .decision import ChooseRequest, Decision, Prediction, SendReport, predict
 from .fixed import FixedPolicy
 from .netsense import NetsensePolicy
 from .netsense_settings import NetsensePolicySettings
@@ -39,6 +39,7 @@ __all__ = [
     "Policy",
     "PolicyFactory",
     "Prediction",
+    "SendReport",
     "build_policy",
     "make_policy",
     "policy_names",

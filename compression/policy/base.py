@@ -1,7 +1,7 @@
 """The interface every policy implements: a small synchronous state machine, no clock, no I/O.
 
-`choose` answers a `ChooseRequest` with a `Decision`; `observe` and the other `observe_*` feed
-back what a send really cost; `redecide` may move a slow push heavier mid-flight. Time arrives in
+`choose` answers a `ChooseRequest` with a `Decision`; `observe` (a `SendReport`) and the other
+`observe_*` feed back what a send really cost; `redecide` may move a slow push heavier mid-flight. Time arrives in
 `LinkState.time_s` or as an argument, so policies run on synthetic sequences in tests.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from .decision import ChooseRequest, Decision, predict_request
+from .decision import ChooseRequest, Decision, SendReport, predict_request
 from .ladder import Ladder, Level, level_for
 from .link import LinkState
 
@@ -29,21 +29,9 @@ class Policy(ABC):
         """Decide the level for `request.step`; its `payload_bytes` is the dense fp32 size S,
         its `compute_s` Tc."""
 
-    def observe(
-        self,
-        *,
-        step: int,
-        level: int | None,
-        bytes_sent: int,
-        comm_s: float,
-        time_s: float | None = None,
-        rtt_s: float | None = None,
-        app_limited: bool | None = None,
-    ) -> None:
-        """Feedback after a send: `bytes_sent` wire bytes took `comm_s` (first byte to ack, codec
-        time excluded). `time_s` defaults to the last link snapshot's time; `rtt_s` is an optional
-        application-measured RTT sample; `app_limited` marks a send known not to fill the pipe.
-        The default ignores feedback; adaptive policies override."""
+    def observe(self, report: SendReport) -> None:
+        """Feedback after a send: `report.bytes_sent` wire bytes took `report.comm_s` (first byte to
+        ack, codec time excluded). The default ignores feedback; adaptive policies override."""
 
     def redecide(self, *, link: LinkState, sent: Decision, bytes_acked: int, elapsed_s: float) -> Decision | None:
         """Mid-push: the push of `sent` has run `elapsed_s` (first byte on) and `bytes_acked` of it

@@ -1,8 +1,9 @@
-"""What a policy is asked and what it answers, and the step-time model both are priced with.
+"""What a policy is asked, what it answers and what it hears back, and the step-time model.
 
 One request type (`ChooseRequest`) goes into every `Policy.choose`, so the policies, their callers
 and the mid-push redecide pass one value instead of repeating five keywords; one `Decision` comes
-out, with the prediction it was based on and its decision-log record (docs/POLICIES.md).
+out, with the prediction it was based on and its decision-log record (docs/POLICIES.md); one
+`SendReport` goes back into `Policy.observe` with what the send really cost.
 """
 
 from __future__ import annotations
@@ -37,6 +38,26 @@ class ChooseRequest:
             raise ValueError(f"payload_bytes must be >= 0, got {self.payload_bytes}")
         if not (math.isfinite(self.compute_s) and self.compute_s >= 0):
             raise ValueError(f"compute_s must be finite and >= 0, got {self.compute_s}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SendReport:
+    """What one send really cost, fed back to the policy that chose it (`Policy.observe`)."""
+
+    step: int
+    """Training step of the send."""
+    level: int | None
+    """Ladder level sent (the decision's), None for an off-ladder spec."""
+    bytes_sent: int
+    """Wire bytes sent."""
+    comm_s: float
+    """First byte sent to acknowledgement, codec time excluded."""
+    time_s: float | None = None
+    """Link time of the send; None: the last link snapshot's."""
+    rtt_s: float | None = None
+    """An application-measured RTT sample, if any."""
+    app_limited: bool | None = None
+    """True for a send known not to fill the pipe."""
 
 
 @dataclass(frozen=True, kw_only=True)

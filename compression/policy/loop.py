@@ -17,7 +17,7 @@ import torch
 from ..base import Codec, make_codec
 from ..progress import WARM_UP_NUMEL, measure_level
 from .base import Policy
-from .decision import ChooseRequest, Decision
+from .decision import ChooseRequest, Decision, SendReport
 from .decisionlog import DecisionLog
 from .link import LinkState
 from .progress import measure_into
@@ -74,7 +74,7 @@ class PolicyLoop:
 
     def observe(self, decision: Decision, *, bytes_sent: int, comm_s: float) -> None:
         """What the send of `decision` cost: `bytes_sent` wire bytes in `comm_s`."""
-        self.policy.observe(step=decision.step, level=decision.level, bytes_sent=bytes_sent, comm_s=comm_s)
+        self.policy.observe(SendReport(step=decision.step, level=decision.level, bytes_sent=bytes_sent, comm_s=comm_s))
 
     def warm_up(self, levels: list[int], tensors: list[torch.Tensor]) -> None:
         """Build the candidate codecs of `levels` and call each once on a small sample of `tensors`."""

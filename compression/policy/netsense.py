@@ -14,7 +14,7 @@ from ..progress import DEFAULT_SAMPLE_NUMEL
 from .bandwidth import BandwidthEstimate
 from .base import Policy
 from .costs import CodecCosts, TransportCost
-from .decision import ChooseRequest, Decision, predict_steps
+from .decision import ChooseRequest, Decision, SendReport, predict_steps
 from .ladder import Ladder, Level
 from .law import LevelHold
 from .link import LinkState
@@ -147,22 +147,13 @@ class NetsensePolicy(Policy):
         )
         return self._sent(self._emit(request, levels, target, reason, bw=bw, per_byte=per_byte, preds=preds), bw, rtt)
 
-    def observe(
-        self,
-        *,
-        step: int,
-        level: int | None,
-        bytes_sent: int,
-        comm_s: float,
-        time_s: float | None = None,
-        rtt_s: float | None = None,
-        app_limited: bool | None = None,
-    ) -> None:
+    def observe(self, report: SendReport) -> None:
         """Adds an application bandwidth sample (bytes over comm time less one min RTT)."""
+        level, bytes_sent, comm_s = report.level, report.bytes_sent, report.comm_s
         predicted, self._predicted_wire_s = self._predicted_wire_s, None
         self._last_send_slow = predicted is not None and comm_s > 1.5 * predicted + 0.005
         self.bandwidth.add_app_sample(
-            bytes_sent=bytes_sent, comm_s=comm_s, min_rtt_s=self._min_rtt_s, app_limited=bool(app_limited)
+            bytes_sent=bytes_sent, comm_s=comm_s, min_rtt_s=self._min_rtt_s, app_limited=bool(report.app_limited)
         )
         if level is not None and 0 <= level < len(self.ladder):
             # The receiver decodes before it acknowledges (the PS acks a push once decoded), so its
@@ -172,7 +163,7 @@ class NetsensePolicy(Policy):
                 level=level,
                 bytes_sent=bytes_sent,
                 comm_s=comm_s,
-                time_s=self._now_s if time_s is None else time_s,
+                time_s=self._now_s if report.time_s is None else report.time_s,
                 min_rtt_s=self._min_rtt_s,
                 peer_decode_s=peer_decode,
                 queue_s=self._queue_s,

@@ -6,7 +6,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from .base import Policy
-from .decision import ChooseRequest, Decision
+from .decision import ChooseRequest, Decision, SendReport
 from .ladder import Ladder
 from .registry import register_policy
 from .settings import require, settings_factory
@@ -87,29 +87,19 @@ class PaperPolicy(Policy):
             bandwidth_Bps=bw,
         )
 
-    def observe(
-        self,
-        *,
-        step: int,
-        level: int | None,
-        bytes_sent: int,
-        comm_s: float,
-        time_s: float | None = None,
-        rtt_s: float | None = None,
-        app_limited: bool | None = None,
-    ) -> None:
+    def observe(self, report: SendReport) -> None:
         """Adds the send's rate (bytes / comm time) and any RTT sample, then applies the law."""
-        t = self._now if time_s is None else time_s
+        t = self._now if report.time_s is None else report.time_s
         self._now = t
-        if bytes_sent > 0 and comm_s > 0:
-            self._add(self._bw, t, bytes_sent / comm_s)
-        if rtt_s is not None and rtt_s > 0:
-            self._add(self._rtt, t, rtt_s)
+        if report.bytes_sent > 0 and report.comm_s > 0:
+            self._add(self._bw, t, report.bytes_sent / report.comm_s)
+        if report.rtt_s is not None and report.rtt_s > 0:
+            self._add(self._rtt, t, report.rtt_s)
         bdp = self.bdp_bytes
         if bdp is None:
             return
         s = self.settings
-        if bytes_sent > s.threshold * bdp:
+        if report.bytes_sent > s.threshold * bdp:
             self.density = max(s.r_min, s.shrink * self.density)
         else:
             self.density = min(s.r_max, self.density + s.grow)

@@ -10,7 +10,7 @@ import statistics
 import pytest
 
 import netsense.compression  # noqa: F401  (registers the real codecs the ladder names)
-from netsense.compression.policy import ChooseRequest, NetsensePolicy, make_policy
+from netsense.compression.policy import ChooseRequest, NetsensePolicy, SendReport, make_policy
 from netsense.compression.policy.costs import CodecCosts, TransportCost
 from netsense.compression.policy.ladder import DEFAULT_LADDER, Ladder
 from netsense.compression.policy.link import LinkState
@@ -186,7 +186,8 @@ def drive(p: NetsensePolicy, bw_Bps: float, per_byte_s: float, steps: int) -> li
         lk = link(bw_Bps, t=step * 0.015, app_limited=True)
         d = p.choose(ChooseRequest(link=lk, payload_bytes=S, compute_s=TC, step=step))
         wire = d.predicted_bytes
-        p.observe(step=step, level=d.level, bytes_sent=wire, comm_s=RTT + 0.002 + wire * max(per_byte_s, 1 / bw_Bps))
+        comm_s = RTT + 0.002 + wire * max(per_byte_s, 1 / bw_Bps)
+        p.observe(SendReport(step=step, level=d.level, bytes_sent=wire, comm_s=comm_s))
         specs.append(d.spec if not d.reason.startswith("probe") else "probe:" + d.spec)
     return specs
 
@@ -271,7 +272,7 @@ def cpu_bound_run(p: NetsensePolicy, steps: int = 40) -> list[int]:
     for step in range(steps):
         level = choose(p, link(500e6, t=0.02 * step), step)
         size = LADDER[level].ratio * S
-        p.observe(step=step, level=level, bytes_sent=round(size), comm_s=RTT + 0.002 + size / 30e6)
+        p.observe(SendReport(step=step, level=level, bytes_sent=round(size), comm_s=RTT + 0.002 + size / 30e6))
         levels.append(level)
     return levels
 
@@ -291,7 +292,7 @@ def test_per_byte_cost_prefers_fewer_bytes_on_a_cpu_bound_path() -> None:
     for step in range(40, 45):
         level = choose(on, link(2.5e6, t=0.02 * step, rtt=0.02), step)
         size = LADDER[level].ratio * S
-        on.observe(step=step, level=level, bytes_sent=round(size), comm_s=0.02 + size / 2.5e6)
+        on.observe(SendReport(step=step, level=level, bytes_sent=round(size), comm_s=0.02 + size / 2.5e6))
     assert level >= Q8
 
 
@@ -311,7 +312,8 @@ def test_no_flapping_with_noisy_costs_and_link() -> None:
             d = p.choose(ChooseRequest(link=lk, payload_bytes=S, compute_s=TC, step=step))
             assert d.level is not None
             size, decode = LADDER[d.level].ratio * S, MEASURED.get(d.level, (0.0, 0.001))[1]  # the PS decodes, then acks
-            p.observe(step=step, level=d.level, bytes_sent=round(size), comm_s=RTT + decode + size / rate * rng.uniform(0.9, 1.1))
+            comm_s = RTT + decode + size / rate * rng.uniform(0.9, 1.1)
+            p.observe(SendReport(step=step, level=d.level, bytes_sent=round(size), comm_s=comm_s))
             if last is not None and p.level != last:
                 changes += 1
             last = p.level
