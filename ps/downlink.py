@@ -56,6 +56,7 @@ class DownlinkController:
 
     @property
     def policy(self) -> Policy:
+        """The downlink's policy (the loop's)."""
         return self.loop.policy
 
     @property

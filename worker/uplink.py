@@ -72,6 +72,7 @@ class UplinkController:
 
     @property
     def policy(self) -> Policy:
+        """The uplink's policy (the loop's)."""
         return self.loop.policy
 
     @property
