@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from .settings import require
 
+
 @dataclass(frozen=True)
 class NetsensePolicySettings:
     """Settings of our policy; one place for its defaults (docs/POLICIES.md explains each)."""
