@@ -10,13 +10,22 @@ from . import quantize as _quantize  # noqa: F401
 from . import sparse as _sparse  # noqa: F401
 from .base import DTYPES, Codec, Payload, codec_names, make_codec, register_codec
 from .feedback import ErrorFeedback
-from .ladder import DEFAULT_LADDER, Ladder, Level
-from .link import LinkState
-from .policy import Decision, NetsensePolicySettings, Policy, make_policy, policy_names, register_policy
+from .policy import (
+    ChooseRequest,
+    Decision,
+    NetsensePolicySettings,
+    Policy,
+    make_policy,
+    policy_names,
+    register_policy,
+)
+from .policy.ladder import DEFAULT_LADDER, Ladder, Level
+from .policy.link import LinkState
 
 __all__ = [
     "DEFAULT_LADDER",
     "DTYPES",
+    "ChooseRequest",
     "Codec",
     "Decision",
     "ErrorFeedback",

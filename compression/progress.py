@@ -12,8 +12,9 @@ delta-contraction slows the leading terms by up to 1/delta (Stich et al. 2018; K
 1/q as a planning figure for "steps per unit of progress", not as a proven rate: in the asymptotic
 regime error feedback recovers most of the delay, so 1/q errs on the side of sending more.
 
-`ProgressEstimate` keeps one EWMA per ladder level, seeded with the codec's conservative prior
-(`Level.progress`); `measure_progress` measures a codec on a few gradient tensors (subsampled).
+`measure_progress` measures a codec on a few gradient tensors (subsampled); error feedback uses
+`progress_from_error` on the sums it keeps. What a policy makes of it (one EWMA per ladder level,
+seeded with the codec's conservative prior) is `netsense.compression.policy.progress`.
 """
 
 from __future__ import annotations
@@ -21,12 +22,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
 from .base import Codec
-from .ladder import Ladder
 
 DEFAULT_SAMPLE_NUMEL = 1 << 16
 """Elements per candidate measurement: enough for top-k 0.1% to keep 65 entries, cheap to encode."""
@@ -62,31 +61,6 @@ def sender_encode_s(codec: Codec, sample: LevelSample) -> float:
     since error feedback decodes what it sent to keep the residual (as the PS does to update its
     shadow); a lossless level's encode alone. Compares a candidate's timing with a step's `encode_s`."""
     return sample.encode_s if codec.lossless else sample.encode_s + sample.decode_s
-
-
-class LevelObserver(Protocol):
-    """What `measure_into` reports to: a policy (`compression.policy.Policy`)."""
-
-    def observe_costs(
-        self, *, level: int, dense_bytes: int, encode_s: float | None = None, decode_s: float | None = None
-    ) -> None: ...
-
-    def observe_progress(self, *, level: int, progress: float) -> None: ...
-
-
-def measure_into(observer: LevelObserver, level: int, codec: Codec, tensors: Iterable[torch.Tensor]) -> float | None:
-    """Measure ladder level `level` (`codec`) on `tensors` and report its sender cost and q to the
-    policy; returns the q (None when not measurable). The uplink's and the downlink's candidate
-    rounds both do exactly this."""
-    sample = measure_level(codec, tensors)
-    if sample is None:
-        return None
-    observer.observe_costs(
-        level=level, dense_bytes=sample.dense_bytes, encode_s=sender_encode_s(codec, sample), decode_s=sample.decode_s
-    )
-    if sample.progress is not None:
-        observer.observe_progress(level=level, progress=sample.progress)
-    return sample.progress
 
 
 def measure_progress(codec: Codec, tensors: Iterable[torch.Tensor], *, max_numel: int = DEFAULT_SAMPLE_NUMEL) -> float | None:
@@ -135,28 +109,3 @@ def measure_level(codec: Codec, tensors: Iterable[torch.Tensor], *, max_numel: i
         error += float(torch.dot(diff, diff))
     q = progress_from_error(energy, error, unbiased=codec.unbiased)
     return LevelSample(q, encode_s, decode_s, 4 * numel)
-
-
-class ProgressEstimate:
-    """Per-level EWMA of q, starting from the ladder's priors; never below `floor`."""
-
-    def __init__(self, ladder: Ladder, *, alpha: float = 0.3, floor: float = 0.01) -> None:
-        self.alpha = alpha
-        """Weight of the newest measurement."""
-        self.floor = floor
-        """Lowest q used (keeps P / q finite for a level that measured ~nothing)."""
-        self.values = [1.0 if lv.lossless else max(floor, lv.progress) for lv in ladder]
-        """Current q per level, in ladder order."""
-        self.measured = [lv.lossless for lv in ladder]
-        """Whether each level's q has been measured (a lossless level needs no measurement)."""
-
-    def update(self, level: int, q: float) -> None:
-        """Fold in one measurement of level `level`; the first replaces the prior outright."""
-        q = min(1.0, max(self.floor, q))
-        if not self.measured[level]:
-            self.values[level], self.measured[level] = q, True
-        else:
-            self.values[level] = self.alpha * q + (1 - self.alpha) * self.values[level]
-
-    def __getitem__(self, level: int) -> float:
-        return self.values[level]

@@ -1,16 +1,20 @@
-"""The PS's downlink policy loop (DESIGN.md §5, sync mode).
+"""The PS's downlink policy loop (docs/POLICIES.md, "Wiring: where policies run"; sync mode).
 
 The PS sends the same update bytes to every worker (one shadow), so it picks one level per update
 for the slowest live worker's connection: the link state with the least bandwidth among the
-sessions' signals. What the send cost is measured per connection as the time from writing the
-PARAMS reply until the peer has acknowledged that many bytes (the sensing controller's delivered
-counter); the slowest connection's time is the update's comm time. One decision-log line per update,
-written when the next update is chosen (by then every worker has its copy).
+connections the caller hands in. What the send cost is measured per connection as the time from
+writing the PARAMS reply until the peer has acknowledged that many bytes (the sensing controller's
+delivered counter); the slowest connection's time is the update's comm time. One decision-log line
+per update, written when the next update is chosen (by then every worker has its copy).
 
 The policy learns the downlink's own progress efficiency q and codec costs as the uplink's does
 (docs/POLICIES.md): when it asks for candidates (every `progress_every` updates), the controller
 keeps a copy of the shadow, and at the next update measures every candidate level, q and encode /
 decode time, on exactly what that update encoded, v = params - old shadow (update + residual).
+
+The store and the sessions stay the server's: it hands in their values (version, tensors, the
+last encode's timing, the live connections' link states). The policy bookkeeping is the shared
+`PolicyLoop`; what is the downlink's own is timing deliveries on the event loop.
 """
 
 from __future__ import annotations
@@ -25,18 +29,13 @@ from typing import Any
 
 import torch
 
-from netsense.compression.base import Codec, make_codec
-from netsense.compression.ladder import DEFAULT_LADDER, Ladder
-from netsense.compression.link import LinkState
-from netsense.compression.policy import Decision, Policy, make_policy
-from netsense.compression.progress import WARM_UP_NUMEL, measure_into, measure_level
-from netsense.transport.decisions import DecisionLog
+from netsense.compression.policy import Decision, Policy, build_policy
+from netsense.compression.policy.link import LinkState
+from netsense.compression.policy.loop import PolicyLoop
 from netsense.transport.signal import SignalReader
 
 log = logging.getLogger(__name__)
 
-COMPUTE_EWMA_ALPHA = 0.3
-"""Weight of the newest sample of the time workers spend between receiving an update and the next."""
 WATCH_TIMEOUT_S = 60.0
 """Give up timing one delivery after this long (a worker that vanished)."""
 
@@ -45,11 +44,8 @@ class DownlinkController:
     """One PS's adaptive downlink: `choose` before an update is encoded, `sent` per PARAMS reply."""
 
     def __init__(self, policy: str, *, ladder: str | None = None, decision_log: str | Path | None = None) -> None:
-        self.policy: Policy = make_policy(policy, Ladder.parse(ladder or DEFAULT_LADDER))
-        self.log = DecisionLog(decision_log, direction="down") if decision_log else None
-        self.levels: dict[str, int] = {}
-        """Updates sent at each codec spec."""
-        self.compute_s: float | None = None
+        self.loop = PolicyLoop(build_policy(policy, ladder), direction="down", decision_log=decision_log)
+        """The policy and the bookkeeping the uplink shares (compute EWMA, histogram, log)."""
         self._readers: weakref.WeakKeyDictionary[Any, SignalReader] = weakref.WeakKeyDictionary()
         self._chosen_for: int | None = None
         self._pending: tuple[Decision, LinkState, float] | None = None  # decision, link, chosen at
@@ -57,8 +53,21 @@ class DownlinkController:
         self._bytes: dict[int, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._snapshot: tuple[int, list[int], dict[str, torch.Tensor]] | None = None  # version, levels, shadow
-        self._sample_codecs: dict[int, Codec] = {}  # own instances: stateful codecs keep their state
-        self._warm: set[int] = set()  # levels whose update was encoded once (set-up paid)
+
+    @property
+    def policy(self) -> Policy:
+        """The downlink's policy (the loop's)."""
+        return self.loop.policy
+
+    @property
+    def levels(self) -> dict[str, int]:
+        """Updates sent at each codec spec."""
+        return self.loop.levels
+
+    @property
+    def compute_s(self) -> float | None:
+        """EWMA of the time workers spend between receiving an update and their next push."""
+        return self.loop.compute_s
 
     def _reader(self, quic: Any) -> SignalReader:
         reader = self._readers.get(quic)
@@ -70,24 +79,31 @@ class DownlinkController:
         """Snapshot of one connection's path (on the loop thread)."""
         return self._reader(quic).read().to_link_state()
 
-    def slowest(self, quics: list[Any]) -> LinkState:
+    @staticmethod
+    def slowest(links: list[LinkState]) -> LinkState:
         """The link state with the least known bandwidth (unknown counts as slowest)."""
-        links = [self.link_of(q) for q in quics]
         if not links:
             return LinkState(time_s=time.monotonic(), bandwidth_Bps=None, min_rtt_s=None, srtt_s=None)
         return min(links, key=lambda s: s.bandwidth_Bps if s.bandwidth_Bps is not None else -1.0)
 
-    def before_step(self, store: Any, sessions: dict[str, Any]) -> None:
-        """At a push: choose the level of the update this step will produce (once per version)
-        for the live workers' connections, and set it on the store."""
-        if not store.initialized or self._chosen_for == store.version:
-            return
-        self._observe_encode(store.last_encode, 4 * store.numel)
-        self.measure(store.version, store.params, store.shadow)
-        quics = [s.conn.quic for wid, s in sessions.items() if wid in store.live]
-        spec = self.choose(store.version, quics, 4 * store.numel)
-        if spec is not None:
-            store.set_downlink(spec)
+    def due(self, version: int) -> bool:
+        """Whether the level of the update that will take the store to `version` + 1 is yet to be
+        chosen (once per version: every push of a step asks)."""
+        return self._chosen_for != version
+
+    def before_step(
+        self,
+        version: int,
+        *,
+        params: dict[str, torch.Tensor],
+        shadow: dict[str, torch.Tensor],
+        last_encode: tuple[int, str, float] | None,
+        payload_bytes: int,
+    ) -> None:
+        """At the first push of `version`'s step, before `choose`: feed back the encode time of the
+        previous update (the store's `last_encode`) and run the candidate rounds on its tensors."""
+        self._observe_encode(last_encode, payload_bytes)
+        self.measure(version, params, shadow)
 
     def _observe_encode(self, last: tuple[int, str, float] | None, dense_bytes: int) -> None:
         """Feed the policy the encode time of the update it chose the level of (the store's
@@ -100,10 +116,7 @@ class DownlinkController:
         version, spec, seconds = last
         if version != decision.step + 1 or spec != decision.spec or decision.level is None:
             return
-        if decision.level not in self._warm:
-            self._warm.add(decision.level)
-            return
-        self.policy.observe_costs(level=decision.level, dense_bytes=dense_bytes, encode_s=seconds)
+        self.loop.observe_encode(decision.level, dense_bytes, seconds)
 
     def measure(self, version: int, params: dict[str, torch.Tensor], shadow: dict[str, torch.Tensor]) -> dict[int, float]:
         """At the start of `version`'s step: measure the candidates of the last snapshot if it was
@@ -113,36 +126,20 @@ class DownlinkController:
         snap, self._snapshot = self._snapshot, None
         if snap is not None and snap[0] + 1 == version and snap[2].keys() == params.keys():
             update = [params[k] - snap[2][k] for k in params]
-            measured = self._measure_levels(snap[1], update)
+            measured = self.loop.measure(snap[1], update)  # warmed up at the snapshot
         levels = self.policy.progress_candidates(version)
         # Not at version 0: a round blocks the PS's loop (0.1-0.2 s with six levels' first calls on
         # loaded cores) and the srtt it inflates slows the pacer for the next pushes too, which at
         # steps 0-2 are the uplink's first bandwidth samples (a 100 Mbit/s path measured 1 MB/s and
         # sent qsgd:4). From `progress_every` on the estimates have a window of samples to absorb it.
         if levels and shadow and version > 0:
-            self._warm_up(levels, list(params.values()))
+            self.loop.warm_up(levels, list(params.values()))
             self._snapshot = (version, levels, {k: v.clone() for k, v in shadow.items()})
         return measured
 
-    def _warm_up(self, levels: list[int], tensors: list[torch.Tensor]) -> None:
-        """Build the levels' codecs and call each once on a small sample: a first call pays lazy
-        set-up (2-10x), which must not count as the level's cost."""
-        for level in levels:
-            if level not in self._sample_codecs:
-                self._sample_codecs[level] = make_codec(self.policy.ladder[level].spec)
-                measure_level(self._sample_codecs[level], tensors, max_numel=WARM_UP_NUMEL)
-
-    def _measure_levels(self, levels: list[int], update: list[torch.Tensor]) -> dict[int, float]:
-        measured = {}
-        for level in levels:
-            q = measure_into(self.policy, level, self._sample_codecs[level], update)  # warmed up at the snapshot
-            if q is not None:
-                measured[level] = q
-        return measured
-
-    def choose(self, version: int, quics: list[Any], payload_bytes: int) -> str | None:
-        """The codec spec for the update that will take the store to `version` + 1; None when
-        already chosen for this version."""
+    def choose(self, version: int, links: list[LinkState], payload_bytes: int) -> str | None:
+        """The codec spec for the update that will take the store to `version` + 1, for the slowest
+        of `links` (the live workers' connections); None when already chosen for this version."""
         if self._chosen_for == version:
             return None
         self._chosen_for = version
@@ -151,17 +148,13 @@ class DownlinkController:
         if self._pending is not None:
             interval = now - self._pending[2]
             comm = max(self._sent.get(self._pending[0].step + 1, [0.0]) or [0.0])
-            sample = max(0.0, interval - comm)
-            a = COMPUTE_EWMA_ALPHA
-            self.compute_s = sample if self.compute_s is None else a * sample + (1 - a) * self.compute_s
-        link = self.slowest(quics)
-        if self.compute_s is None:  # nothing timed yet: no basis to trade bytes for time
+            self.loop.time_compute(max(0.0, interval - comm))
+        link = self.slowest(links)
+        if self.loop.compute_s is None:  # nothing timed yet: no basis to trade bytes for time
             link = replace(link, bandwidth_Bps=None)
-        decision = self.policy.choose(
-            link=link, payload_bytes=payload_bytes, compute_s=self.compute_s or 0.0, overlap=False, step=version
-        )
+        decision = self.loop.choose(link, payload_bytes=payload_bytes, step=version)
         self._pending = (decision, link, now)
-        self.levels[decision.spec] = self.levels.get(decision.spec, 0) + 1
+        self.loop.count(decision.spec)
         return decision.spec
 
     def sent(self, quic: Any, version: int, nbytes: int) -> None:
@@ -191,9 +184,8 @@ class DownlinkController:
         nbytes = self._bytes.pop(version, None)
         comm = max(times) if times else None
         if nbytes is not None and comm is not None:
-            self.policy.observe(step=decision.step, level=decision.level, bytes_sent=nbytes, comm_s=comm)
-        if self.log is not None:
-            self.log.write(decision, link, bytes_sent=nbytes, comm_s=comm, version=version, receivers=len(times))
+            self.loop.observe(decision, bytes_sent=nbytes, comm_s=comm)
+        self.loop.write(decision, link, bytes_sent=nbytes, comm_s=comm, version=version, receivers=len(times))
         for old in [v for v in self._sent if v < version]:
             self._sent.pop(old, None)
             self._bytes.pop(old, None)
@@ -203,5 +195,4 @@ class DownlinkController:
         self._pending = None
         for task in list(self._tasks):
             task.cancel()
-        if self.log is not None:
-            self.log.close()
+        self.loop.close()

@@ -347,8 +347,14 @@ class WorkerSession:
             return Ack(store.version)
         if isinstance(msg, Push):
             self.server.note_push()
-            if self.server.downlink is not None:
-                self.server.downlink.before_step(store, self.server.sessions)
+            down = self.server.downlink
+            if down is not None and store.initialized and down.due(store.version):
+                down.before_step(
+                    store.version, params=store.params, shadow=store.shadow, last_encode=store.last_encode,
+                    payload_bytes=4 * store.numel,
+                )
+                links = [down.link_of(s.conn.quic) for wid, s in self.server.sessions.items() if wid in store.live]
+                store.set_downlink(down.choose(store.version, links, 4 * store.numel))
             ahead = store.applied_keys
             result = store.push(self.worker_id, msg)
             await self.server.applied(result)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from aioquic.quic.connection import QuicConnection
 
-from netsense.compression.link import LinkState
+from netsense.compression.policy.link import LinkState
 from netsense.transport import quic_state
 from netsense.transport.quic_state import SensingConfig, SensingState
 

@@ -21,7 +21,7 @@ import torch
 
 from netsense.compression import Payload, make_codec
 from netsense.compression.feedback import ErrorFeedback
-from netsense.compression.policy import Decision, Policy
+from netsense.compression.policy import Decision, Policy, build_policy
 from netsense.errors import ConfigError
 
 from .client import PSClient
@@ -32,7 +32,7 @@ from .layout import DEFAULT_CHUNK_ELEMS, KeySlot
 from .overlap import BackwardPushes, BucketReply, slots_by_param
 from .redecide import Redecided, redecide_after
 from .replica import Replica
-from .uplink import UplinkController, build_policy
+from .uplink import UplinkController
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +318,7 @@ class NetSenseOptimizer:
         heavier level, re-encode what was withdrawn (updating `payloads`, worker/redecide.py).
         Returns what was done, None when nothing was."""
         elapsed = time.perf_counter() - started
-        withdrawal = self._exchange.redecide(lambda link, acked: self.uplink.recheck(link, bytes_acked=acked, elapsed_s=elapsed))
+        withdrawal = self._exchange.redecide(lambda link, acked: self.uplink.redecide(link, bytes_acked=acked, elapsed_s=elapsed))
         if withdrawal is None:
             return None
         new, t = withdrawal.decision, time.perf_counter()

@@ -1,9 +1,11 @@
 """The worker's uplink policy loop: per step, read the link, choose a level, log what it cost.
 
 `UplinkController` glues the pure policy (`netsense.compression.policy`) to a live connection:
-it keeps the compute-time EWMA (time between the end of one `step()` and the start of the next),
-reads the `NetworkSignal` of the worker's QUIC connection, asks the policy for this step's codec,
-and after the exchange feeds back what the push really cost and writes one decision-log line.
+it reads the `NetworkSignal` of the worker's QUIC connection, times the compute between the end
+of one `step()` and the start of the next, and hands both to the shared `PolicyLoop` (which asks
+the policy for this step's codec, feeds back what the push really cost and writes one
+decision-log line). What is the uplink's own: the start-up masking, the sharded link, and the
+mid-push redecide.
 """
 
 from __future__ import annotations
@@ -14,19 +16,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from netsense.compression.base import Codec, make_codec
-from netsense.compression.ladder import DEFAULT_LADDER, Ladder
-from netsense.compression.link import LinkState
-from netsense.compression.policy import Decision, Policy, make_policy
-from netsense.compression.progress import WARM_UP_NUMEL, measure_into, measure_level
-from netsense.transport.decisions import DecisionLog
+from netsense.compression.policy import Decision, Policy
+from netsense.compression.policy.link import LinkState
+from netsense.compression.policy.loop import PolicyLoop
 from netsense.transport.quic_state import SensingConfig
 from netsense.transport.signal import SignalReader
 
 log = logging.getLogger(__name__)
 
-COMPUTE_EWMA_ALPHA = 0.3
-"""Weight of the newest compute-time sample: a few steps smooth out scheduler noise."""
 SENSING = SensingConfig(bandwidth_window_s=0.25)
 """Bandwidth max over 10 RTTs with a 0.25 s floor (BBR's filter), not the 2 s default: the filter
 slides with sample time, and a push is one burst after a compute gap, so each push is measured
@@ -45,15 +42,6 @@ next decision too (its window still holds that push: 4.6 Mbit/s was seen on an i
 which sent one worker to top-k for 5 steps)."""
 
 
-def build_policy(policy: str | Policy, ladder: str | Ladder | None, settings: dict[str, Any] | None = None) -> Policy:
-    """A policy from a spec (``"netsense"``, ``"fixed:qsgd:4"``) over `ladder` (spec string or
-    object; None: `DEFAULT_LADDER`), or `policy` itself when it is already built."""
-    if isinstance(policy, Policy):
-        return policy
-    lad = ladder if isinstance(ladder, Ladder) else Ladder.parse(ladder or DEFAULT_LADDER)
-    return make_policy(policy, lad, **(settings or {}))
-
-
 class UplinkController:
     """One worker's adaptive uplink: choose before encoding, observe after the push."""
 
@@ -65,12 +53,10 @@ class UplinkController:
         decision_log: str | Path | None = None,
         log_fields: dict[str, Any] | None = None,
     ) -> None:
-        self.policy = policy
+        self.loop = PolicyLoop(policy, direction="up", decision_log=decision_log, log_fields=log_fields)
+        """The policy and the bookkeeping the downlink shares (compute EWMA, histogram, log)."""
         self.payload_bytes = payload_bytes
         """Dense fp32 bytes of every key (S)."""
-        self.compute_s: float | None = None
-        """EWMA of the compute time between steps, None before the second step."""
-        self.log = DecisionLog(decision_log, direction="up", extra=log_fields) if decision_log else None
         self._reader: SignalReader | None = None
         self._reader_quic: Any = None
         self._shard_readers: dict[int, tuple[Any, SignalReader]] = {}
@@ -79,14 +65,25 @@ class UplinkController:
         self._step = 0
         self.last: tuple[Decision, LinkState] | None = None
         """The latest decision and the link state it was taken on."""
-        self.levels: dict[str, int] = {}
-        """Steps sent at each codec spec (the level histogram)."""
-        self._probe_codecs: dict[int, Codec] = {}  # own instances: stateful codecs keep their state
         self._choose_s = 0.0  # reading the link and deciding, inside the step's `encode_s`
-        self._warm: set[int] = set()  # levels sent once: their first encode paid lazy set-up
         self.withdrawals = 0
         """Pushes withdrawn mid-flight and re-encoded at a heavier level (`withdrawn`)."""
-        self._recheck: str | None = None  # the pending push's mid-flight recheck, for its log line
+        self._redecide: str | None = None  # how the pending push's redecide ended, for its log line
+
+    @property
+    def policy(self) -> Policy:
+        """The uplink's policy (the loop's)."""
+        return self.loop.policy
+
+    @property
+    def compute_s(self) -> float | None:
+        """EWMA of the compute time between steps, None before the second step."""
+        return self.loop.compute_s
+
+    @property
+    def levels(self) -> dict[str, int]:
+        """Steps sent at each codec spec (the level histogram)."""
+        return self.loop.levels
 
     def read_link(self, quic: Any) -> LinkState:
         """Snapshot of `quic`'s path; call on the thread that runs the connection's loop."""
@@ -134,15 +131,11 @@ class UplinkController:
         """This step's decision; `started` is when `step()` began (perf_counter)."""
         started = time.perf_counter() if started is None else started
         if self._last_end is not None:
-            sample = max(0.0, started - self._last_end)
-            a = COMPUTE_EWMA_ALPHA
-            self.compute_s = sample if self.compute_s is None else a * sample + (1 - a) * self.compute_s
-        decision = self.policy.choose(
-            link=link, payload_bytes=self.payload_bytes, compute_s=self.compute_s or 0.0, overlap=False, step=self._step
-        )
+            self.loop.time_compute(max(0.0, started - self._last_end))
+        decision = self.loop.choose(link, payload_bytes=self.payload_bytes, step=self._step)
         self._choose_s = max(0.0, time.perf_counter() - started)
         self._pending = (decision, link)
-        self._recheck = None
+        self._redecide = None
         self.last = (decision, link)  # read by the metrics endpoint
         return decision
 
@@ -157,30 +150,26 @@ class UplinkController:
         self._pending = None
         encode_s = fields.get("encode_s")
         if self._step >= STARTUP_STEPS:
-            if decision.level is not None and isinstance(encode_s, float) and self._warmed(decision.level):
-                self.policy.observe_costs(
-                    level=decision.level, dense_bytes=self.payload_bytes, encode_s=max(0.0, encode_s - self._choose_s)
-                )
-            self.policy.observe(step=decision.step, level=decision.level, bytes_sent=bytes_sent, comm_s=comm_s)
-        self.levels[decision.spec] = self.levels.get(decision.spec, 0) + 1
+            if decision.level is not None and isinstance(encode_s, float):
+                self.loop.observe_encode(decision.level, self.payload_bytes, max(0.0, encode_s - self._choose_s))
+            self.loop.observe(decision, bytes_sent=bytes_sent, comm_s=comm_s)
+        self.loop.count(decision.spec)
         self._step += 1
         self._last_end = time.perf_counter()
-        if self.log is None:
-            return None
-        if self._recheck is not None:
-            fields.setdefault("recheck", self._recheck)
-        return self.log.write(decision, link, bytes_sent=bytes_sent, comm_s=comm_s, **fields)
+        if self._redecide is not None:
+            fields.setdefault("redecide", self._redecide)
+        return self.loop.write(decision, link, bytes_sent=bytes_sent, comm_s=comm_s, **fields)
 
-    def recheck(self, link: LinkState, *, bytes_acked: int, elapsed_s: float) -> Decision | None:
+    def redecide(self, link: LinkState, *, bytes_acked: int, elapsed_s: float) -> Decision | None:
         """Mid-push: ask the policy whether the pending decision's push, running `elapsed_s` with
-        `bytes_acked` arrived, should give way to a heavier level (`Policy.rechoose`). The push's
-        log line says how it ended (``recheck``): ``kept`` (the level stands), ``all-sent`` (the
+        `bytes_acked` arrived, should give way to a heavier level (`Policy.redecide`). The push's
+        log line says how it ended (``redecide``): ``kept`` (the level stands), ``all-sent`` (the
         policy moved heavier, but every byte had left: the next step has the new level) or, on
         the withdrawn push's own line, ``withdrawn``."""
         if self._pending is None:
             return None
-        new = self.policy.rechoose(link=link, sent=self._pending[0], bytes_acked=bytes_acked, elapsed_s=elapsed_s)
-        self._recheck = "kept" if new is None else "all-sent"  # `withdrawn` overwrites the latter
+        new = self.policy.redecide(link=link, sent=self._pending[0], bytes_acked=bytes_acked, elapsed_s=elapsed_s)
+        self._redecide = "kept" if new is None else "all-sent"  # `withdrawn` overwrites the latter
         return new
 
     def withdrawn(self, new: Decision, link: LinkState, *, bytes_acked: int, elapsed_s: float) -> None:
@@ -190,10 +179,9 @@ class UplinkController:
             return
         old, old_link = self._pending
         self.withdrawals += 1
-        if self.log is not None:
-            self.log.write(old, old_link, bytes_sent=bytes_acked, comm_s=elapsed_s, withdrawn=True, recheck="withdrawn")
+        self.loop.write(old, old_link, bytes_sent=bytes_acked, comm_s=elapsed_s, withdrawn=True, redecide="withdrawn")
         self._pending = self.last = (new, link)
-        self._recheck = None
+        self._redecide = None
         self._choose_s = 0.0
 
     def progress_candidates(self) -> list[int]:
@@ -209,25 +197,7 @@ class UplinkController:
         q measured. Costs one encode + decode of ~65k elements per level: call it while the push is
         on the wire. The timings are how levels never sent get measured costs (and the only decode
         timings the worker has: the PS decodes the uplink on the same kind of machine)."""
-        measured = {}
-        for level in levels:
-            codec = self._probe_codecs.get(level)
-            if codec is None:
-                # A first call pays lazy set-up (2-10x): warm up on a small sample, then time.
-                codec = self._probe_codecs[level] = make_codec(self.policy.ladder[level].spec)
-                measure_level(codec, tensors, max_numel=WARM_UP_NUMEL)
-            q = measure_into(self.policy, level, codec, tensors)
-            if q is not None:
-                measured[level] = q
-        return measured
-
-    def _warmed(self, level: int) -> bool:
-        """False the first time `level` is sent (its per-key codecs are built and warmed up by that
-        encode: 2-10x the later timings), True after."""
-        if level in self._warm:
-            return True
-        self._warm.add(level)
-        return False
+        return self.loop.measure(levels, tensors)
 
     def observe_progress(self, level: int | None, progress: float | None) -> None:
         """The measured q of the level just sent (from error feedback's sums)."""
@@ -239,5 +209,4 @@ class UplinkController:
         self._last_end = time.perf_counter()
 
     def close(self) -> None:
-        if self.log is not None:
-            self.log.close()
+        self.loop.close()

@@ -29,10 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from netsense.compression.policy.decisionlog import read_decision_log
 from netsense.config import JobConfig, override
 from netsense.errors import ConfigError
 from netsense.launch.launcher import Launcher
-from netsense.transport.decisions import read_decision_log
 from netsense.transport.linkspec import DuplexSpec, parse_link
 
 DEFAULT_POLICIES = "none,fp16,fixed:topk:0.01+fp16,netsense"

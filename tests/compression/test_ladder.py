@@ -11,7 +11,7 @@ import torch
 
 import netsense.compression as comp
 from netsense.compression.base import Codec, Payload, codec_names, register_codec
-from netsense.compression.ladder import (
+from netsense.compression.policy.ladder import (
     DEFAULT_DECODE_S_PER_MB,
     DEFAULT_ENCODE_S_PER_MB,
     DEFAULT_LADDER,

@@ -10,10 +10,10 @@ import statistics
 import pytest
 
 import netsense.compression  # noqa: F401  (registers the real codecs the ladder names)
-from netsense.compression.costs import CodecCosts, TransportCost
-from netsense.compression.ladder import DEFAULT_LADDER, Ladder
-from netsense.compression.link import LinkState
-from netsense.compression.policy import NetsensePolicy, make_policy
+from netsense.compression.policy import ChooseRequest, NetsensePolicy, SendReport, make_policy
+from netsense.compression.policy.costs import CodecCosts, TransportCost
+from netsense.compression.policy.ladder import DEFAULT_LADDER, Ladder
+from netsense.compression.policy.link import LinkState
 
 S = 153_128  # digits-cnn's dense fp32 gradient
 TC = 0.005
@@ -47,7 +47,7 @@ def link(bw_Bps: float | None, *, t: float = 0.0, rtt: float = RTT, app_limited:
 
 
 def choose(p: NetsensePolicy, lk: LinkState, step: int = 0) -> int:
-    d = p.choose(link=lk, payload_bytes=S, compute_s=TC, step=step)
+    d = p.choose(ChooseRequest(link=lk, payload_bytes=S, compute_s=TC, step=step))
     assert d.level is not None
     return d.level
 
@@ -183,9 +183,11 @@ def drive(p: NetsensePolicy, bw_Bps: float, per_byte_s: float, steps: int) -> li
     """`steps` app-limited pushes 15 ms apart, each taking 2 ms plus max(1 / B, c) per byte; the specs."""
     specs = []
     for step in range(steps):
-        d = p.choose(link=link(bw_Bps, t=step * 0.015, app_limited=True), payload_bytes=S, compute_s=TC, step=step)
+        lk = link(bw_Bps, t=step * 0.015, app_limited=True)
+        d = p.choose(ChooseRequest(link=lk, payload_bytes=S, compute_s=TC, step=step))
         wire = d.predicted_bytes
-        p.observe(step=step, level=d.level, bytes_sent=wire, comm_s=RTT + 0.002 + wire * max(per_byte_s, 1 / bw_Bps))
+        comm_s = RTT + 0.002 + wire * max(per_byte_s, 1 / bw_Bps)
+        p.observe(SendReport(step=step, level=d.level, bytes_sent=wire, comm_s=comm_s))
         specs.append(d.spec if not d.reason.startswith("probe") else "probe:" + d.spec)
     return specs
 
@@ -211,7 +213,7 @@ def rounds(p: NetsensePolicy, step_s: float, steps: int = 600) -> list[int]:
     """The steps at which `p` asks for a candidate round, one decision every `step_s` seconds."""
     asked = []
     for step in range(steps):
-        p.choose(link=link(50e6, t=step * step_s), payload_bytes=S, compute_s=TC, step=step)
+        p.choose(ChooseRequest(link=link(50e6, t=step * step_s), payload_bytes=S, compute_s=TC, step=step))
         levels = p.progress_candidates(step)
         assert p.progress_candidates(step) == levels  # the uplink asks twice a step: same answer
         if levels:
@@ -251,7 +253,7 @@ def test_bandwidth_bound_link_still_compresses_with_measured_costs() -> None:
     p = measured(policy())
     level = choose(p, link(2.5e6, rtt=0.02))
     assert level >= Q8
-    d = p.choose(link=link(2.5e6, rtt=0.02, t=1.0), payload_bytes=S, compute_s=TC, step=1)
+    d = p.choose(ChooseRequest(link=link(2.5e6, rtt=0.02, t=1.0), payload_bytes=S, compute_s=TC, step=1))
     assert d.level == level and d.predicted_comm_s == pytest.approx(
         LADDER[level].ratio * S / 2.5e6 + 0.02 + sum(MEASURED[level]), rel=0.02
     )
@@ -270,7 +272,7 @@ def cpu_bound_run(p: NetsensePolicy, steps: int = 40) -> list[int]:
     for step in range(steps):
         level = choose(p, link(500e6, t=0.02 * step), step)
         size = LADDER[level].ratio * S
-        p.observe(step=step, level=level, bytes_sent=round(size), comm_s=RTT + 0.002 + size / 30e6)
+        p.observe(SendReport(step=step, level=level, bytes_sent=round(size), comm_s=RTT + 0.002 + size / 30e6))
         levels.append(level)
     return levels
 
@@ -290,7 +292,7 @@ def test_per_byte_cost_prefers_fewer_bytes_on_a_cpu_bound_path() -> None:
     for step in range(40, 45):
         level = choose(on, link(2.5e6, t=0.02 * step, rtt=0.02), step)
         size = LADDER[level].ratio * S
-        on.observe(step=step, level=level, bytes_sent=round(size), comm_s=0.02 + size / 2.5e6)
+        on.observe(SendReport(step=step, level=level, bytes_sent=round(size), comm_s=0.02 + size / 2.5e6))
     assert level >= Q8
 
 
@@ -306,10 +308,12 @@ def test_no_flapping_with_noisy_costs_and_link() -> None:
                 if rng.random() < 0.3:
                     p.observe_costs(level=level, dense_bytes=S, encode_s=enc * rng.uniform(0.7, 1.3),
                                     decode_s=dec * rng.uniform(0.7, 1.3))
-            d = p.choose(link=link(rate * rng.uniform(0.9, 1.1), t=step * 0.02), payload_bytes=S, compute_s=TC, step=step)
+            lk = link(rate * rng.uniform(0.9, 1.1), t=step * 0.02)
+            d = p.choose(ChooseRequest(link=lk, payload_bytes=S, compute_s=TC, step=step))
             assert d.level is not None
             size, decode = LADDER[d.level].ratio * S, MEASURED.get(d.level, (0.0, 0.001))[1]  # the PS decodes, then acks
-            p.observe(step=step, level=d.level, bytes_sent=round(size), comm_s=RTT + decode + size / rate * rng.uniform(0.9, 1.1))
+            comm_s = RTT + decode + size / rate * rng.uniform(0.9, 1.1)
+            p.observe(SendReport(step=step, level=d.level, bytes_sent=round(size), comm_s=comm_s))
             if last is not None and p.level != last:
                 changes += 1
             last = p.level

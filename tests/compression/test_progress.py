@@ -1,4 +1,4 @@
-"""Progress efficiency q: codec priors, measurement on tensors, the per-level EWMA, error feedback's sums."""
+"""Progress efficiency q: codec priors, measurement on tensors, error feedback's sums."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from netsense.compression import ErrorFeedback, Ladder, make_codec
-from netsense.compression.progress import ProgressEstimate, measure_into, measure_progress, progress_from_error
+from netsense.compression.progress import measure_progress, progress_from_error
 
 
 def test_priors_are_conservative_bounds() -> None:
@@ -45,17 +45,6 @@ def test_measure_progress_subsamples_large_tensors() -> None:
     assert matrix is not None and matrix == pytest.approx(whole, rel=0.15)
 
 
-def test_progress_estimate_first_measurement_replaces_the_prior() -> None:
-    est = ProgressEstimate(Ladder.parse("fp32,topk:0.01+fp16"), alpha=0.5, floor=0.02)
-    assert est.values == [1.0, 0.02] and est.measured == [True, False]  # prior 0.01 raised to the floor
-    est.update(1, 0.4)
-    assert est[1] == 0.4 and est.measured[1]
-    est.update(1, 0.2)
-    assert est[1] == pytest.approx(0.3)
-    est.update(1, 5.0)
-    assert est[1] == pytest.approx(0.65)  # clamped to 1 before averaging
-
-
 def test_error_feedback_reports_the_share_it_sent() -> None:
     ef = ErrorFeedback()
     codec = make_codec("topk:0.25")  # one entry of four, one of two
@@ -88,26 +77,3 @@ def test_sender_encode_includes_error_feedbacks_decode_for_lossy_levels() -> Non
     sample = LevelSample(progress=0.9, encode_s=0.004, decode_s=0.001, dense_bytes=4000)
     assert sender_encode_s(make_codec("qsgd:8"), sample) == pytest.approx(0.005)
     assert sender_encode_s(make_codec("fp32"), sample) == 0.004
-
-
-def test_measure_into_reports_costs_and_progress_to_the_policy() -> None:
-    """One candidate measurement tells the policy the level's sender cost and its q."""
-    class Recorder:
-        def __init__(self) -> None:
-            self.costs: list[dict[str, float]] = []
-            self.progress: list[tuple[int, float]] = []
-
-        def observe_costs(self, *, level: int, dense_bytes: int, encode_s: float | None = None, decode_s: float | None = None) -> None:
-            self.costs.append({"level": level, "dense_bytes": dense_bytes, "encode_s": encode_s, "decode_s": decode_s})
-
-        def observe_progress(self, *, level: int, progress: float) -> None:
-            self.progress.append((level, progress))
-
-    rec = Recorder()
-    q = measure_into(rec, 3, make_codec("qsgd:4"), [torch.randn(64, 32), torch.randn(100)])
-    assert q is not None and 0 < q < 1
-    assert rec.progress == [(3, q)]
-    (cost,) = rec.costs
-    assert cost["level"] == 3 and cost["dense_bytes"] == 4 * (64 * 32 + 100)
-    assert cost["encode_s"] >= cost["decode_s"] > 0  # lossy: the sender pays encode + decode
-    assert measure_into(rec, 3, make_codec("qsgd:4"), [torch.zeros(0)]) is None and len(rec.costs) == 1

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from netsense.compression.ladder import DEFAULT_LADDER
+from netsense.compression.policy.decisionlog import read_decision_log
+from netsense.compression.policy.ladder import DEFAULT_LADDER
 from netsense.ps.server import ServerSettings
-from netsense.transport.decisions import read_decision_log
 from netsense.transport.tls import CertPaths
 from netsense.worker.optimizer import NetSenseOptimizer
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from netsense.transport.decisions import read_decision_log
+from netsense.compression.policy.decisionlog import read_decision_log
 
 from .test_launch import _launch, _procs_mentioning
 

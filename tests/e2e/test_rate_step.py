@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import torch
 
-from netsense.compression.ladder import DEFAULT_LADDER, Ladder
 from netsense.compression.policy import NetsensePolicySettings, predict
+from netsense.compression.policy.decisionlog import read_decision_log
+from netsense.compression.policy.ladder import DEFAULT_LADDER, Ladder
 from netsense.ps.server import PSServer, ServerSettings
 from netsense.transport.auth import load_secret
-from netsense.transport.decisions import read_decision_log
 from netsense.transport.emulator import LinkEmulator
 from netsense.transport.tls import LOOPBACK_MAX_DATAGRAM_SIZE, CertPaths, TransportSettings, server_configuration
 from netsense.worker.connect import ConnectSettings
@@ -141,7 +141,7 @@ def reaction_times(run: RateStepRun) -> tuple[float | None, float | None, dict[s
     no heavier a level at 20 Mbit/s than at the end of the first 100 Mbit/s phase has nothing
     lighter to return to (0 s): with 4 MB of gradients and 0.8 s of compute, qsgd:4 and qsgd:8
     price within a few % of each other at 50 Mbit/s per worker (measured q of qsgd:4 0.97), so the
-    law may pick qsgd:4 at both rates. Withdrawn decisions (re-decided mid-push) are not levels held."""
+    law may pick qsgd:4 at both rates. Withdrawn decisions (redecided mid-push) are not levels held."""
     ladder, eps = Ladder.parse(DEFAULT_LADDER), NetsensePolicySettings().eps
     fit_s: list[float | None] = []
     light_s: list[float | None] = []
@@ -176,12 +176,12 @@ def _costs(rec: dict[str, Any]) -> list[float | None]:
 
 
 def unrecallable(run: RateStepRun, rank: int, until_s: float) -> bool:
-    """Whether worker `rank`'s push hit by the drop was rechecked mid-flight, the policy wanted a
-    heavier level, and every byte had already left (``recheck: all-sent``): nothing could be
+    """Whether worker `rank`'s push hit by the drop was redecided mid-flight, the policy wanted a
+    heavier level, and every byte had already left (``redecide: all-sent``): nothing could be
     withdrawn, so the first fitting push waits for the next step's compute, which is physics here
     (the drop's push ~0.7 s + 2 x 0.8 s of compute > 2 s), not a slow policy."""
     return any(
-        r.get("recheck") == "all-sent" and run.t_down - 2.0 <= r["t"] < run.t_down + until_s
+        r.get("redecide") == "all-sent" and run.t_down - 2.0 <= r["t"] < run.t_down + until_s
         for r in run.records
         if r["rank"] == rank
     )
@@ -196,12 +196,12 @@ def test_rate_step_down_fits_within_2s_and_recovers_within_10s(certs: CertPaths,
               f"link={(r['bw_Bps'] or 0) * 8e-6:6.1f}{'AL' if r['app_limited'] else '  '} "
               f"srtt={(r['srtt_s'] or 0) * 1e3:5.1f}ms q={(r.get('standing_queue_s') or 0) * 1e3:4.1f}ms "
               f"comm={r['comm_s'] or 0:.3f}s {r['reason'][:60]} C_l={_costs(r)} "
-              f"q={[round(q, 3) for q in r.get('progress_levels') or []]} {r.get('recheck') or ''}")  # fmt: skip
+              f"q={[round(q, 3) for q in r.get('progress_levels') or []]} {r.get('redecide') or ''}")  # fmt: skip
     print(f"reaction: fit after drop {t_fit} s, lighter after rise {t_light} s; {info}")
     assert t_light is not None and t_light <= UP_TO_LIGHTER_S, f"back to lighter levels {t_light} s after the rise"
     assert t_fit is not None, "a worker never reached a fitting level at 20 Mbit/s"
     if t_fit > DOWN_TO_FIT_S:
         late = [rank for rank, t in enumerate(info["fit_s"]) if t > DOWN_TO_FIT_S]
         if all(unrecallable(run, rank, t) for rank, t in zip(late, (info["fit_s"][r] for r in late))):
-            pytest.xfail(f"fit {t_fit} s after the drop: the slow push had left whole before its recheck (see `unrecallable`)")
+            pytest.xfail(f"fit {t_fit} s after the drop: the slow push had left whole before its redecide time (see `unrecallable`)")
         pytest.fail(f"fit {t_fit} s after the drop (limit {DOWN_TO_FIT_S} s), workers {late}")

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import torch
 
-from netsense.compression.ladder import DEFAULT_LADDER, Ladder
-from netsense.compression.link import LinkState
-from netsense.compression.policy import Decision, Policy
-from netsense.transport.decisions import read_decision_log
+from netsense.compression.policy import ChooseRequest, Decision, Policy
+from netsense.compression.policy.decisionlog import read_decision_log
+from netsense.compression.policy.ladder import DEFAULT_LADDER, Ladder
+from netsense.compression.policy.link import LinkState
 from netsense.transport.emulator import LinkEmulator
 from netsense.worker.netthread import NetThread
 from netsense.worker.optimizer import NetSenseOptimizer
@@ -35,21 +35,17 @@ class RedecideOnce(Policy):
         self.to = self.ladder.find(to)
         self.redecisions: list[tuple[int, float]] = []
 
-    def choose(self, *, link: LinkState, payload_bytes: int, compute_s: float, overlap: bool = False, step: int) -> Decision:
-        return self._decision(
-            level_index=0, level=self.ladder[0], reason="test", link=link, bandwidth_Bps=1e12,
-            payload_bytes=payload_bytes, compute_s=compute_s, overlap=overlap, step=step,
-        )  # fmt: skip
+    def choose(self, request: ChooseRequest) -> Decision:
+        return self._decision(request, level_index=0, level=self.ladder[0], reason="test", bandwidth_Bps=1e12)
 
-    def rechoose(self, *, link: LinkState, sent: Decision, bytes_acked: int, elapsed_s: float) -> Decision | None:
+    def redecide(self, *, link: LinkState, sent: Decision, bytes_acked: int, elapsed_s: float) -> Decision | None:
         self.redecisions.append((bytes_acked, elapsed_s))
         if len(self.redecisions) > 1:
             return None
         assert self.to is not None
         return self._decision(
-            level_index=self.to, level=self.ladder[self.to], reason="redecide: test", link=link, bandwidth_Bps=1e6,
-            payload_bytes=sent.payload_bytes, compute_s=sent.compute_s, overlap=sent.overlap, step=sent.step,
-        )  # fmt: skip
+            sent.request(link), level_index=self.to, level=self.ladder[self.to], reason="redecide: test", bandwidth_Bps=1e6
+        )
 
 
 def _model() -> torch.nn.Module:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from netsense.compression.policy import NetsensePolicy
+from netsense.compression.policy.link import LinkState
 from netsense.ps.downlink import DownlinkController
 
 LADDER = "fp32,fp16,qsgd:8,qsgd:4,topk:0.01+fp16"
@@ -22,9 +23,9 @@ def test_candidates_are_measured_on_the_update_that_was_sent() -> None:
     params = tensors(0)
     shadow = {k: v.clone() for k, v in params.items()}
     down.measure(0, params, shadow)
-    assert down._snapshot is None and not down._sample_codecs  # not at version 0 (blocks step 1)
+    assert down._snapshot is None and not down.loop.codecs  # not at version 0 (blocks step 1)
     assert down.measure(50, params, shadow) == {}  # version 50 asks for candidates: the shadow is kept
-    assert sorted(down._sample_codecs) == [1, 2, 3, 4]  # ...and the codecs are warmed up
+    assert sorted(down.loop.codecs) == [1, 2, 3, 4]  # ...and the codecs are warmed up
     priors = list(policy.progress.values)
     update = tensors(1)
     params = {k: params[k] + 0.01 * update[k] for k in params}  # the optimizer step to version 51
@@ -59,8 +60,8 @@ def test_the_update_encode_time_is_the_chosen_levels_cost() -> None:
     down = DownlinkController("netsense", ladder=LADDER)
     policy = down.policy
     assert isinstance(policy, NetsensePolicy)
-    quics: list[object] = []
-    down.choose(3, quics, 4_000_000)  # bandwidth unknown: the safe level, fp32
+    links: list[LinkState] = []
+    down.choose(3, links, 4_000_000)  # bandwidth unknown: the safe level, fp32
     pending = down._pending
     assert pending is not None and pending[0].spec == "fp32" and pending[0].step == 3
     down._observe_encode((4, "fp32", 0.5), 4_000_000)  # first encode at fp32: set-up, skipped

@@ -19,7 +19,7 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import QuicEvent, StreamDataReceived
 
 from quic_certs import self_signed
-from netsense.compression.link import LinkState
+from netsense.compression.policy.link import LinkState
 from netsense.errors import ConfigError
 from netsense.transport.quic_state import SENSING_CC, SensingConfig, connection_of
 from netsense.transport.signal import NetworkSignal, SignalReader, fallback_bandwidth, read_signal

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from netsense.compression.ladder import Ladder
-from netsense.compression.link import LinkState
 from netsense.compression.policy import NetsensePolicy, make_policy
+from netsense.compression.policy.ladder import Ladder
+from netsense.compression.policy.link import LinkState
 from netsense.worker.uplink import PROGRESS_START_STEP, STARTUP_STEPS, UplinkController
 
 S = 1_000_000

@@ -1,7 +1,7 @@
 """What a policy knows of the link: the narrow input type the adaptive policies consume.
 
 `netsense.transport` builds it from its richer `NetworkSignal`; defining it here keeps the
-dependency arrow pointing from transport to compression (DESIGN.md §1).
+dependency arrow pointing from transport to compression (docs/ARCHITECTURE.md, "Layers").
 """
 
 from __future__ import annotations

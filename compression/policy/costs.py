@@ -1,4 +1,4 @@
-"""What a level really costs on this machine, learned at run time (DESIGN.md §5: "measured, not assumed").
+"""What a level really costs on this machine, learned at run time (docs/POLICIES.md: measured, not assumed).
 
 Two figures the step-time model needs and the ladder can only guess:
 
@@ -8,9 +8,9 @@ Two figures the step-time model needs and the ladder can only guess:
   an unshaped or 100 Mbit/s path. Each level starts from the ladder's figures (defaults or
   `Ladder.calibrate`) and switches to what was measured as soon as one timing arrives.
 - `TransportCost`: seconds per wire byte as the application sees the transport. Loopback QUIC in
-  Python is CPU-bound (~40-100 MB/s per connection, TRANSPORT-FACTS.md), so bytes cost time even
-  where no link limits, and the bandwidth estimate (delivery rate, or only a lower bound while
-  app-limited) can overstate how fast a payload really goes.
+  Python is CPU-bound (~40-100 MB/s per connection: docs/ARCHITECTURE.md, "Measured aioquic
+  facts"), so bytes cost time even where no link limits, and the bandwidth estimate (delivery
+  rate, or only a lower bound while app-limited) can overstate how fast a payload really goes.
 
 Both are pure: callers hand in durations they timed.
 """

@@ -4,7 +4,7 @@ The ladder is data (config), not code: `Ladder.parse("fp32,fp16,qsgd:8")` looks 
 the codec registry, so a new codec becomes a level without touching the policies. Each level
 carries what the policies need to predict a step: its wire-size ratio and its encode+decode cost.
 Both are planning figures from `Codec.nominal_ratio` and conservative defaults until
-`Ladder.calibrate` measures them on this machine (DESIGN.md §5: "measured, not assumed").
+`Ladder.calibrate` measures them on this machine (docs/POLICIES.md: measured, not assumed).
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ import torch
 
 from netsense.errors import CompressionError, ConfigError
 
-from .base import make_codec
+from ..base import make_codec
 
 DEFAULT_LADDER = "fp32,fp16,qsgd:8,qsgd:4,topk:0.1+fp16,topk:0.01+fp16,topk:0.001+fp16"
-"""DESIGN.md §5's ladder: fp32 -> 16-bit -> 8/4-bit stochastic quantization -> top-k 10%, 1%, 0.1%."""
+"""The default ladder (docs/POLICIES.md, "The ladder"): fp32 -> 16-bit -> 8/4-bit stochastic
+quantization -> top-k 10%, 1%, 0.1%."""
 
 NOMINAL_NUMEL = 1 << 20
 """Tensor size (elements) at which uncalibrated ratios are asked of `Codec.nominal_ratio`."""
@@ -82,7 +83,8 @@ class Level:
         return self.ratio * payload_bytes
 
     def codec_s(self, payload_bytes: int) -> float:
-        """Predicted encode + decode seconds (e_l of DESIGN.md §5) for `payload_bytes` of fp32."""
+        """Predicted encode + decode seconds (e_l of the step-time model, docs/POLICIES.md) for
+        `payload_bytes` of fp32."""
         return (self.encode_s_per_mb + self.decode_s_per_mb) * payload_bytes / MB
 
 

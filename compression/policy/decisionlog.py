@@ -2,7 +2,8 @@
 
 Records come from `Decision.to_record` (docs/POLICIES.md lists the fields) plus ``direction``
 (``"up"``: a worker's push, ``"down"``: the PS's update). Lines are written whole and flushed, so
-a crashed run still leaves a readable log up to its last step.
+a crashed run still leaves a readable log up to its last step. Plain file writes, no event loop:
+both directions' policy loops write it from whatever thread runs them.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
-from netsense.compression.link import LinkState
-from netsense.compression.policy import Decision
+from .decision import Decision
+from .link import LinkState
 
 
 class DecisionLog:

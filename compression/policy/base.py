@@ -1,0 +1,103 @@
+"""The interface every policy implements: a small synchronous state machine, no clock, no I/O.
+
+`choose` answers a `ChooseRequest` with a `Decision`; `observe` (a `SendReport`) and the other
+`observe_*` feed back what a send really cost; `redecide` may move a slow push heavier mid-flight. Time arrives in
+`LinkState.time_s` or as an argument, so policies run on synthetic sequences in tests.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from .decision import ChooseRequest, Decision, SendReport, predict_request
+from .ladder import Ladder, Level, level_for
+from .link import LinkState
+
+
+class Policy(ABC):
+    """Picks a codec level per step from the link state; learns from `observe` feedback."""
+
+    def __init__(self, ladder: Ladder, *, name: str) -> None:
+        self.ladder = ladder
+        """The levels this policy chooses among."""
+        self.name = name
+        """The spec this policy was made from (goes into every decision)."""
+        self._levels: dict[str, Level] = {}
+
+    @abstractmethod
+    def choose(self, request: ChooseRequest) -> Decision:
+        """Decide the level for `request.step`; its `payload_bytes` is the dense fp32 size S,
+        its `compute_s` Tc."""
+
+    def observe(self, report: SendReport) -> None:
+        """Feedback after a send: `report.bytes_sent` wire bytes took `report.comm_s` (first byte to
+        ack, codec time excluded). The default ignores feedback; adaptive policies override."""
+
+    def redecide(self, *, link: LinkState, sent: Decision, bytes_acked: int, elapsed_s: float) -> Decision | None:
+        """Mid-push: the push of `sent` has run `elapsed_s` (first byte on) and `bytes_acked` of it
+        arrived, with bytes still unsent; `link` is the path now. A decision for a heavier level
+        means: withdraw the unsent part and send this step at that level instead (error feedback
+        keeps that exact); None lets the push finish. Default: None (the level stands)."""
+        return None
+
+    def observe_progress(self, *, level: int, progress: float) -> None:
+        """A measured progress efficiency q of ladder level `level` (docs/POLICIES.md): from the
+        level just sent, or from a candidate measured on a gradient sample. Default: ignored."""
+
+    def progress_candidates(self, step: int) -> list[int]:
+        """Ladder levels whose q the caller should measure on this step's gradient (cheaply, off the
+        critical path) and report with `observe_progress`. Default: none."""
+        return []
+
+    def observe_costs(
+        self, *, level: int, dense_bytes: int, encode_s: float | None = None, decode_s: float | None = None
+    ) -> None:
+        """A timing of ladder level `level`: `encode_s` / `decode_s` seconds for `dense_bytes` of
+        fp32 input (either may be None). Default: ignored (the ladder's figures stand)."""
+
+    def level_of(self, spec: str, payload_bytes: int) -> tuple[int | None, Level]:
+        """Ladder index and level for `spec`; an off-ladder spec gets nominal, uncalibrated figures."""
+        index = self.ladder.find(spec)
+        if index is not None:
+            return index, self.ladder[index]
+        level = self._levels.get(spec)
+        if level is None:
+            level = self._levels[spec] = level_for(spec, numel=max(1, payload_bytes // 4))
+        return None, level
+
+    def _decision(
+        self,
+        request: ChooseRequest,
+        *,
+        level_index: int | None,
+        level: Level,
+        reason: str,
+        bandwidth_Bps: float | None,
+        progress: float | None = None,
+        progress_levels: tuple[float, ...] | None = None,
+        per_byte_s: float = 0.0,
+        predicted_levels: tuple[float, ...] | None = None,
+    ) -> Decision:
+        """The decision to send `level` for `request`, with its prediction at `bandwidth_Bps`."""
+        comm = step_s = None
+        if bandwidth_Bps is not None and bandwidth_Bps > 0:
+            pred = predict_request(level, request, bandwidth_Bps=bandwidth_Bps, per_byte_s=per_byte_s)
+            comm, step_s = pred.comm_s, pred.step_s
+        return Decision(
+            level=level_index,
+            spec=level.spec,
+            predicted_comm_s=comm,
+            predicted_step_s=step_s,
+            reason=reason,
+            step=request.step,
+            payload_bytes=request.payload_bytes,
+            predicted_bytes=round(level.wire_bytes(request.payload_bytes)),
+            compute_s=request.compute_s,
+            overlap=request.overlap,
+            bandwidth_Bps=bandwidth_Bps,
+            policy=self.name,
+            progress=progress,
+            progress_levels=progress_levels,
+            predicted_levels=predicted_levels,
+            per_byte_s=per_byte_s,
+        )

@@ -1,0 +1,124 @@
+"""The netsense law and its hysteresis: which level the predictions favour, and when to move to it.
+
+Cost C_l = P_l / q_l is time per unit of progress; the law accepts the levels within (1 + eps) of
+the best cost and picks the least lossy among the most progressive of them. `LevelHold` commits
+to a level: heavier at once, lighter only after k steps of headroom judged with the stricter
+`relax_eps` (a dead band against flapping), with k backing off when a relax is soon undone.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .netsense_settings import NetsensePolicySettings
+
+logger = logging.getLogger(__name__)
+
+
+class LevelHold:
+    """The committed level and the counters its hysteresis and the probes' cadence run on."""
+
+    def __init__(self, settings: NetsensePolicySettings, specs: tuple[str, ...]) -> None:
+        self.settings = settings
+        self.specs = specs
+        """Ladder specs, for the reasons' wording."""
+        self.level: int | None = None
+        """Committed level (probes excepted), None before the first decision."""
+        self.k_now = settings.k
+        """Current headroom requirement (k with back-off)."""
+        self.headroom = 0
+        """Consecutive steps a lighter level would have done."""
+        self.relax_to = 0
+        """The level a relax goes to: the heaviest lighter level seen through the headroom steps."""
+        self.since_change = 0
+        """Steps since the committed level last changed."""
+        self.since_probe = 0
+        """Steps since the last probe or exploration."""
+        self.since_relax: int | None = None
+        """Steps since the last relax, while it is on probation (None: not on probation)."""
+        self.low_bw: float | None = None
+        """The lowest bandwidth seen at the committed level."""
+
+    def law(self, preds: list[float], q: list[float], eps: float, tie_eps: float) -> tuple[int, list[int]]:
+        """The levels the law accepts (ascending) and its pick, the first of them, for step-time
+        predictions `preds` and progress efficiencies `q` (all 1 when not progress-aware).
+
+        Cost C_l = P_l / q_l (time per unit of progress); A = levels with C_l <= (1 + eps) C*;
+        among A keep the most progressive (q within `progress_tol` of A's best q) and of those the
+        ones whose P_l is within (1 + tie_eps) of their fastest. Without progress awareness every q
+        is 1, so the tie rule would pick the fastest level outright: it then keeps the step-time
+        law's original rule (least lossy within eps of the best P)."""
+        s = self.settings
+        cost = [p / qi for p, qi in zip(preds, q)]
+        best = min(cost)
+        ok = [i for i, c in enumerate(cost) if c <= (1 + eps) * best]
+        if not s.progress_aware:
+            return ok[0], ok
+        q_best = max(q[i] for i in ok)
+        equal = [i for i in ok if q[i] >= q_best - s.progress_tol]
+        fastest = min(preds[i] for i in equal)
+        pick = [i for i in equal if preds[i] <= (1 + tie_eps) * fastest]
+        return pick[0], pick
+
+    def step(self, preds: list[float], q: list[float], bw: float) -> str:
+        """Apply the law with hysteresis to the committed level (`bw`: the bandwidth the predictions
+        used); return the reason."""
+        s = self.settings
+        best = min(p / q[i] for i, p in enumerate(preds))
+        target, ok = self.law(preds, q, s.eps, s.tie_eps)
+        if self.level is None:
+            self.set_level(target)
+            return f"law: C*={best:.4g}s"
+        current = self.level
+        self.since_change += 1
+        self.since_probe += 1
+        self.low_bw = bw if self.low_bw is None else min(self.low_bw, bw)
+        if self.since_relax is not None:
+            self.since_relax += 1
+            if self.since_relax >= self.k_now:  # the relax held: trust relaxing a bit sooner again
+                self.k_now = max(s.k, self.k_now // 2)
+                self.since_relax = None
+        fits = current in ok
+        if not fits and target > current:
+            self.go_heavier(target, bw)
+            return f"heavier: C_{current}={preds[current] / q[current]:.4g}s, C*={best:.4g}s"
+        # Headroom is judged by the same law with the stricter tolerances (a dead band), unless the
+        # bandwidth rose well above the lowest seen at this level: then the link changed, and the
+        # dead band would only hold a level the law no longer picks (the rate-step test's 100 ->
+        # 20 -> 100 Mbit/s: relaxing qsgd:4 -> qsgd:8 needed 51 Mbit/s per worker with relax_eps,
+        # 30 with eps, and each worker's share was 50).
+        strict = s.relax_eps / s.eps if s.eps > 0 else 0.0
+        lighter = self.law(preds, q, s.relax_eps, s.tie_eps * strict)[0] if fits else target
+        rose = s.relax_rise > 0 and self.low_bw is not None and bw >= s.relax_rise * self.low_bw
+        if rose and target < lighter:
+            lighter = target
+        if lighter >= current:
+            # After a rise one dip of the estimate (a push slowed by the hosts' CPUs: 23-29 Mbit/s
+            # among 45-55 was seen) pauses the count of headroom steps instead of restarting it.
+            if not rose:
+                self.headroom = 0
+            return f"hold: C*={best:.4g}s"
+        self.relax_to = max(self.relax_to, lighter) if self.headroom else lighter
+        self.headroom += 1
+        if self.headroom < self.k_now:
+            return f"hold: headroom {self.headroom}/{self.k_now} toward {self.specs[lighter]}"
+        self.set_level(self.relax_to)
+        self.since_relax = 0
+        return f"relax: {self.k_now} steps of headroom, C*={best:.4g}s"
+
+    def go_heavier(self, target: int, bw: float) -> None:
+        """Commit to the heavier `target` (the law's pick at bandwidth `bw`)."""
+        if self.since_relax is not None:  # undone within k steps: it was noise, wait longer next time
+            self.k_now = min(self.settings.max_k, self.k_now * 2)
+            self.since_relax = None
+        self.set_level(target)
+        self.low_bw = bw
+
+    def set_level(self, index: int) -> None:
+        """Commit to `index`; a change restarts the counts that belong to a level."""
+        if index != self.level:
+            logger.debug("netsense level %s -> %s", self.level, index, extra={"level": index})
+            self.since_change = 0
+            self.low_bw = None
+        self.level = index
+        self.headroom = 0

@@ -1,0 +1,113 @@
+"""The bookkeeping around a policy that the uplink and the downlink share, sans I/O.
+
+Each direction runs the same cycle: time the compute between sends (an EWMA), ask the policy for a
+level, feed back what the send cost and the encode took (skipping a level's first encode, which
+pays lazy set-up), measure candidate levels on a gradient sample, count the levels sent, write the
+decision log. `PolicyLoop` is that cycle; `netsense.worker.uplink` and `netsense.ps.downlink` read
+the connections and clocks and hand it plain values.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..base import Codec, make_codec
+from ..progress import WARM_UP_NUMEL, measure_level
+from .base import Policy
+from .decision import ChooseRequest, Decision, SendReport
+from .decisionlog import DecisionLog
+from .link import LinkState
+from .progress import measure_into
+
+COMPUTE_EWMA_ALPHA = 0.3
+"""Weight of the newest compute-time sample (the time between one send and the next, less the
+send): a few steps smooth out scheduler noise."""
+
+
+class PolicyLoop:
+    """One direction's policy with its compute-time EWMA, level histogram, candidate codecs and log."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        direction: str,
+        decision_log: str | Path | None = None,
+        log_fields: dict[str, Any] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.compute_s: float | None = None
+        """EWMA of the compute time between sends, None before the first sample."""
+        self.levels: dict[str, int] = {}
+        """Sends at each codec spec (the level histogram)."""
+        self.codecs: dict[int, Codec] = {}
+        """Candidate codecs per ladder level, warmed up: own instances, since stateful codecs keep
+        their state and the sends' codecs must not see the samples."""
+        self.log = DecisionLog(decision_log, direction=direction, extra=log_fields) if decision_log else None
+        self._warm: set[int] = set()  # levels encoded once: their first encode paid lazy set-up
+
+    def time_compute(self, sample_s: float) -> None:
+        """Fold one compute-time sample into the EWMA."""
+        a = COMPUTE_EWMA_ALPHA
+        self.compute_s = sample_s if self.compute_s is None else a * sample_s + (1 - a) * self.compute_s
+
+    def choose(self, link: LinkState, *, payload_bytes: int, step: int) -> Decision:
+        """The policy's decision for `step`, weighed against the compute time so far (0 before any)."""
+        return self.policy.choose(
+            ChooseRequest(link=link, payload_bytes=payload_bytes, compute_s=self.compute_s or 0.0, step=step)
+        )
+
+    def count(self, spec: str) -> None:
+        """One send at `spec`, for the level histogram."""
+        self.levels[spec] = self.levels.get(spec, 0) + 1
+
+    def observe_encode(self, level: int, dense_bytes: int, encode_s: float) -> None:
+        """The timed encode of a send at ladder level `level`, as its measured encode cost; the
+        first at each level is skipped (it builds and warms the codecs: 2-10x the later timings)."""
+        if level not in self._warm:
+            self._warm.add(level)
+            return
+        self.policy.observe_costs(level=level, dense_bytes=dense_bytes, encode_s=encode_s)
+
+    def observe(self, decision: Decision, *, bytes_sent: int, comm_s: float) -> None:
+        """What the send of `decision` cost: `bytes_sent` wire bytes in `comm_s`."""
+        self.policy.observe(SendReport(step=decision.step, level=decision.level, bytes_sent=bytes_sent, comm_s=comm_s))
+
+    def warm_up(self, levels: list[int], tensors: list[torch.Tensor]) -> None:
+        """Build the candidate codecs of `levels` and call each once on a small sample of `tensors`."""
+        for level in levels:
+            self._codec(level, tensors)
+
+    def measure(self, levels: list[int], tensors: list[torch.Tensor]) -> dict[int, float]:
+        """Measure q and the codec times of each of `levels` on `tensors` and feed them to the
+        policy (warming a codec up first if it is new); returns the q measured per level."""
+        measured = {}
+        for level in levels:
+            q = measure_into(self.policy, level, self._codec(level, tensors), tensors)
+            if q is not None:
+                measured[level] = q
+        return measured
+
+    def _codec(self, level: int, tensors: list[torch.Tensor]) -> Codec:
+        """The candidate codec of `level`; a new one is called once on a small sample of `tensors`
+        first: a first call pays lazy set-up (2-10x), which must not count as the level's cost."""
+        codec = self.codecs.get(level)
+        if codec is None:
+            codec = self.codecs[level] = make_codec(self.policy.ladder[level].spec)
+            measure_level(codec, tensors, max_numel=WARM_UP_NUMEL)
+        return codec
+
+    def write(
+        self, decision: Decision, link: LinkState, *, bytes_sent: int | None, comm_s: float | None, **fields: Any
+    ) -> dict[str, Any] | None:
+        """The decision-log line of `decision` (returned), None when there is no log."""
+        if self.log is None:
+            return None
+        return self.log.write(decision, link, bytes_sent=bytes_sent, comm_s=comm_s, **fields)
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()

@@ -1,0 +1,247 @@
+"""``netsense``, ours: compress only as much as buys time (docs/POLICIES.md, "netsense (ours)").
+
+This module is the policy's interface and its evidence: what `choose` and `redecide` predict with
+(measured codec and transport costs, progress efficiencies q, the bandwidth estimate) and what
+`observe` learns. The law and its hysteresis are in `law`, the probes in `probes`, the bandwidth
+estimate in `bandwidth`, the settings in `netsense_settings`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..progress import DEFAULT_SAMPLE_NUMEL
+from .bandwidth import BandwidthEstimate
+from .base import Policy
+from .costs import CodecCosts, TransportCost
+from .decision import ChooseRequest, Decision, SendReport, predict_steps
+from .ladder import Ladder, Level
+from .law import LevelHold
+from .link import LinkState
+from .netsense_settings import NetsensePolicySettings
+from .probes import Probes
+from .progress import ProgressEstimate
+from .registry import register_policy
+from .settings import settings_factory
+
+
+class NetsensePolicy(Policy):
+    """Ours (docs/POLICIES.md): T_l = r_l S / B + min_rtt + e_l with the queue-free bandwidth B;
+    P_l = Tc + T_l (or max(Tc, T_l) with overlap); the least lossy level with P_l <= (1+eps) P*
+    wins; heavier at once, lighter after k steps of headroom; upward probes while app-limited."""
+
+    def __init__(self, ladder: Ladder, settings: NetsensePolicySettings) -> None:
+        super().__init__(ladder, name="netsense")
+        settings.check(len(ladder))
+        s = self.settings = settings
+        self.costs = CodecCosts(ladder, window=s.cost_window)
+        """Measured encode/decode cost per level (the ladder's figures until timed)."""
+        self.transport = TransportCost()
+        """Measured marginal seconds per wire byte, fitted across levels."""
+        self._payload_bytes = 0  # S of the last decision
+        self._queue_s = 0.0  # the link's standing queue at the last decision
+        self._now_s = 0.0  # link time of the last decision
+        self.progress = ProgressEstimate(ladder, alpha=s.progress_alpha, floor=s.progress_floor)
+        """Progress efficiency q per level: codec priors, refined by `observe_progress`."""
+        self.bandwidth = BandwidthEstimate(
+            app_window=s.app_window, min_sample_bytes=s.min_sample_bytes, min_sample_rtts=s.min_sample_rtts
+        )
+        """Bandwidth estimator fed by `choose` (link) and `observe` (application samples)."""
+        self.hold = LevelHold(s, ladder.specs)
+        """The committed level and its hysteresis."""
+        self.probes = Probes(s, ladder, self.hold, self.bandwidth, self.transport)
+        """When to send a step lighter (probe) or heavier (exploration) than the committed level."""
+        self._decisions = 0
+        self._predicted_wire_s: float | None = None  # of the last decision with a known bandwidth
+        self._last_send_slow = False  # the last send took much longer than predicted
+        self._min_rtt_s = 0.0
+        self._round: tuple[int, float] | None = None  # step and link time of the latest candidate round
+
+    @property
+    def level(self) -> int | None:
+        """Committed level (probes excepted), None before the first decision."""
+        return self.hold.level
+
+    @level.setter
+    def level(self, index: int | None) -> None:
+        self.hold.level = index
+
+    @property
+    def k_now(self) -> int:
+        """Current headroom requirement (k with back-off)."""
+        return self.hold.k_now
+
+    def effective_bandwidth(self, link: LinkState) -> float | None:
+        """The estimate after `link`, shrunk by losses and a queue (`BandwidthEstimate.effective`)."""
+        return self.bandwidth.effective(link, queue_tolerance_s=self.settings.queue_tolerance_s)
+
+    def choose(self, request: ChooseRequest) -> Decision:
+        s, link = self.settings, request.link
+        self._decisions += 1
+        if link.min_rtt_s is not None:
+            self._min_rtt_s = link.min_rtt_s
+        self._payload_bytes, self._queue_s, self._now_s = request.payload_bytes, link.queue_delay_s, link.time_s
+        bw = self.effective_bandwidth(link)
+        levels = self._levels_now()
+        per_byte = self._per_byte_s()
+        preds: list[float] | None = None  # set once the law has predicted every level
+
+        def emit(index: int, reason: str) -> Decision:
+            return self._emit(request, levels, index, reason, bw=bw, per_byte=per_byte, preds=preds)
+
+        bound = self.bandwidth.lower_bound_Bps if bw is None and s.progress_aware else None
+        if bw is None and bound is None:
+            if self.level is None:
+                self.level = s.safe_level
+            return emit(self.level, "unknown-bandwidth")
+        if bw is None:
+            bw = bound  # `emit` reports it as the bandwidth used
+        assert bw is not None
+        rtt = link.min_rtt_s or 0.0
+        q = self._qs()
+        preds = predict_steps(levels, request, bandwidth_Bps=bw, per_byte_s=per_byte)
+        if bound is not None:
+            # Only a lower bound is known (every send so far was app-limited: small, latency-bound):
+            # it overstates comm time, so it may choose only among levels that lose no measurable
+            # progress (fp32, fp16, and 8-bit once measured): the worst it costs is a cast.
+            preds = [p if q[i] >= 1 - s.progress_tol else math.inf for i, p in enumerate(preds)]
+        reason = self.hold.step(preds, q, bw) + (" (lower bound B)" if bound is not None else "")
+        index = self.level
+        assert index is not None
+        if self._decisions <= s.warmup_steps and index > s.warmup_level:
+            return emit(s.warmup_level, f"warm-up: law wanted {self.ladder[index].spec}")
+        move = self.probes.next_move(
+            request, reason, levels=levels, bw=bw, per_byte=per_byte, q=q, last_send_slow=self._last_send_slow
+        )
+        return self._sent(emit(*move) if move is not None else emit(index, reason), bw, rtt)
+
+    def redecide(self, *, link: LinkState, sent: Decision, bytes_acked: int, elapsed_s: float) -> Decision | None:
+        """The law again, mid-push, with the push so far as a bandwidth sample (its pipe is full:
+        bytes wait unsent). Only a move to a heavier level is returned, and it is committed as if
+        `choose` had made it: a rate drop that lands while a step computes is otherwise seen only
+        by the push after the slow one (docs/BENCHMARKS.md, rate step). No step is counted."""
+        s, index = self.settings, sent.level
+        if index is None or self.level is None or elapsed_s <= 0:
+            return None
+        self.bandwidth.add_app_sample(
+            bytes_sent=bytes_acked, comm_s=elapsed_s, min_rtt_s=self._min_rtt_s, app_limited=False
+        )
+        bw = self.effective_bandwidth(link)
+        if bw is None:
+            return None
+        self._now_s = link.time_s
+        request = sent.request(link)
+        levels, per_byte, rtt = self._levels_now(), self._per_byte_s(), link.min_rtt_s or 0.0
+        q = self._qs()
+        preds = predict_steps(levels, request, bandwidth_Bps=bw, per_byte_s=per_byte)
+        target, ok = self.hold.law(preds, q, s.eps, s.tie_eps)
+        if index in ok or target <= index:
+            return None
+        if target > self.level:
+            self.hold.go_heavier(target, bw)
+        self._predicted_wire_s = None  # the withdrawn push is not observed
+        cost = [p / qi for p, qi in zip(preds, q)]
+        reason = (
+            f"redecide: {sent.spec} push slow ({elapsed_s:.3g}s, {bytes_acked} B acked), "
+            f"C_{index}={cost[index]:.4g}s, C*={min(cost):.4g}s"
+        )
+        return self._sent(self._emit(request, levels, target, reason, bw=bw, per_byte=per_byte, preds=preds), bw, rtt)
+
+    def observe(self, report: SendReport) -> None:
+        """Adds an application bandwidth sample (bytes over comm time less one min RTT)."""
+        level, bytes_sent, comm_s = report.level, report.bytes_sent, report.comm_s
+        predicted, self._predicted_wire_s = self._predicted_wire_s, None
+        self._last_send_slow = predicted is not None and comm_s > 1.5 * predicted + 0.005
+        self.bandwidth.add_app_sample(
+            bytes_sent=bytes_sent, comm_s=comm_s, min_rtt_s=self._min_rtt_s, app_limited=bool(report.app_limited)
+        )
+        if level is not None and 0 <= level < len(self.ladder):
+            # The receiver decodes before it acknowledges (the PS acks a push once decoded), so its
+            # decode is part of comm_s but not of the transport's per-byte cost.
+            peer_decode = self.costs.decode_s_per_mb(level) * self._payload_bytes / 1e6
+            self.transport.observe(
+                level=level,
+                bytes_sent=bytes_sent,
+                comm_s=comm_s,
+                time_s=self._now_s if report.time_s is None else report.time_s,
+                min_rtt_s=self._min_rtt_s,
+                peer_decode_s=peer_decode,
+                queue_s=self._queue_s,
+                queue_tolerance_s=self.settings.queue_tolerance_s,
+            )
+
+    def observe_costs(
+        self, *, level: int, dense_bytes: int, encode_s: float | None = None, decode_s: float | None = None
+    ) -> None:
+        """Folds a timing of `level` into its measured costs (median of the last `cost_window`)."""
+        self.costs.observe(level, dense_bytes=dense_bytes, encode_s=encode_s, decode_s=decode_s)
+
+    def observe_progress(self, *, level: int, progress: float) -> None:
+        """Folds a measured q of `level` into its EWMA (the first measurement replaces the prior)."""
+        if 0 <= level < len(self.ladder) and math.isfinite(progress):
+            self.progress.update(level, progress)
+
+    def progress_candidates(self, step: int) -> list[int]:
+        """Every lossy level, every `progress_every` steps (from step 0) within `progress_budget` of
+        the time: priors are worst-case bounds, so a level is judged on its measured q before long,
+        whether used or not. Asked again for the same step, it answers the same."""
+        s = self.settings
+        if not s.progress_aware or s.progress_every <= 0 or step % s.progress_every:
+            return []
+        levels = [i for i, lv in enumerate(self.ladder) if not lv.lossless]
+        last = self._round
+        if last is not None and last[0] != step and s.progress_budget > 0:
+            sample = min(self._payload_bytes, 4 * DEFAULT_SAMPLE_NUMEL)
+            cost = sum(self.costs.level(i).codec_s(sample) for i in levels)
+            if (self._now_s - last[1]) * s.progress_budget < cost:
+                return []
+        if last is None or last[0] != step:
+            self._round = (step, self._now_s)
+        return levels
+
+    def _emit(
+        self,
+        request: ChooseRequest,
+        levels: list[Level],
+        index: int,
+        reason: str,
+        *,
+        bw: float | None,
+        per_byte: float,
+        preds: list[float] | None,
+    ) -> Decision:
+        """The decision for ladder level `index`, with the figures the law used (`preds`: None when
+        it predicted nothing)."""
+        return self._decision(
+            request,
+            level_index=index,
+            level=levels[index],
+            reason=reason,
+            bandwidth_Bps=bw,
+            progress=self._qs()[index],
+            progress_levels=tuple(self.progress.values),
+            per_byte_s=per_byte,
+            predicted_levels=None if preds is None else tuple(preds),
+        )
+
+    def _levels_now(self) -> list[Level]:
+        """The ladder with measured codec costs where timed (the ladder's figures otherwise)."""
+        return self.costs.levels() if self.settings.measured_costs else list(self.ladder)
+
+    def _per_byte_s(self) -> float:
+        """The transport's measured marginal seconds per wire byte (0 while unknown or off)."""
+        return (self.transport.s_per_byte(self._now_s) or 0.0) if self.settings.transport_cost else 0.0
+
+    def _sent(self, decision: Decision, bw: float, rtt: float) -> Decision:
+        """Remember the wire time predicted for this decision (codec time excluded, as `comm_s`)."""
+        self._predicted_wire_s = decision.predicted_bytes / bw + rtt
+        return decision
+
+    def _qs(self) -> list[float]:
+        """q per level as the law uses it (1 everywhere when not progress-aware)."""
+        if not self.settings.progress_aware:
+            return [1.0] * len(self.ladder)
+        return list(self.progress.values)
+
+
+register_policy("netsense", settings_factory("netsense", NetsensePolicy, NetsensePolicySettings))

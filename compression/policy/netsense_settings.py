@@ -1,0 +1,101 @@
+"""The netsense policy's settings: one place for its defaults (docs/POLICIES.md explains each) and
+the rules they must meet, checked when the policy is made, not mid-run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .settings import require
+
+
+@dataclass(frozen=True)
+class NetsensePolicySettings:
+    """Settings of our policy; one place for its defaults (docs/POLICIES.md explains each)."""
+
+    eps: float = 0.1
+    """The least lossy level whose predicted cost (P_l / q_l) is within (1 + eps) of the best one wins."""
+    relax_eps: float = 0.05
+    """Stricter tolerance a lighter level must meet to count as headroom (a dead band against flapping)."""
+    k: int = 5
+    """Consecutive steps of headroom before moving back toward lighter levels."""
+    relax_rise: float = 1.5
+    """Once the bandwidth is this many times the lowest seen at the committed level, the link
+    changed (not +-10% jitter): headroom is judged with `eps`, not the stricter `relax_eps` (0: never)."""
+    max_k: int = 80
+    """Cap of k's back-off: a relax undone within k steps doubles k; one that holds halves it again."""
+    probe_interval: int = 20
+    """While app-limited at a lossy level, send one step a level lighter this often (0: never)."""
+    probe_interval_s: float = 2.0
+    """...or after this many seconds without a change or probe, whichever comes first (0: only by
+    steps). Seconds bound the recovery time however long a step takes."""
+    queue_tolerance_s: float = 0.010
+    """Standing queue (srtt - min_rtt) ignored before it starts to shrink the bandwidth."""
+    safe_level: int = 0
+    """Level used while the bandwidth is unknown (0: lossless)."""
+    warmup_steps: int = 0
+    """Steps, from the first decision, during which the level is capped at `warmup_level`."""
+    warmup_level: int = 0
+    """Heaviest level allowed during warm-up."""
+    app_window: int = 4
+    """Application bandwidth samples are max-filtered over this many most recent observations."""
+    min_sample_bytes: int = 256 * 1024
+    """A send smaller than this measures latency, not bandwidth: its sample is app-limited..."""
+    min_sample_rtts: float = 8.0
+    """...unless it lasted at least this many min RTTs (and carried >= min_sample_bytes / 16): then
+    the ramp-up is a small part of it, as for a 150 kB push taking 30 ms over a 2 ms loopback RTT
+    (0: size alone decides)."""
+    progress_aware: bool = True
+    """Weigh each level's step time by its progress efficiency q (cost P_l / q_l); False: the
+    step-time law of docs/POLICIES.md as first written (P_l alone), kept for comparison."""
+    tie_eps: float = 0.01
+    """Among levels of equal progress (q within `progress_tol`, e.g. fp32 and fp16), a cheaper one
+    wins when its predicted step is shorter by more than this fraction."""
+    progress_tol: float = 0.005
+    """Levels whose q differ by at most this count as equally progressive."""
+    progress_alpha: float = 0.3
+    """EWMA weight of the newest q measurement of a level."""
+    progress_floor: float = 0.01
+    """Lowest q used in P_l / q_l."""
+    progress_every: int = 50
+    """Ask for a measurement of every lossy level's q on a gradient sample this often (steps; 0: never).
+    One round costs ~4-5 ms per lossy level on digits-cnn (6 keys, 2 shared cores): every 10 steps
+    that was ~12% of a 20 ms loopback step; q drifts over hundreds of steps."""
+    progress_budget: float = 0.01
+    """Largest share of the time candidate rounds may take: a round due by `progress_every` waits
+    (to the next multiple) until the time since the last one is at least its predicted cost (every
+    lossy level's measured codec time on the sample) over this share (0: no limit). Unshaped, a
+    round took 15-30 ms on a 15-18 ms step: every 50 steps that was ~5 % of the run."""
+    measured_costs: bool = True
+    """Predict with each level's measured encode/decode seconds per MB (`observe_costs`: the
+    sender's timings and the candidate rounds) instead of the ladder's figures once timed."""
+    cost_window: int = 8
+    """Timings per level whose median is its measured cost."""
+    transport_cost: bool = True
+    """Charge wire bytes at least the transport's measured marginal cost per byte (`TransportCost`,
+    fitted over the sends of different levels), not only 1 / B: on CPU-bound paths (loopback QUIC)
+    bytes cost host time that a delivery-rate bandwidth does not show."""
+
+    def check(self, levels: int) -> None:
+        """Raise `ConfigError` for the first setting out of range, for a ladder of `levels` levels."""
+        s, n, top = self, "netsense", levels - 1
+        require(s.eps >= 0, n, "eps", s.eps, ">= 0")
+        require(0 <= s.relax_eps <= s.eps, n, "relax_eps", s.relax_eps, "in [0, eps]")
+        require(s.k >= 1, n, "k", s.k, ">= 1")
+        require(s.max_k >= s.k, n, "max_k", s.max_k, ">= k")
+        require(s.relax_rise == 0 or s.relax_rise > 1, n, "relax_rise", s.relax_rise, "0 or > 1")
+        require(s.probe_interval >= 0, n, "probe_interval", s.probe_interval, ">= 0")
+        require(s.probe_interval_s >= 0, n, "probe_interval_s", s.probe_interval_s, ">= 0")
+        require(s.min_sample_rtts >= 0, n, "min_sample_rtts", s.min_sample_rtts, ">= 0")
+        require(s.queue_tolerance_s >= 0, n, "queue_tolerance_s", s.queue_tolerance_s, ">= 0")
+        require(0 <= s.safe_level <= top, n, "safe_level", s.safe_level, f"a level index in [0, {top}]")
+        require(0 <= s.warmup_level <= top, n, "warmup_level", s.warmup_level, f"a level index in [0, {top}]")
+        require(s.warmup_steps >= 0, n, "warmup_steps", s.warmup_steps, ">= 0")
+        require(s.app_window >= 1, n, "app_window", s.app_window, ">= 1")
+        require(s.min_sample_bytes >= 0, n, "min_sample_bytes", s.min_sample_bytes, ">= 0")
+        require(s.tie_eps >= 0, n, "tie_eps", s.tie_eps, ">= 0")
+        require(0 <= s.progress_tol < 1, n, "progress_tol", s.progress_tol, "in [0, 1)")
+        require(0 < s.progress_alpha <= 1, n, "progress_alpha", s.progress_alpha, "in (0, 1]")
+        require(0 < s.progress_floor <= 1, n, "progress_floor", s.progress_floor, "in (0, 1]")
+        require(s.progress_every >= 0, n, "progress_every", s.progress_every, ">= 0")
+        require(0 <= s.progress_budget < 1, n, "progress_budget", s.progress_budget, "in [0, 1)")
+        require(s.cost_window >= 1, n, "cost_window", s.cost_window, ">= 1")

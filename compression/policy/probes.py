@@ -1,0 +1,149 @@
+"""When netsense sends a step at another level than the committed one, to learn what it cannot see.
+
+Two moves, both on one cadence (`probe_interval` steps or `probe_interval_s` seconds since the
+level last moved or probed): a *probe* sends a lighter level while the path looks app-limited, since
+an app-limited bandwidth sample only bounds what the path carries; an *exploration* sends a heavier
+level that loses no measurable progress while the transport's per-byte cost is unknown, since that
+fit needs sends of two sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .bandwidth import BandwidthEstimate
+from .costs import TransportCost
+from .decision import ChooseRequest, predict_steps
+from .ladder import Ladder, Level
+from .law import LevelHold
+from .link import LinkState
+from .netsense_settings import NetsensePolicySettings
+
+
+class Probes:
+    """The probe and exploration rules over the policy's committed level and its evidence."""
+
+    def __init__(
+        self,
+        settings: NetsensePolicySettings,
+        ladder: Ladder,
+        hold: LevelHold,
+        bandwidth: BandwidthEstimate,
+        transport: TransportCost,
+    ) -> None:
+        self.settings = settings
+        self.ladder = ladder
+        self.hold = hold
+        self.bandwidth = bandwidth
+        self.transport = transport
+        self.moved_at: float | None = None
+        """Link time of the last level change, probe or exploration."""
+        self.exploring: int | None = None
+        """The level the last decision explored, None when it did not."""
+
+    def next_move(
+        self,
+        request: ChooseRequest,
+        reason: str,
+        *,
+        levels: list[Level],
+        bw: float,
+        per_byte: float,
+        q: list[float],
+        last_send_slow: bool,
+    ) -> tuple[int, str] | None:
+        """The level and reason of this step's probe or exploration, None to send the committed
+        level (`reason`: why the law holds it). Called once per decision, after the law."""
+        link, index = request.link, self.hold.level
+        assert index is not None
+        if self.moved_at is None or self.hold.since_change == 0:
+            self.moved_at = link.time_s
+        if self._probe_due(link, reason, last_send_slow) and self._capacity_matters(levels, request, bw, per_byte, q):
+            self.hold.since_probe = 0
+            self.moved_at = link.time_s
+            probe = self._probe_level(index, request.payload_bytes)
+            return probe, f"probe: {index - probe} lighter than {self.ladder[index].spec}"
+        explore = self._explore_level(link, reason, q)
+        self.exploring = explore
+        if explore is None:
+            return None
+        self.hold.since_probe = 0
+        self.moved_at = link.time_s
+        return explore, f"explore: per-byte cost unknown, {self.ladder[explore].spec}"
+
+    def _cadence_due(self, link: LinkState) -> bool:
+        """Whether `probe_interval` steps or `probe_interval_s` seconds passed since the level last
+        moved or probed (by seconds, with at least one step at the committed level in between)."""
+        s = self.settings
+        steps = min(self.hold.since_change, self.hold.since_probe)
+        by_steps = s.probe_interval > 0 and steps >= s.probe_interval
+        by_time = (
+            s.probe_interval_s > 0
+            and steps >= 2  # at least one step at the committed level between probes
+            and self.moved_at is not None
+            and link.time_s - self.moved_at >= s.probe_interval_s
+        )
+        return by_steps or by_time
+
+    def _probe_due(self, link: LinkState, reason: str, last_send_slow: bool) -> bool:
+        app_limited = (link.app_limited and not self.bandwidth.link_stale) or self.bandwidth.last_sample_app_limited
+        level = self.hold.level
+        return (
+            self._cadence_due(link)
+            and app_limited
+            and level is not None
+            and level > 0
+            and reason.startswith("hold: C*")  # neither just moved nor already on the way lighter
+            and not last_send_slow  # a send slower than predicted says less capacity, not more
+        )
+
+    def _capacity_matters(
+        self, levels: list[Level], request: ChooseRequest, bw: float, per_byte: float, q: list[float]
+    ) -> bool:
+        """Whether more bandwidth than `bw` could make the law pick a level lighter than the committed
+        one, which is what a probe looks for. It could unless the measured per-byte cost c alone
+        rules the lighter levels out: at unlimited bandwidth a byte still costs the part of c that
+        1 / `bw` does not explain (the hosts' CPUs: on unshaped loopback c was up to 2x 1 / B, and
+        fp16 beat fp32 by 0.5-1.5 ms a step). There the probes (an fp32 step every 20 on each worker
+        and the PS, ~15 % of steps with one) can reveal nothing that moves the choice. On a
+        link-bound path c is ~1 / B, nothing is left over, and the probes go on as before."""
+        host = per_byte - 1.0 / bw
+        if host <= 0:
+            return True
+        unlimited = predict_steps(levels, request, bandwidth_Bps=math.inf, per_byte_s=host)
+        assert self.hold.level is not None
+        return self.hold.law(unlimited, q, self.settings.eps, self.settings.tie_eps)[0] < self.hold.level
+
+    def _probe_level(self, index: int, payload_bytes: int) -> int:
+        """The heaviest lighter level whose send is big enough to be a bandwidth sample (a probe too
+        small to measure anything reveals nothing); one level lighter when none is."""
+        big = [i for i in range(index) if self.ladder[i].wire_bytes(payload_bytes) >= self.settings.min_sample_bytes]
+        return max(big) if big else index - 1
+
+    def _explore_level(self, link: LinkState, reason: str, q: list[float]) -> int | None:
+        """A heavier level to send once, on the probes' cadence, while the transport's per-byte cost
+        is unknown: the fit needs sends of two sizes, and a path where fp32 ties fp16 on bandwidth
+        alone may never send fp16 otherwise. Only from a lossless level (from a lossy one the probes
+        send lighter levels) and only to a level that loses no measurable progress and is
+        `MIN_SIZE_SPREAD` smaller (fp16 from fp32): the worst it costs is a few casts."""
+        s, index = self.settings, self.hold.level
+        if not (s.transport_cost and s.progress_aware) or index is None or not reason.startswith("hold: C*"):
+            return None
+        if not self.ladder[index].lossless:
+            return None  # a lossy level gets its second point from the probes (lighter levels)
+        if self.transport.s_per_byte(link.time_s) is not None:
+            return None
+        going = self.exploring
+        if going is not None and self.transport.count(going) < self.transport.min_samples:
+            return going  # a point needs `min_samples` sends: explore for that many steps in a row
+        if not self._cadence_due(link):
+            return None
+        size = self.ladder[index].ratio
+        return next(
+            (
+                j
+                for j in range(index + 1, len(self.ladder))
+                if q[j] >= 1 - s.progress_tol and self.ladder[j].ratio * self.transport.min_spread <= size
+            ),
+            None,
+        )

@@ -1,0 +1,64 @@
+"""What a policy makes of progress efficiency q (`netsense.compression.progress` measures it): one
+EWMA per ladder level, seeded with the codec's conservative prior (`Level.progress`), and the hand-off
+of one candidate measurement (its q and what the codec cost) to the policy."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+import torch
+
+from ..base import Codec
+from ..progress import measure_level, sender_encode_s
+from .ladder import Ladder
+
+
+class LevelObserver(Protocol):
+    """What `measure_into` reports to: a policy (`netsense.compression.policy.Policy`)."""
+
+    def observe_costs(
+        self, *, level: int, dense_bytes: int, encode_s: float | None = None, decode_s: float | None = None
+    ) -> None: ...
+
+    def observe_progress(self, *, level: int, progress: float) -> None: ...
+
+
+def measure_into(observer: LevelObserver, level: int, codec: Codec, tensors: Iterable[torch.Tensor]) -> float | None:
+    """Measure ladder level `level` (`codec`) on `tensors` and report its sender cost and q to the
+    policy; returns the q (None when not measurable). The uplink's and the downlink's candidate
+    rounds both do exactly this."""
+    sample = measure_level(codec, tensors)
+    if sample is None:
+        return None
+    observer.observe_costs(
+        level=level, dense_bytes=sample.dense_bytes, encode_s=sender_encode_s(codec, sample), decode_s=sample.decode_s
+    )
+    if sample.progress is not None:
+        observer.observe_progress(level=level, progress=sample.progress)
+    return sample.progress
+
+
+class ProgressEstimate:
+    """Per-level EWMA of q, starting from the ladder's priors; never below `floor`."""
+
+    def __init__(self, ladder: Ladder, *, alpha: float = 0.3, floor: float = 0.01) -> None:
+        self.alpha = alpha
+        """Weight of the newest measurement."""
+        self.floor = floor
+        """Lowest q used (keeps P / q finite for a level that measured ~nothing)."""
+        self.values = [1.0 if lv.lossless else max(floor, lv.progress) for lv in ladder]
+        """Current q per level, in ladder order."""
+        self.measured = [lv.lossless for lv in ladder]
+        """Whether each level's q has been measured (a lossless level needs no measurement)."""
+
+    def update(self, level: int, q: float) -> None:
+        """Fold in one measurement of level `level`; the first replaces the prior outright."""
+        q = min(1.0, max(self.floor, q))
+        if not self.measured[level]:
+            self.values[level], self.measured[level] = q, True
+        else:
+            self.values[level] = self.alpha * q + (1 - self.alpha) * self.values[level]
+
+    def __getitem__(self, level: int) -> float:
+        return self.values[level]

@@ -1,0 +1,44 @@
+"""The policy's side of progress efficiency q: the per-level EWMA, and one candidate measurement
+handed to the policy (costs and q)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from netsense.compression import Ladder, make_codec
+from netsense.compression.policy.progress import ProgressEstimate, measure_into
+
+
+def test_progress_estimate_first_measurement_replaces_the_prior() -> None:
+    est = ProgressEstimate(Ladder.parse("fp32,topk:0.01+fp16"), alpha=0.5, floor=0.02)
+    assert est.values == [1.0, 0.02] and est.measured == [True, False]  # prior 0.01 raised to the floor
+    est.update(1, 0.4)
+    assert est[1] == 0.4 and est.measured[1]
+    est.update(1, 0.2)
+    assert est[1] == pytest.approx(0.3)
+    est.update(1, 5.0)
+    assert est[1] == pytest.approx(0.65)  # clamped to 1 before averaging
+
+
+def test_measure_into_reports_costs_and_progress_to_the_policy() -> None:
+    """One candidate measurement tells the policy the level's sender cost and its q."""
+    class Recorder:
+        def __init__(self) -> None:
+            self.costs: list[dict[str, float]] = []
+            self.progress: list[tuple[int, float]] = []
+
+        def observe_costs(self, *, level: int, dense_bytes: int, encode_s: float | None = None, decode_s: float | None = None) -> None:
+            self.costs.append({"level": level, "dense_bytes": dense_bytes, "encode_s": encode_s, "decode_s": decode_s})
+
+        def observe_progress(self, *, level: int, progress: float) -> None:
+            self.progress.append((level, progress))
+
+    rec = Recorder()
+    q = measure_into(rec, 3, make_codec("qsgd:4"), [torch.randn(64, 32), torch.randn(100)])
+    assert q is not None and 0 < q < 1
+    assert rec.progress == [(3, q)]
+    (cost,) = rec.costs
+    assert cost["level"] == 3 and cost["dense_bytes"] == 4 * (64 * 32 + 100)
+    assert cost["encode_s"] >= cost["decode_s"] > 0  # lossy: the sender pays encode + decode
+    assert measure_into(rec, 3, make_codec("qsgd:4"), [torch.zeros(0)]) is None and len(rec.costs) == 1
