@@ -9,7 +9,7 @@ from . import lowrank as _lowrank  # noqa: F401
 from . import quantize as _quantize  # noqa: F401
 from . import sparse as _sparse  # noqa: F401
 from .base import DTYPES, Codec, Payload, codec_names, make_codec, register_codec
-from .feedback import ErrorFeedback
+from .feedback import ErrorFeedback, NonFiniteGradient
 from .policy import (
     ChooseRequest,
     Decision,
@@ -33,6 +33,7 @@ __all__ = [
     "Level",
     "LinkState",
     "NetsensePolicySettings",
+    "NonFiniteGradient",
     "Payload",
     "Policy",
     "codec_names",

@@ -75,6 +75,12 @@ class Codec(ABC):
     """True when decode(encode(x)) == x exactly."""
     unbiased: bool = False
     """True when E[decode(encode(x))] == x (stochastic quantization): its error is variance."""
+    feedback_safe: bool = True
+    """False when error feedback around this codec lets the residual grow without bound (no
+    contraction: what it leaves out can exceed what it was given); `ErrorFeedback` refuses it."""
+    clamped: int = 0
+    """Finite values this encoder clamped to a 16-bit wire type's range instead of sending inf,
+    since it was made (an instance counter; see `limits.cast_clamped`)."""
 
     @abstractmethod
     def encode(self, tensor: torch.Tensor) -> Payload:

@@ -15,6 +15,7 @@ from .base import (
     register_codec,
     tensor_to_bytes,
 )
+from .limits import cast_clamped
 
 
 class Identity(Codec):
@@ -36,7 +37,11 @@ class Identity(Codec):
 
 
 class HalfCast(Codec):
-    """Casts to a 16-bit float for the wire and back to the original dtype on decode."""
+    """Casts to a 16-bit float for the wire and back to the original dtype on decode.
+
+    Finite values beyond the wire's range are clamped to its largest value (and counted in
+    `clamped`) rather than sent as inf: under error feedback the clamped-off part stays in the
+    residual and follows in later steps (docs/RELIABILITY.md, "Error feedback safety")."""
 
     lossless = False
 
@@ -45,7 +50,8 @@ class HalfCast(Codec):
         self.wire_dtype = wire_dtype
 
     def encode(self, tensor: torch.Tensor) -> Payload:
-        wire = tensor.detach().to(self.wire_dtype)
+        wire, cut = cast_clamped(tensor.detach(), self.wire_dtype)
+        self.clamped += cut
         return Payload(self.spec, tuple(tensor.shape), DTYPE_NAMES[tensor.dtype], (tensor_to_bytes(wire),))
 
     def decode(self, payload: Payload, *, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -60,3 +60,25 @@ def require_finite(tensor: torch.Tensor, what: str) -> None:
     """Raise `CompressionError` unless every element is finite (NaN / inf never enter the sum)."""
     if tensor.numel() and not bool(torch.isfinite(tensor).all()):
         raise CompressionError(f"{what}: contains NaN or infinity")
+
+
+def cast_clamped(tensor: torch.Tensor, wire_dtype: torch.dtype) -> tuple[torch.Tensor, int]:
+    """``tensor.to(wire_dtype)`` where finite values beyond the wire's range become its largest
+    finite value instead of inf, and how many did. Error feedback carries what a clamp cuts off;
+    an inf would have turned the residual into inf - inf = NaN for good. NaN and inf inputs stay
+    as they are: they are the caller's poison to catch, not something to pass off as 65504.
+
+    The common case costs one reduction over the (16-bit) result on top of the cast itself
+    (measured 0.6 ms against the cast's 4.3 ms on 11M floats); only an overflow pays for masks."""
+    wire = tensor.to(wire_dtype)
+    if wire.numel() == 0 or torch.finfo(wire_dtype).max >= torch.finfo(tensor.dtype).max:
+        return wire, 0  # same or wider range: nothing can overflow
+    lo, hi = torch.aminmax(wire)
+    if math.isfinite(float(lo)) and math.isfinite(float(hi)):
+        return wire, 0
+    over = torch.isinf(wire).logical_and_(torch.isfinite(tensor))
+    count = int(over.sum())
+    if count:
+        big = torch.finfo(wire_dtype).max
+        wire.masked_fill_(over & (tensor > 0), big).masked_fill_(over & (tensor < 0), -big)
+    return wire, count

@@ -24,7 +24,7 @@ from .base import (
     register_codec,
     tensor_to_bytes,
 )
-from .limits import checked_numel, require_finite, split_suffix
+from .limits import cast_clamped, checked_numel, require_finite, split_suffix
 from .sparse import meta_int
 
 DENSE = 0
@@ -75,9 +75,15 @@ class PowerSGD(Codec):
             q = torch.randn(cols, self.rank, generator=self.generator).to(m.device)
         p = torch.linalg.qr(m @ q).Q
         q = m.T @ p
+        # fp32 products of finite huge entries can still overflow: a NaN basis would stay warm.
+        require_finite(q, f"{self.spec} Q factor")
         self._q = q
+        # P has orthonormal columns (|P| <= 1); Q = M^T P carries M's scale and may exceed fp16:
+        # clamped, it still decodes finite, and error feedback keeps the difference.
+        wire = [cast_clamped(f, self.factor_dtype) for f in (p, q)]
+        self.clamped += sum(cut for _, cut in wire)
         # Flatten: a [rows, 1] QR factor is "contiguous" with a non-unit last stride.
-        parts = tuple(tensor_to_bytes(f.to(self.factor_dtype).contiguous().reshape(-1)) for f in (p, q))
+        parts = tuple(tensor_to_bytes(f.contiguous().reshape(-1)) for f, _ in wire)
         return Payload(self.spec, shape, dtype, parts, (float(FACTORS),))
 
     def decode(self, payload: Payload, *, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -4,6 +4,9 @@ Each bucket of `BUCKET` elements is scaled by its max magnitude into [-1, 1] and
 stochastically onto 2**bits evenly spaced levels, so E[decode(encode(x))] == x. A per-bucket scale
 (rather than one norm for the whole tensor) keeps the error local: one large gradient entry only
 coarsens its own bucket. Scales travel as fp32: an fp16 scale rounded down would clip and bias.
+
+Over 400 lines on purpose: the torch kernels (any device) and the numpy kernels (CPU, chunk pool)
+compute the same fp32 steps and must agree bit for bit, so they are kept side by side.
 """
 
 from __future__ import annotations
@@ -410,6 +413,13 @@ class QSGD(Codec):
             raise ValueError(f"qsgd bits must be one of {BITS}, got {bits}")
         self.bits = bits
         self.spec = f"qsgd:{bits}"
+        # Stochastic rounding moves an element to one of the two levels around it, so its error is
+        # below one step, 2 * scale / levels, with scale its bucket's max magnitude. From 2 bits
+        # (levels >= 3) that is at most 2/3 of the largest input: the residual's max magnitude
+        # contracts and error feedback keeps it bounded (2 / (levels - 2) times the largest
+        # gradient entry). At 1 bit every element is sent as +-scale: the error reaches 2 * scale,
+        # nothing contracts, and the measured residual grew 1000x per 10 steps to inf.
+        self.feedback_safe = bits > 1
         self.generator: torch.Generator | None = None
         """Source of rounding noise; None uses torch's default generator of the tensor's device."""
 

@@ -2,8 +2,12 @@
 
 All send (index part, value parts) with meta ``(count,)`` (random-k: ``(seed, count)`` and no
 index part, because the receiver regenerates the indices from the seed). Values travel in the
-dense dtype, or as fp16 (``+fp16``), or 8-bit QSGD-quantized (``+q8``). Unsent mass is meant to be
-carried by `ErrorFeedback`, so values are not rescaled.
+dense dtype, or as fp16 (``+fp16``: clamped to its finite range, counted in `clamped`), or 8-bit
+QSGD-quantized (``+q8``). Unsent mass is meant to be carried by `ErrorFeedback`, so values are not
+rescaled.
+
+Over 400 lines on purpose: each codec's torch path sits next to its numpy fast path for CPU
+(single-threaded, no thread barriers), which must give the same result.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from .base import (
 )
 from .chunks import run_chunks, scratch
 from .indexcoding import decode_indices, encode_indices
-from .limits import checked_numel, k_for, parse_density, require_finite, split_suffix
+from .limits import cast_clamped, checked_numel, k_for, parse_density, require_finite, split_suffix
 from .quantize import decode_quantized, quantize, quantized_wire_size
 
 VALUE_MODES = ("raw", "fp16", "q8")
@@ -47,17 +51,30 @@ def _value_mode(suffix: str | None) -> str:
     return suffix
 
 
-def encode_values(values: torch.Tensor, mode: str) -> tuple[bytes, ...]:
-    """Byte parts of the sent values under `mode`."""
+def encode_values(values: torch.Tensor, mode: str) -> tuple[tuple[bytes, ...], int]:
+    """Byte parts of the sent values under `mode`, and how many values the fp16 cast clamped."""
     if mode == "fp16":
         # Clamp rather than overflow to inf: error feedback carries what the clamp cut off.
         if values.device.type == "cpu" and values.dtype in _NUMPY_DTYPES:  # numpy: no thread barriers
-            return (np.clip(values.numpy(), -_FP16_MAX, _FP16_MAX).astype(np.float16).tobytes(),)
-        return (tensor_to_bytes(values.float().clamp_(-_FP16_MAX, _FP16_MAX).to(torch.float16)),)
+            return _fp16_numpy(values.numpy())
+        wire, cut = cast_clamped(values, torch.float16)
+        return (tensor_to_bytes(wire),), cut
     if mode == "q8":
         codes, scales = quantize(values, 8)
-        return (tensor_to_bytes(codes), tensor_to_bytes(scales))
-    return (tensor_to_bytes(values),)
+        return (tensor_to_bytes(codes), tensor_to_bytes(scales)), 0
+    return (tensor_to_bytes(values),), 0
+
+
+def _fp16_numpy(values: np.ndarray) -> tuple[tuple[bytes, ...], int]:
+    """`cast_clamped` to fp16 for a host array: finite values beyond fp16 become +-65504, counted;
+    NaN and inf stay (the decoder refuses them)."""
+    with np.errstate(over="ignore"):
+        wire = values.astype(np.float16)
+    if not np.isinf(wire).any():
+        return (wire.tobytes(),), 0
+    over = np.isinf(wire) & np.isfinite(values)
+    wire[over] = np.copysign(np.float16(_FP16_MAX), values[over]).astype(np.float16)
+    return (wire.tobytes(),), int(np.count_nonzero(over))
 
 
 def gather(flat: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -224,7 +241,9 @@ class SparseCodec(Codec):
     def encode(self, tensor: torch.Tensor) -> Payload:
         flat = tensor.detach().reshape(-1)
         idx = self.select(flat)
-        parts = (encode_indices(idx, flat.numel()), *encode_values(gather(flat, idx), self.value_mode))
+        values, cut = encode_values(gather(flat, idx), self.value_mode)
+        self.clamped += cut
+        parts = (encode_indices(idx, flat.numel()), *values)
         meta = (float(idx.numel()),)
         return Payload(self.spec, tuple(tensor.shape), DTYPE_NAMES[tensor.dtype], parts, meta)
 
@@ -368,7 +387,8 @@ class RandomK(SparseCodec):
         flat = tensor.detach().reshape(-1)
         seed = self.seeds.getrandbits(48)
         idx = self.indices(seed, flat.numel(), k_for(flat.numel(), self.density)).to(flat.device)
-        parts = encode_values(gather(flat, idx), self.value_mode)
+        parts, cut = encode_values(gather(flat, idx), self.value_mode)
+        self.clamped += cut
         meta = (float(seed), float(idx.numel()))
         return Payload(self.spec, tuple(tensor.shape), DTYPE_NAMES[tensor.dtype], parts, meta)
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -60,3 +62,36 @@ def test_cuda_round_trip(spec: str) -> None:
     y = codec.decode(codec.encode(x), device="cuda")
     assert y.device.type == "cuda" and y.shape == x.shape
     assert torch.equal(y.cpu(), codec.decode(codec.encode(x.cpu())))
+
+
+@pytest.mark.reliability
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_fp16_clamps_finite_overflow_and_counts_it(dtype: torch.dtype) -> None:
+    x = torch.tensor([1.0, 1e5, -1e5, 6e4, 3.0], dtype=dtype)
+    codec = make_codec("fp16")
+    y = codec.decode(codec.encode(x))
+    expected = torch.tensor([1.0, 65504.0, -65504.0, float(x[3].half()), 3.0], dtype=torch.float16).to(dtype)
+    assert y.dtype == dtype and torch.equal(y, expected)
+    assert codec.clamped == 2
+    codec.encode(x)
+    assert codec.clamped == 4  # counts every clamped value since the codec was made
+
+
+@pytest.mark.reliability
+def test_bf16_clamps_the_top_of_fp32() -> None:
+    x = torch.tensor([3.4e38, -3.4e38, 1.0])
+    codec = make_codec("bf16")
+    y = codec.decode(codec.encode(x))
+    big = float(torch.finfo(torch.bfloat16).max)
+    assert y.tolist() == [big, -big, 1.0] and codec.clamped == 2
+
+
+@pytest.mark.reliability
+@pytest.mark.parametrize("spec", ["fp16", "bf16"])
+def test_half_casts_leave_nan_and_inf_alone(spec: str) -> None:
+    """Clamping is for finite values beyond the wire's range; a non-finite input is the caller's
+    poison to catch (error feedback refuses it before encoding), not something to hide."""
+    x = torch.tensor([math.nan, math.inf, -math.inf, 2.0])
+    codec = make_codec(spec)
+    y = codec.decode(codec.encode(x))
+    assert math.isnan(y[0]) and y[1:].tolist() == [math.inf, -math.inf, 2.0] and codec.clamped == 0

@@ -107,3 +107,14 @@ def test_cuda_round_trip() -> None:
     y = codec.decode(payload, device="cuda")
     assert y.device.type == "cuda"
     assert (y - m).norm() / m.norm() < 1e-4
+
+
+@pytest.mark.reliability
+def test_fp16_factors_clamp_and_count() -> None:
+    m = 1e6 * torch.randn(64, 48, generator=torch.Generator().manual_seed(0))
+    codec = make_codec("powersgd:2+fp16")
+    y = codec.decode(codec.encode(m))
+    assert bool(torch.isfinite(y).all()) and codec.clamped > 0
+    fp32 = make_codec("powersgd:2")
+    fp32.decode(fp32.encode(m))
+    assert fp32.clamped == 0

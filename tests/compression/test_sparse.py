@@ -239,3 +239,25 @@ def test_q8_values_overflowing_fp32_rejected() -> None:
     huge = torch.full((1,), 3e38).numpy().tobytes()  # code 255 * step = 2 * scale: inf
     with pytest.raises(CompressionError, match="bucket scale outside"):
         codec.decode(dataclasses.replace(p, parts=(p.parts[0], p.parts[1], huge)))
+
+
+@pytest.mark.reliability
+@pytest.mark.parametrize("spec", ["topk:0.02+fp16", "threshold:0.5+fp16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_fp16_values_count_what_they_clamp(spec: str, dtype: torch.dtype) -> None:
+    x = torch.zeros(100, dtype=dtype)
+    x[3], x[70] = 1e5, -2e5
+    codec = make_codec(spec)
+    y = codec.decode(codec.encode(x))
+    big = float(torch.tensor(65504.0).to(dtype))
+    assert float(y[3]) == big and float(y[70]) == -big and codec.clamped == 2
+
+
+@pytest.mark.reliability
+def test_fp16_values_leave_inf_to_the_decoder() -> None:
+    """An inf value is not clamped into a plausible 65504: it travels and the decoder refuses it."""
+    codec = make_codec("topk:0.5+fp16")
+    x = torch.tensor([1.0, math.inf, 2.0, 0.0])
+    with pytest.raises(CompressionError, match="NaN or infinity"):
+        codec.decode(codec.encode(x))
+    assert codec.clamped == 0
