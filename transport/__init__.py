@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from .auth import auth_mac, load_secret, verify_mac
-from .emulator import LinkEmulator
-from .linkspec import DuplexSpec, LinkSpec, parse_link
+from .emulation.emulator import LinkEmulator
+from .emulation.linkspec import DuplexSpec, LinkSpec, parse_link
 from .signal import NetworkSignal, SignalReader
 from .tls import CertPaths, TransportSettings, client_configuration, make_dev_certs, server_configuration
 from .wire import ALPN, PROTOCOL_VERSION, Limits, decode_message, encode_message

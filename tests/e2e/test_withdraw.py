@@ -17,7 +17,7 @@ from netsense.compression.ladder import DEFAULT_LADDER, Ladder
 from netsense.compression.link import LinkState
 from netsense.compression.policy import Decision, Policy
 from netsense.transport.decisions import read_decision_log
-from netsense.transport.emulator import LinkEmulator
+from netsense.transport.emulation.emulator import LinkEmulator
 from netsense.worker.netthread import NetThread
 from netsense.worker.optimizer import NetSenseOptimizer
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from quic_certs import self_signed_files
-from netsense.transport.emulator import Bottleneck, LinkEmulator
-from netsense.transport.linkspec import LinkSpec, parse_link
+from netsense.transport.emulation.emulator import Bottleneck, LinkEmulator
+from netsense.transport.emulation.linkspec import LinkSpec, parse_link
 
 # -- the sans-I/O bottleneck -----------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from netsense.errors import ConfigError
-from netsense.transport.linkspec import (
+from netsense.transport.emulation.linkspec import (
     ConstantRate,
     DuplexSpec,
     LinkSpec,

@@ -108,7 +108,7 @@ async def bulk_transfer(
     try:
         host, target = "127.0.0.1", port
         if via_emulator is not None:
-            from netsense.transport.emulator import LinkEmulator
+            from netsense.transport.emulation.emulator import LinkEmulator
 
             emulator = LinkEmulator(upstream=("127.0.0.1", port), spec=via_emulator)
             await emulator.start()
@@ -255,7 +255,7 @@ async def test_reader_refuses_a_connection_without_the_sensing_controller() -> N
 
 @pytest.mark.slow
 async def test_estimate_finds_an_emulated_20mbit_10ms_link() -> None:
-    pytest.importorskip("netsense.transport.emulator")
+    pytest.importorskip("netsense.transport.emulation.emulator")
     result = await bulk_transfer(3.0, via_emulator="rate=20mbit,delay=10ms")
     last = result.signals[-1]
     _assert_monotone(result.signals)

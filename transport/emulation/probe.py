@@ -21,14 +21,14 @@ from aioquic.quic.events import QuicEvent, StreamDataReceived
 
 from netsense.errors import AuthError, PeerError, ProtocolError
 
-from .auth import auth_mac, new_nonce
-from .channel import _HighResLoop, open_connection, tune_socket
+from ..auth import auth_mac, new_nonce
+from ..channel import _HighResLoop, open_connection, tune_socket
 from .emulator import LinkEmulator
 from .linkspec import DuplexSpec
-from .quic_state import connection_of
-from .signal import NetworkSignal, SignalReader
-from .tls import TransportSettings, client_configuration, make_dev_certs, server_configuration
-from .wire import Ack, Auth, Bye, Challenge, Hello, Limits, Probe, Welcome
+from ..quic_state import connection_of
+from ..signal import NetworkSignal, SignalReader
+from ..tls import TransportSettings, client_configuration, make_dev_certs, server_configuration
+from ..wire import Ack, Auth, Bye, Challenge, Hello, Limits, Probe, Welcome
 
 CHUNK = 256 * 1024
 AHEAD_BYTES = 2 * 1024 * 1024
