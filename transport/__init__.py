@@ -5,7 +5,7 @@ from __future__ import annotations
 from .auth import auth_mac, load_secret, verify_mac
 from .emulation.emulator import LinkEmulator
 from .emulation.linkspec import DuplexSpec, LinkSpec, parse_link
-from .signal import NetworkSignal, SignalReader
+from .sensing.signal import NetworkSignal, SignalReader
 from .tls import CertPaths, TransportSettings, client_configuration, make_dev_certs, server_configuration
 from .wire import ALPN, PROTOCOL_VERSION, Limits, decode_message, encode_message
 

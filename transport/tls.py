@@ -23,7 +23,7 @@ from cryptography.x509.oid import NameOID
 from netsense.errors import ConfigError
 
 from .auth import write_secret
-from .quic_state import SENSING_CC  # importing registers the sensing controllers with aioquic
+from .sensing.congestion import SENSING_CC  # importing registers the sensing controllers with aioquic
 from .wire import ALPN
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from netsense.compression import Payload
 from netsense.errors import AuthError, PeerError, ProtocolError
 from netsense.transport.auth import auth_mac, new_nonce
 from netsense.transport.channel import ClientConnection, open_connection
-from netsense.transport.quic_state import StreamSendState, stream_send_state, stream_unsent
+from netsense.transport.sensing.aioquic_private import StreamSendState, stream_send_state, stream_unsent, transport_of
 from netsense.transport.wire import Ack, Auth, Bye, Challenge, Hello, Init, Limits, Params, Pull, Push, Welcome
 
 log = logging.getLogger(__name__)
@@ -184,8 +184,9 @@ class PSClient:
                 await asyncio.wait_for(self._stack.aclose(), 1.0)
             except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - a dead connection may fail to close
                 log.debug("closing the old connection: %r", exc)
-            if old._transport is not None:
-                old._transport.close()  # an interrupted close would leak the UDP socket
+            transport = transport_of(old)
+            if transport is not None:
+                transport.close()  # an interrupted close would leak the UDP socket
         self._stack = contextlib.AsyncExitStack()
         return await self.connect(connect_timeout_s)
 

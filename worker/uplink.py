@@ -20,8 +20,8 @@ from netsense.compression.link import LinkState
 from netsense.compression.policy import Decision, Policy, make_policy
 from netsense.compression.progress import WARM_UP_NUMEL, measure_into, measure_level
 from netsense.transport.decisions import DecisionLog
-from netsense.transport.quic_state import SensingConfig
-from netsense.transport.signal import SignalReader
+from netsense.transport.sensing.estimator import SensingConfig
+from netsense.transport.sensing.signal import SignalReader
 
 log = logging.getLogger(__name__)
 
