@@ -21,12 +21,12 @@ from aioquic.quic.events import QuicEvent, StreamDataReceived
 
 from netsense.errors import AuthError, PeerError, ProtocolError
 
-from ..auth import auth_mac, new_nonce
 from ..channel import open_connection, tune_socket
+from ..handshake import authenticate, expect_reply
 from ..sensing.aioquic_private import connection_of, transport_of, use_monotonic_clock
 from ..sensing.signal import NetworkSignal, SignalReader
 from ..tls import TransportSettings, client_configuration, make_dev_certs, server_configuration
-from ..wire import Ack, Auth, Bye, Challenge, Hello, Limits, Probe, Welcome
+from ..wire import Ack, Bye, Limits, Probe
 from .emulator import LinkEmulator
 from .linkspec import DuplexSpec
 
@@ -188,24 +188,19 @@ async def probe_ps(
     """Measure the path to a running PS: authenticate with role ``probe`` (never a worker, never in
     the barrier), keep PROBE messages in flight for `seconds`, read the sending side's signal."""
 
+    refused = f"PS at {host}:{port} refused the probe"
+
     async def request(conn: Any, msg: Any, expect: type) -> Any:
         try:
             reply = await conn.request(msg, 30.0)
         except PeerError as exc:
             if exc.code == "auth":
-                raise AuthError(f"PS at {host}:{port} refused the probe: {exc.reason}") from None
+                raise AuthError(f"{refused}: {exc.reason}") from None
             raise
-        if not isinstance(reply, expect):
-            raise ProtocolError("type", f"expected {expect.__name__.upper()}, got {type(reply).__name__.upper()}")
-        return reply
+        return expect_reply(reply, expect)
 
     async with open_connection(host, port, configuration, limits=Limits(), socket_buffer_bytes=socket_buffer_bytes) as conn:
-        nonce = new_nonce()
-        challenge = await request(conn, Hello(probe_id, 0, nonce, role="probe"), Challenge)
-        mac = bytes(32) if secret is None else auth_mac(
-            secret, server_nonce=challenge.server_nonce, client_nonce=nonce, worker_id=probe_id
-        )
-        await request(conn, Auth(mac), Welcome)
+        await authenticate(conn, client_id=probe_id, rank=0, secret=secret, timeout_s=30.0, refused=refused, role="probe")
         reader = SignalReader(conn.quic)
         base, start = reader.state.delivered, time.monotonic()
         payload = Probe(b"\0" * PS_PROBE_BYTES)
