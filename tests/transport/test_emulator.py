@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from quic_certs import self_signed_files
-from netsense.transport.emulation.emulator import Bottleneck, LinkEmulator
+from netsense.transport.emulation.bottleneck import Bottleneck
+from netsense.transport.emulation.emulator import LinkEmulator
 from netsense.transport.emulation.linkspec import LinkSpec, parse_link
 from netsense.transport.sensing.aioquic_private import connection_of, smoothed_rtt, transport_of
 
