@@ -1,4 +1,5 @@
-"""QUIC channel, wire schema, network signal, TLS/auth and the link emulator."""
+"""QUIC channel, wire schema, TLS, auth and the client handshake; the network signal (`sensing/`)
+and the link emulator (`emulation/`) are subpackages, their main names re-exported here."""
 
 from __future__ import annotations
 

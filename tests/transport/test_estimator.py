@@ -7,13 +7,16 @@ checked deterministically.
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 from aioquic.quic.packet import QuicPacketType
 from aioquic.quic.packet_builder import QuicSentPacket
 from aioquic.tls import Epoch
 
 from netsense.errors import ConfigError
-from netsense.transport.sensing import estimator
+from netsense.transport.sensing import estimator, filters
 from netsense.transport.sensing.congestion import SensingReno
 from netsense.transport.sensing.estimator import SensingConfig, SensingState
 from netsense.transport.sensing.filters import WindowedMax
@@ -322,3 +325,12 @@ def test_loss_rate_window_forgets_old_losses() -> None:
     for i in range(20):
         state.losses.on_acked(1.5 + i * 0.01)
     assert state.losses.rate == 0.0
+
+
+def test_estimator_modules_import_no_aioquic() -> None:
+    """The estimator is pure: it must stay testable, and unchanged, whatever aioquic does."""
+    for module in (estimator, filters):
+        tree = ast.parse(Path(str(module.__file__)).read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert not [n for n in names if n.split(".")[0] in ("aioquic", "asyncio")], module.__name__
