@@ -39,9 +39,10 @@ PACKAGES = ("compression", "transport", "ps", "worker", "netsense")
 PRIVATE_MODULE = REPO / "transport" / "sensing" / "aioquic_private.py"
 PRIVATE_READ = re.compile(
     r"""(?:\.|["'])(_quic|_loss|_cc|_pacer|_network_paths|_streams|_close_event|_pacing_at"""
-    r"""|_max_datagram_size|_pto_count|_rtt_\w+)\b"""
+    r"""|_max_datagram_size|_pto_count|_rtt_\w+|_transport)\b"""
 )
-"""An attribute read (``x._loss``) or a getattr name (``"_loss"``) of aioquic's private state."""
+"""An attribute read (``x._loss``) or a getattr name (``"_loss"``) of aioquic's private state
+(``_transport`` of a protocol or server too; ``_loop`` is left out: the emulator has its own)."""
 
 
 @pytest.fixture
