@@ -14,6 +14,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from netsense.transport.sensing.aioquic_private import smoothed_rtt
+
 log = logging.getLogger(__name__)
 
 
@@ -46,7 +48,7 @@ class PSCollector(Collector):
         for wid, session in list(s.sessions.items()):
             up.add_metric([wid], session.conn.bytes_in)
             down.add_metric([wid], session.conn.bytes_out)
-            srtt = getattr(getattr(session.conn.quic, "_loss", None), "_rtt_smoothed", None)
+            srtt = smoothed_rtt(session.conn.quic)
             if srtt is not None:
                 rtt.add_metric([wid], srtt)
         yield from (up, down, rtt)

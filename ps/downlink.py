@@ -32,7 +32,7 @@ import torch
 from netsense.compression.policy import Decision, Policy, build_policy
 from netsense.compression.policy.link import LinkState
 from netsense.compression.policy.loop import PolicyLoop
-from netsense.transport.signal import SignalReader
+from netsense.transport.sensing.signal import SignalReader
 
 log = logging.getLogger(__name__)
 

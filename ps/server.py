@@ -17,6 +17,7 @@ from aioquic.quic.configuration import QuicConfiguration
 from netsense.errors import AuthError, ConfigError, ProtocolError
 from netsense.transport.auth import new_nonce, verify_mac
 from netsense.transport.channel import ServerConnection, server_port, start_server
+from netsense.transport.sensing.aioquic_private import peer_host
 from netsense.transport.wire import (
     Ack,
     Auth,
@@ -296,8 +297,7 @@ class WorkerSession:
 
     def _admit(self) -> None:
         """Bound connections per peer address and connections still mid-handshake."""
-        paths = getattr(self.conn.quic, "_network_paths", None)
-        self.host = str(paths[0].addr[0]) if paths else None
+        self.host = peer_host(self.conn.quic)
         s, live = self.server.settings, [c for c in self.server.connections if not c.closed and c is not self]
         pending = sum(1 for c in live if not c.authenticated)
         same_host = sum(1 for c in live if c.host == self.host)

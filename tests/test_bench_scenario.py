@@ -26,7 +26,7 @@ from netsense.bench.results import (
     transfer_s,
     validate_results,
 )
-from netsense.transport.linkspec import parse_link
+from netsense.transport.emulation.linkspec import parse_link
 
 
 def _figs(**kw: object) -> dict[str, object]:
@@ -199,7 +199,7 @@ def test_plot_redraws_a_copy(tmp_path: Path) -> None:
 
 def test_ddp_peer_through_netns(tmp_path: Path) -> None:
     """DDP (gloo) with the fp16 hook across a tbf bottleneck, a few steps, same figures."""
-    from netsense.transport.netns import netns_available
+    from netsense.transport.emulation.netns import netns_available
 
     ok, reason = netns_available()
     if not ok:
@@ -230,7 +230,7 @@ def test_netns_and_ddp_rows_compare_with_netns_baselines() -> None:
 @pytest.mark.slow
 def test_netsense_and_ddp_cross_the_same_tbf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """netns:none (PS and workers in the namespaces) and ddp:none through one tbf spec."""
-    from netsense.transport.netns import netns_available
+    from netsense.transport.emulation.netns import netns_available
 
     ok, reason = netns_available()
     if not ok:

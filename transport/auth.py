@@ -1,6 +1,6 @@
 """Worker authentication: HMAC-SHA256 challenge-response on a shared secret.
 
-aioquic's server never verifies client certificates (TRANSPORT-FACTS.md), so workers prove
+aioquic's server never verifies client certificates (docs/ARCHITECTURE.md), so workers prove
 themselves at the application level. The MAC covers a fresh server nonce (no replay across
 connections), a client nonce, and the worker id (a MAC for one id is useless for another).
 TLS 1.3 already encrypts the exchange; the secret itself never crosses the wire.

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,35 +18,21 @@ import numpy as np
 from aioquic.asyncio import QuicConnectionProtocol, connect, serve
 from aioquic.asyncio.server import QuicServer
 from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
 from aioquic.quic.events import ConnectionTerminated, QuicEvent, StreamDataReceived, StreamReset
 
 from netsense.errors import NetSenseError, PeerError, PeerTimeout, ProtocolError, RequestAbandoned
 
-from .quic_state import abandon_stream
+from .sensing.aioquic_private import (
+    connection_of,
+    is_closing,
+    stream_send_state,
+    transport_of,
+    use_monotonic_clock,
+)
 from .wire import Error, Limits, Message, decode_message, encode_chunks
 
 log = logging.getLogger(__name__)
-
-
-class _HighResLoop:
-    """Loop proxy whose clock is `time.monotonic`.
-
-    uvloop's ``loop.time()`` moves in 1 ms steps and is frozen within an iteration; aioquic takes
-    every timestamp from it, so RTTs quantise and the pacer spins (TRANSPORT-FACTS.md). Both
-    clocks are CLOCK_MONOTONIC, so timers converted through ``call_later`` stay consistent.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-
-    def time(self) -> float:
-        return time.monotonic()
-
-    def call_at(self, when: float, callback: Callable[..., Any], *args: Any) -> asyncio.TimerHandle:
-        return self._loop.call_later(max(0.0, when - time.monotonic()), callback, *args)  # type: ignore[return-value]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loop, name)
 
 
 def tune_socket(transport: asyncio.BaseTransport | None, buffer_bytes: int) -> None:
@@ -60,6 +45,20 @@ def tune_socket(transport: asyncio.BaseTransport | None, buffer_bytes: int) -> N
             sock.setsockopt(socket.SOL_SOCKET, opt, buffer_bytes)
         except OSError as exc:  # capped by net.core.rmem_max; not fatal
             log.debug("setsockopt %s=%d failed: %s", opt, buffer_bytes, exc)
+
+
+def abandon_stream(quic: QuicConnection, stream_id: int, error_code: int = 0) -> bool:
+    """Reset the sending side of `stream_id` if its FIN has never left; True when it was reset.
+
+    A stream whose last byte was never sent cannot have been received whole, so the peer drops the
+    partial message (RESET_STREAM) and the sender may send its content again, re-encoded, on a new
+    stream without it being counted twice. Once the FIN left, nothing is reset: the peer may
+    already hold the message (a lost FIN still counts: it may have arrived after all)."""
+    state = stream_send_state(quic, stream_id)
+    if state is None or state.final is None or state.fin_sent:
+        return False
+    quic.reset_stream(stream_id, error_code)
+    return True
 
 
 class _Incoming:
@@ -105,7 +104,8 @@ class MessageProtocol(QuicConnectionProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._loop = _HighResLoop(self._loop)  # type: ignore[assignment]
+        use_monotonic_clock(self)
+        self._connection = connection_of(self)
         self._buffers: dict[int, _Incoming] = {}
         self._refused: set[int] = set()
         self.bytes_in = 0
@@ -118,7 +118,7 @@ class MessageProtocol(QuicConnectionProtocol):
     @property
     def quic(self) -> Any:
         """The sans-I/O `QuicConnection` (for the network signal)."""
-        return self._quic
+        return self._connection
 
     def quic_event_received(self, event: QuicEvent) -> None:
         if isinstance(event, StreamDataReceived):
@@ -146,7 +146,7 @@ class MessageProtocol(QuicConnectionProtocol):
             del self._buffers[sid]
             self._refused.add(sid)
             self.message_failed(sid, ProtocolError("oversize", f"message exceeds {self.limits.max_message_bytes} bytes"))
-            self._quic.stop_stream(sid, 0)
+            self._connection.stop_stream(sid, 0)
             self.transmit()
             return
         if event.end_stream:
@@ -166,7 +166,7 @@ class MessageProtocol(QuicConnectionProtocol):
         chunks = [msg] if isinstance(msg, bytes) else encode_chunks(msg)
         size = 0
         for i, chunk in enumerate(chunks):
-            self._quic.send_stream_data(stream_id, chunk, end_stream=i == len(chunks) - 1)
+            self._connection.send_stream_data(stream_id, chunk, end_stream=i == len(chunks) - 1)
             size += len(chunk)
         self.bytes_out += size
         self.transmit()
@@ -218,14 +218,14 @@ class ServerConnection(MessageProtocol):
         except Exception as exc:  # a handler bug must not take the server down
             log.exception("handler failed on %s", type(msg).__name__)
             reply = Error("internal", f"{type(exc).__name__}: {exc}")
-        if reply is not None and not self._quic._close_event:
+        if reply is not None and not is_closing(self._connection):
             self.send_message(stream_id, reply)
 
     def stream_failed(self, stream_id: int, reason: str) -> None:
         """The peer withdrew a request (a push re-encoded mid-flight): it gets no answer, so our
         side of the stream is reset too, which lets both ends forget it."""
         try:
-            self._quic.reset_stream(stream_id, 0)
+            self._connection.reset_stream(stream_id, 0)
         except ValueError as exc:  # not a stream we may send on
             log.debug("stream %d: %s (%s)", stream_id, reason, exc)
             return
@@ -260,13 +260,13 @@ async def start_server(
         {"handler_factory": staticmethod(handler_factory), "limits": limits, "socket_buffer_bytes": socket_buffer_bytes},
     )
     server = await serve(host, port, configuration=configuration, create_protocol=protocol)
-    tune_socket(server._transport, socket_buffer_bytes)
+    tune_socket(transport_of(server), socket_buffer_bytes)
     return server
 
 
 def server_port(server: QuicServer) -> int:
     """The UDP port a server listens on (useful with port 0)."""
-    return server._transport.get_extra_info("sockname")[1]
+    return transport_of(server).get_extra_info("sockname")[1]
 
 
 class ClientConnection(MessageProtocol):
@@ -285,7 +285,7 @@ class ClientConnection(MessageProtocol):
         `on_stream` is called with the request's stream id before it is written (to `abandon` it)."""
         if self.closed_reason is not None:
             raise PeerTimeout(f"connection closed: {self.closed_reason}")
-        sid = self._quic.get_next_available_stream_id()
+        sid = self._connection.get_next_available_stream_id()
         fut: asyncio.Future[Message] = asyncio.get_event_loop().create_future()
         self._waiting[sid] = fut
         if on_stream is not None:
@@ -306,7 +306,7 @@ class ClientConnection(MessageProtocol):
         reset (the peer drops the partial message and never answers it) and the request raises
         `RequestAbandoned`. False, and nothing changes, once the whole request was sent once."""
         fut = self._waiting.get(stream_id)
-        if fut is None or fut.done() or not abandon_stream(self._quic, stream_id):
+        if fut is None or fut.done() or not abandon_stream(self._connection, stream_id):
             return False
         fut.set_exception(RequestAbandoned(f"request on stream {stream_id} abandoned before it was sent"))
         self.transmit()

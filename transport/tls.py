@@ -23,7 +23,7 @@ from cryptography.x509.oid import NameOID
 from netsense.errors import ConfigError
 
 from .auth import write_secret
-from .quic_state import SENSING_CC  # importing registers the sensing controllers with aioquic
+from .sensing.congestion import SENSING_CC  # importing registers the sensing controllers with aioquic
 from .wire import ALPN
 
 log = logging.getLogger(__name__)
@@ -49,12 +49,13 @@ class CertPaths:
 
 
 LOOPBACK_MAX_DATAGRAM_SIZE = 8952
-"""Packet payload used on loopback (MTU 64 KiB): ~100 MB/s vs ~37 MB/s at 1200 (TRANSPORT-FACTS.md)."""
+"""Packet payload used on loopback (MTU 64 KiB): ~100 MB/s vs ~37 MB/s at 1200 (docs/ARCHITECTURE.md)."""
 
 
 @dataclass(frozen=True)
 class TransportSettings:
-    """QUIC knobs. Defaults follow TRANSPORT-FACTS.md: large windows, large datagrams on loopback."""
+    """QUIC knobs. Defaults follow aioquic as measured (docs/ARCHITECTURE.md): large windows, large
+    datagrams on loopback."""
 
     max_datagram_size: int = 1200
     """UDP payload per packet; path MTU - 28 for IPv4 (aioquic has no PMTU discovery)."""

@@ -14,11 +14,11 @@ from typing import Any
 from aioquic.quic.configuration import QuicConfiguration
 
 from netsense.compression import Payload
-from netsense.errors import AuthError, PeerError, ProtocolError
-from netsense.transport.auth import auth_mac, new_nonce
+from netsense.errors import AuthError, ProtocolError
 from netsense.transport.channel import ClientConnection, open_connection
-from netsense.transport.quic_state import StreamSendState, stream_send_state, stream_unsent
-from netsense.transport.wire import Ack, Auth, Bye, Challenge, Hello, Init, Limits, Params, Pull, Push, Welcome
+from netsense.transport.handshake import authenticate
+from netsense.transport.sensing.aioquic_private import StreamSendState, stream_send_state, stream_unsent, transport_of
+from netsense.transport.wire import Ack, Bye, Init, Limits, Params, Pull, Push, Welcome
 
 log = logging.getLogger(__name__)
 
@@ -92,19 +92,10 @@ class PSClient:
                 "(server down, wrong port, or TLS verification failed)"
             ) from None
         ident = self.identity
-        nonce = new_nonce()
-        challenge = await self._request(Hello(ident.worker_id, ident.rank, nonce), Challenge)
-        mac = (
-            auth_mac(ident.secret, server_nonce=challenge.server_nonce, client_nonce=nonce, worker_id=ident.worker_id)
-            if ident.secret is not None
-            else bytes(32)
+        self.welcome = await authenticate(
+            self.conn, client_id=ident.worker_id, rank=ident.rank, secret=ident.secret,
+            timeout_s=self.timeout, refused=f"PS refused worker {ident.worker_id!r}",
         )
-        try:
-            self.welcome = await self._request(Auth(mac), Welcome)
-        except PeerError as exc:
-            if exc.code == "auth":
-                raise AuthError(f"PS refused worker {ident.worker_id!r}: {exc.reason}") from None
-            raise
         self._keepalive = asyncio.ensure_future(self._keep_alive(self.conn))
         return self.welcome
 
@@ -184,8 +175,9 @@ class PSClient:
                 await asyncio.wait_for(self._stack.aclose(), 1.0)
             except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - a dead connection may fail to close
                 log.debug("closing the old connection: %r", exc)
-            if old._transport is not None:
-                old._transport.close()  # an interrupted close would leak the UDP socket
+            transport = transport_of(old)
+            if transport is not None:
+                transport.close()  # an interrupted close would leak the UDP socket
         self._stack = contextlib.AsyncExitStack()
         return await self.connect(connect_timeout_s)
 

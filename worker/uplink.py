@@ -19,8 +19,8 @@ from typing import Any
 from netsense.compression.policy import Decision, Policy
 from netsense.compression.policy.link import LinkState
 from netsense.compression.policy.loop import PolicyLoop
-from netsense.transport.quic_state import SensingConfig
-from netsense.transport.signal import SignalReader
+from netsense.transport.sensing.estimator import SensingConfig
+from netsense.transport.sensing.signal import SignalReader
 
 log = logging.getLogger(__name__)
 

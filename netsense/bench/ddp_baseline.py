@@ -1,6 +1,6 @@
 """Peer baseline: PyTorch DDP (gloo over TCP) with its fp16 / PowerSGD hooks, across a `tbf` bottleneck.
 
-Two ranks in network namespaces (`netsense.transport.netns`): rank 0 in the server namespace, the
+Two ranks in network namespaces (`netsense.transport.emulation.netns`): rank 0 in the server namespace, the
 other ranks in the client namespace, so every all-reduce crosses the router's `tbf` both ways.
 The same model, seed, batch order (`worker_batch`) and optimizer settings as a NetSense job; the
 optimizer runs on every rank on the averaged gradient (DDP's contract). Rank 0 evaluates every
@@ -109,7 +109,7 @@ def run_ddp(
     batch_size: int | None = None, eval_every: int = 10, max_time_s: float = 900.0,
 ) -> dict[int, list[dict[str, Any]]]:  # fmt: skip
     """All ranks inside a `NetnsTopology(link)`; returns each rank's JSON events (rank 0 has evals)."""
-    from netsense.transport.netns import NetnsTopology
+    from netsense.transport.emulation.netns import NetnsTopology
 
     with NetnsTopology(link) as topo:
         procs = []
@@ -136,7 +136,7 @@ def run_ddp(
 def figures(events: dict[int, list[dict[str, Any]]], *, link: str, target: float, global_batch: int) -> dict[str, Any]:
     """The scenario figures of a DDP run (bytes from the client-side rank's counters)."""
     from netsense.bench.results import policy_figures
-    from netsense.transport.linkspec import parse_link
+    from netsense.transport.emulation.linkspec import parse_link
 
     client = {e["step"]: e for e in events[1] if e["event"] == "step"}
     steps = {0: {e["step"]: {**e, "bytes_up": client[e["step"]]["bytes_up"], "bytes_down": client[e["step"]]["bytes_down"]}

@@ -52,7 +52,7 @@ def _legend(ax: Any) -> None:
 
 def _true_rate(results: dict[str, Any], t_max: float) -> tuple[list[float], list[float]] | None:
     """The configured uplink rate (Mbit/s) over [0, t_max] from the scenario's link or trace."""
-    from netsense.transport.linkspec import parse_link
+    from netsense.transport.emulation.linkspec import parse_link
 
     s = results.get("scenario", {})
     if not (s.get("link") or s.get("trace")) or t_max <= 0:

@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from netsense.errors import ConfigError
-from netsense.transport.linkspec import parse_link
+from netsense.transport.emulation.linkspec import parse_link
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:

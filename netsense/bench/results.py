@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from netsense.transport.linkspec import DuplexSpec, LinkSpec
+from netsense.transport.emulation.linkspec import DuplexSpec, LinkSpec
 
 RESULTS_FORMAT = "netsense-bench-scenario"
 RESULTS_VERSION = 1

@@ -33,7 +33,7 @@ from netsense.compression.policy.decisionlog import read_decision_log
 from netsense.config import JobConfig, override
 from netsense.errors import ConfigError
 from netsense.launch.launcher import Launcher
-from netsense.transport.linkspec import DuplexSpec, parse_link
+from netsense.transport.emulation.linkspec import DuplexSpec, parse_link
 
 DEFAULT_POLICIES = "none,fp16,fixed:topk:0.01+fp16,netsense"
 DEFAULT_TARGETS = {"digits-cnn": 0.9, "charlm": 0.55, "resnet18-synth": 0.5}
@@ -135,7 +135,7 @@ class _NetnsLauncher(_ScenarioLauncher):
     def _spawn(self, cmd: list[str]) -> Any:
         import subprocess
 
-        from netsense.transport.netns import SERVER_IP
+        from netsense.transport.emulation.netns import SERVER_IP
 
         sub = next(a for a in cmd[3:] if not a.startswith("-"))  # [python, -m, netsense, -v..., SUB, ...]
         cmd = list(cmd)
@@ -195,7 +195,7 @@ def run_policy(
         except _TimeUp:
             stopped = True
     else:
-        from netsense.transport.netns import NetnsTopology
+        from netsense.transport.emulation.netns import NetnsTopology
 
         # Real 1500-byte frames on the veths: QUIC packets must fit (no loopback-sized datagrams).
         config = override(config, transport__max_datagram_size=1400)
@@ -223,7 +223,7 @@ def run_policy(
 
 def _netns_link(args: argparse.Namespace, policy: str) -> str:
     """The tbf spec of a netns:* or ddp:* run; ConfigError where namespaces are unavailable."""
-    from netsense.transport.netns import netns_available
+    from netsense.transport.emulation.netns import netns_available
 
     ok, reason = netns_available()
     if not ok:

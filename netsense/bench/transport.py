@@ -28,8 +28,9 @@ from netsense.compression import make_codec
 from netsense.errors import ConfigError
 from netsense.ps.server import PSServer, ServerSettings
 from netsense.transport.auth import load_secret
-from netsense.transport.channel import _HighResLoop, tune_socket
+from netsense.transport.channel import tune_socket
 from netsense.transport.loop import run as run_loop
+from netsense.transport.sensing.aioquic_private import connection_of, transport_of, use_monotonic_clock
 from netsense.transport.tls import TransportSettings, client_configuration, make_dev_certs, server_configuration
 from netsense.worker.client import Identity, PSClient
 
@@ -54,7 +55,7 @@ class _Sink(QuicConnectionProtocol):
 
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
-        self._loop = _HighResLoop(self._loop)  # type: ignore[assignment]
+        use_monotonic_clock(self)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -62,14 +63,14 @@ class _Sink(QuicConnectionProtocol):
 
     def quic_event_received(self, event: object) -> None:
         if isinstance(event, StreamDataReceived) and event.end_stream:
-            self._quic.send_stream_data(event.stream_id, b"k", end_stream=True)
+            connection_of(self).send_stream_data(event.stream_id, b"k", end_stream=True)
             self.transmit()
 
 
 class _Source(QuicConnectionProtocol):
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
-        self._loop = _HighResLoop(self._loop)  # type: ignore[assignment]
+        use_monotonic_clock(self)
         self.done: asyncio.Future[None] = asyncio.get_event_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -88,7 +89,7 @@ class _RawQuic:
         self.client = client
 
     async def transfer(self, data: bytes) -> None:
-        quic = self.client._quic
+        quic = connection_of(self.client)
         self.client.done = asyncio.get_event_loop().create_future()
         quic.send_stream_data(quic.get_next_available_stream_id(), data, end_stream=True)
         self.client.transmit()
@@ -136,7 +137,7 @@ async def _pair_runs(numel: int, repeats: int, settings: TransportSettings, cert
     ps = PSServer(ServerSettings(port=0), secret=load_secret(certs.secret))
     port = await ps.start(server_configuration(certs.cert, certs.key, settings), settings.socket_buffer_bytes)
     sink = await serve("127.0.0.1", 0, configuration=server_configuration(certs.cert, certs.key, settings), create_protocol=_Sink)
-    sink_port = sink._transport.get_extra_info("sockname")[1]
+    sink_port = transport_of(sink).get_extra_info("sockname")[1]
     fp32 = make_codec("fp32")
     cfg = client_configuration(settings, ca=certs.ca, server_name="127.0.0.1")
     client = PSClient("127.0.0.1", port, cfg, Identity("bench", 0, load_secret(certs.secret)))

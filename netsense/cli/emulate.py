@@ -9,8 +9,8 @@ import signal
 import sys
 
 from netsense.errors import ConfigError
-from netsense.transport.emulator import EmulatorStats, LinkEmulator
-from netsense.transport.linkspec import parse_link
+from netsense.transport.emulation.emulator import EmulatorStats, LinkEmulator
+from netsense.transport.emulation.linkspec import parse_link
 
 EPILOG = """\
 Spec fields (comma-separated, for both directions unless prefixed up. or down.):

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 from netsense.errors import ConfigError
-from netsense.transport.linkspec import parse_link
+from netsense.transport.emulation.linkspec import parse_link
 from netsense.transport.loop import run as run_loop
 from netsense.transport.auth import load_secret
-from netsense.transport.probe import probe_link, probe_ps
+from netsense.transport.emulation.probe import probe_link, probe_ps
 from netsense.transport.tls import TransportSettings, client_configuration
 
 EPILOG = """\

@@ -22,7 +22,7 @@ from netsense.compression.policy.decisionlog import read_decision_log
 from netsense.compression.policy.ladder import DEFAULT_LADDER, Ladder
 from netsense.ps.server import PSServer, ServerSettings
 from netsense.transport.auth import load_secret
-from netsense.transport.emulator import LinkEmulator
+from netsense.transport.emulation.emulator import LinkEmulator
 from netsense.transport.tls import LOOPBACK_MAX_DATAGRAM_SIZE, CertPaths, TransportSettings, server_configuration
 from netsense.worker.connect import ConnectSettings
 from netsense.worker.netthread import NetThread

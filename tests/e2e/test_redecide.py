@@ -17,7 +17,7 @@ from netsense.compression.policy import ChooseRequest, Decision, Policy
 from netsense.compression.policy.decisionlog import read_decision_log
 from netsense.compression.policy.ladder import DEFAULT_LADDER, Ladder
 from netsense.compression.policy.link import LinkState
-from netsense.transport.emulator import LinkEmulator
+from netsense.transport.emulation.emulator import LinkEmulator
 from netsense.worker.netthread import NetThread
 from netsense.worker.optimizer import NetSenseOptimizer
 

@@ -15,7 +15,7 @@ import torch
 
 from netsense.ps import checkpoint
 from netsense.ps.server import ServerSettings
-from netsense.transport.emulator import LinkEmulator
+from netsense.transport.emulation.emulator import LinkEmulator
 
 from inproc import Worker, accuracy, connect, digits, model, run_workers, start_ps
 

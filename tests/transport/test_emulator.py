@@ -23,8 +23,10 @@ from pathlib import Path
 import pytest
 
 from quic_certs import self_signed_files
-from netsense.transport.emulator import Bottleneck, LinkEmulator
-from netsense.transport.linkspec import LinkSpec, parse_link
+from netsense.transport.emulation.bottleneck import Bottleneck
+from netsense.transport.emulation.emulator import LinkEmulator
+from netsense.transport.emulation.linkspec import LinkSpec, parse_link
+from netsense.transport.sensing.aioquic_private import connection_of, smoothed_rtt, transport_of
 
 # -- the sans-I/O bottleneck -----------------------------------------------------------------------
 
@@ -381,7 +383,7 @@ async def test_quic_transfer_through_emulator(tmp_path: Path) -> None:
         asyncio.ensure_future(run())
 
     server = await serve("127.0.0.1", 0, configuration=server_config, stream_handler=echo_length)
-    port = server._transport.get_extra_info("sockname")[1]
+    port = transport_of(server).get_extra_info("sockname")[1]
     payload = bytes(400_000)
     try:
         async with LinkEmulator(upstream=("127.0.0.1", port), spec="rate=20mbit,delay=10ms,queue=50ms") as emu:
@@ -395,7 +397,7 @@ async def test_quic_transfer_through_emulator(tmp_path: Path) -> None:
                 writer.write(payload)
                 writer.write_eof()
                 answer = await asyncio.wait_for(reader.read(), 10.0)
-                srtt = client._quic._loss._rtt_smoothed
+                srtt = smoothed_rtt(connection_of(client))
             elapsed = time.monotonic() - start
             stats = emu.stats()
     finally:

@@ -8,16 +8,8 @@ from pathlib import Path
 import pytest
 
 from netsense.errors import ConfigError
-from netsense.transport.linkspec import (
-    ConstantRate,
-    DuplexSpec,
-    LinkSpec,
-    MahimahiTrace,
-    StepRate,
-    as_duplex,
-    load_trace,
-    parse_link,
-)
+from netsense.transport.emulation.linkspec import DuplexSpec, LinkSpec, as_duplex, parse_link
+from netsense.transport.emulation.traces import ConstantRate, MahimahiTrace, StepRate, load_trace
 
 
 def test_full_spec_applies_to_both_directions() -> None:

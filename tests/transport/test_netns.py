@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from netsense.errors import ConfigError
-from netsense.transport.linkspec import parse_link
-from netsense.transport.netns import NetnsError, NetnsTopology, netns_available, tbf_params
+from netsense.transport.emulation.linkspec import parse_link
+from netsense.transport.emulation.netns import NetnsError, NetnsTopology, netns_available, tbf_params
 
 AVAILABLE, REASON = netns_available()
 

@@ -1,4 +1,4 @@
-"""transport/probe.py and `netsense probe`: the signal of a bulk transfer through the emulator.
+"""transport/emulation/probe.py and `netsense probe`: the signal of a bulk transfer through the emulator.
 
 Sink, emulator and sender share one process (and 2 CPU cores), so the checks skip, with the
 measured goodput, when the relay could not carry the configured rate: then the CPU, not the
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from netsense.cli import main
-from netsense.transport.probe import ProbeResult, probe_link
+from netsense.transport.emulation.probe import ProbeResult, probe_link
 from netsense.transport.tls import TransportSettings
 
 # Large datagrams: at 1200 B the per-packet Python work of sender + relay + receiver on one core

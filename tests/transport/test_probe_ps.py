@@ -10,7 +10,7 @@ import pytest
 
 from netsense.cli import main
 from netsense.errors import AuthError
-from netsense.transport.probe import probe_ps
+from netsense.transport.emulation.probe import probe_ps
 from netsense.transport.tls import TransportSettings, client_configuration
 from netsense.errors import ProtocolError
 from netsense.transport.auth import load_secret

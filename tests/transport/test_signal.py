@@ -1,4 +1,4 @@
-"""transport/signal.py: snapshots of a real aioquic client/server pair over loopback.
+"""transport/sensing/signal.py: snapshots of a real aioquic client/server pair over loopback.
 
 A bulk transfer runs client -> server; the client's sensing controller must see delivery samples,
 a plausible bandwidth estimate, RTTs and monotone counters. With the link emulator in between, the
@@ -21,8 +21,10 @@ from aioquic.quic.events import QuicEvent, StreamDataReceived
 from quic_certs import self_signed
 from netsense.compression.policy.link import LinkState
 from netsense.errors import ConfigError
-from netsense.transport.quic_state import SENSING_CC, SensingConfig, connection_of
-from netsense.transport.signal import NetworkSignal, SignalReader, fallback_bandwidth, read_signal
+from netsense.transport.sensing.aioquic_private import connection_of
+from netsense.transport.sensing.congestion import SENSING_CC
+from netsense.transport.sensing.estimator import SensingConfig
+from netsense.transport.sensing.signal import NetworkSignal, SignalReader, fallback_bandwidth, read_signal
 
 MONOTONE = ("lost_packets", "lost_bytes", "sent_packets", "bytes_sent", "delivered_bytes", "rate_samples")
 CHUNK = 256 * 1024
@@ -94,7 +96,7 @@ async def bulk_transfer(
 ) -> BulkResult:
     """Send as fast as the connection allows for `seconds`, then 3 kB every 20 ms for `trickle_s`
     (an application sending small compressed steps: 3 packets, too few for an ack train, so every
-    sample is app-limited; `quic_state.MIN_TRAIN_PACKETS`); read a signal every 50 ms."""
+    sample is app-limited; `estimator.MIN_TRAIN_PACKETS`); read a signal every 50 ms."""
     cert, key = self_signed()
     server_cfg = QuicConfiguration(is_client=False, max_data=1 << 26, max_stream_data=1 << 26)
     server_cfg.certificate, server_cfg.private_key = cert, key
@@ -108,7 +110,7 @@ async def bulk_transfer(
     try:
         host, target = "127.0.0.1", port
         if via_emulator is not None:
-            from netsense.transport.emulator import LinkEmulator
+            from netsense.transport.emulation.emulator import LinkEmulator
 
             emulator = LinkEmulator(upstream=("127.0.0.1", port), spec=via_emulator)
             await emulator.start()
@@ -255,7 +257,7 @@ async def test_reader_refuses_a_connection_without_the_sensing_controller() -> N
 
 @pytest.mark.slow
 async def test_estimate_finds_an_emulated_20mbit_10ms_link() -> None:
-    pytest.importorskip("netsense.transport.emulator")
+    pytest.importorskip("netsense.transport.emulation.emulator")
     result = await bulk_transfer(3.0, via_emulator="rate=20mbit,delay=10ms")
     last = result.signals[-1]
     _assert_monotone(result.signals)

@@ -9,7 +9,7 @@ import torch
 
 from netsense.compression import make_codec
 from netsense.transport.auth import load_secret
-from netsense.transport.quic_state import stream_unsent
+from netsense.transport.sensing.aioquic_private import stream_unsent
 from netsense.transport.tls import TransportSettings, client_configuration
 from netsense.worker.client import Identity, PSClient
 from netsense.worker.netthread import NetThread

@@ -21,14 +21,14 @@ from aioquic.quic.events import QuicEvent, StreamDataReceived
 
 from netsense.errors import AuthError, PeerError, ProtocolError
 
-from .auth import auth_mac, new_nonce
-from .channel import _HighResLoop, open_connection, tune_socket
+from ..channel import open_connection, tune_socket
+from ..handshake import authenticate, expect_reply
+from ..sensing.aioquic_private import connection_of, transport_of, use_monotonic_clock
+from ..sensing.signal import NetworkSignal, SignalReader
+from ..tls import TransportSettings, client_configuration, make_dev_certs, server_configuration
+from ..wire import Ack, Bye, Limits, Probe
 from .emulator import LinkEmulator
 from .linkspec import DuplexSpec
-from .quic_state import connection_of
-from .signal import NetworkSignal, SignalReader
-from .tls import TransportSettings, client_configuration, make_dev_certs, server_configuration
-from .wire import Ack, Auth, Bye, Challenge, Hello, Limits, Probe, Welcome
 
 CHUNK = 256 * 1024
 AHEAD_BYTES = 2 * 1024 * 1024
@@ -63,7 +63,7 @@ class _SinkProtocol(QuicConnectionProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._loop = _HighResLoop(self._loop)  # type: ignore[assignment]
+        use_monotonic_clock(self)
 
     def quic_event_received(self, event: QuicEvent) -> None:
         if isinstance(event, StreamDataReceived):
@@ -92,8 +92,8 @@ class ProbeSink:
     async def start(self, host: str, port: int, configuration: QuicConfiguration, socket_buffer_bytes: int) -> int:
         protocol = type("BoundSink", (_SinkProtocol,), {"sink": self})
         self._server = await serve(host, port, configuration=configuration, create_protocol=protocol)
-        tune_socket(self._server._transport, socket_buffer_bytes)
-        return self._server._transport.get_extra_info("sockname")[1]
+        tune_socket(transport_of(self._server), socket_buffer_bytes)
+        return transport_of(self._server).get_extra_info("sockname")[1]
 
     def close(self) -> None:
         if self._server is not None:
@@ -106,7 +106,7 @@ async def probe_path(
 ) -> tuple[NetworkSignal, float]:
     """Bulk-send to `host:port` for `seconds`; returns the final signal and the acked goodput (B/s)."""
     async with connect(host, port, configuration=configuration) as client:
-        tune_socket(client._transport, socket_buffer_bytes)
+        tune_socket(transport_of(client), socket_buffer_bytes)
         quic = connection_of(client)
         reader = SignalReader(quic)
         stream_id = quic.get_next_available_stream_id()
@@ -188,24 +188,19 @@ async def probe_ps(
     """Measure the path to a running PS: authenticate with role ``probe`` (never a worker, never in
     the barrier), keep PROBE messages in flight for `seconds`, read the sending side's signal."""
 
+    refused = f"PS at {host}:{port} refused the probe"
+
     async def request(conn: Any, msg: Any, expect: type) -> Any:
         try:
             reply = await conn.request(msg, 30.0)
         except PeerError as exc:
             if exc.code == "auth":
-                raise AuthError(f"PS at {host}:{port} refused the probe: {exc.reason}") from None
+                raise AuthError(f"{refused}: {exc.reason}") from None
             raise
-        if not isinstance(reply, expect):
-            raise ProtocolError("type", f"expected {expect.__name__.upper()}, got {type(reply).__name__.upper()}")
-        return reply
+        return expect_reply(reply, expect)
 
     async with open_connection(host, port, configuration, limits=Limits(), socket_buffer_bytes=socket_buffer_bytes) as conn:
-        nonce = new_nonce()
-        challenge = await request(conn, Hello(probe_id, 0, nonce, role="probe"), Challenge)
-        mac = bytes(32) if secret is None else auth_mac(
-            secret, server_nonce=challenge.server_nonce, client_nonce=nonce, worker_id=probe_id
-        )
-        await request(conn, Auth(mac), Welcome)
+        await authenticate(conn, client_id=probe_id, rank=0, secret=secret, timeout_s=30.0, refused=refused, role="probe")
         reader = SignalReader(conn.quic)
         base, start = reader.state.delivered, time.monotonic()
         payload = Probe(b"\0" * PS_PROBE_BYTES)

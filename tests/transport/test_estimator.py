@@ -1,203 +1,32 @@
-"""transport/quic_state.py: the private aioquic paths still exist, and the estimator's rules hold.
+"""transport/sensing/estimator.py and filters.py: the estimator's rules, fed synthetic packets.
 
-The connection tests drive a real client/server `QuicConnection` pair in memory (sans-I/O, a
-simulated clock): deterministic, no sockets. The estimator tests feed synthetic packets.
+A sensing Reno controller is driven with hand-made `QuicSentPacket`s over a simulated path, so
+every rule (rate samples, the app-limited bubble, flight re-basing, push rate, loss window) is
+checked deterministically.
 """
 
 from __future__ import annotations
 
-import ssl
-from types import SimpleNamespace
+import ast
+from pathlib import Path
 
 import pytest
-from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.congestion.base import create_congestion_control
-from aioquic.quic.connection import QuicConnection
-from aioquic.quic.events import StreamDataReceived, StreamReset
-from aioquic.quic.packet_builder import QuicSentPacket
 from aioquic.quic.packet import QuicPacketType
+from aioquic.quic.packet_builder import QuicSentPacket
 from aioquic.tls import Epoch
-from cryptography.hazmat.primitives.asymmetric import ec
 
-from quic_certs import self_signed
 from netsense.errors import ConfigError
-from netsense.transport import quic_state
-from netsense.transport.quic_state import (
-    PRIVATE_PATHS,
-    SENSING_CC,
-    SENSING_CUBIC_CC,
-    QuicInternalsError,
-    SensingConfig,
-    SensingCubic,
-    SensingReno,
-    SensingState,
-    WindowedMax,
-)
+from netsense.transport.sensing import estimator, filters
+from netsense.transport.sensing.congestion import SensingReno
+from netsense.transport.sensing.estimator import SensingConfig, SensingState
+from netsense.transport.sensing.filters import WindowedMax
 
-CLIENT_ADDR = ("10.0.0.1", 1234)
-SERVER_ADDR = ("10.0.0.2", 4433)
 MDS = 1200
-
-
-
-
-class Pair:
-    """A client and a server connection exchanging datagrams over a 5 ms one-way simulated link."""
-
-    DELAY = 0.005
-
-    def __init__(self, cc: str = SENSING_CC) -> None:
-        cert, key = self_signed()
-        server_cfg = QuicConfiguration(is_client=False, congestion_control_algorithm=cc)
-        server_cfg.certificate, server_cfg.private_key = cert, key
-        client_cfg = QuicConfiguration(
-            is_client=True, congestion_control_algorithm=cc, verify_mode=ssl.CERT_NONE,
-            max_data=1 << 26, max_stream_data=1 << 26,
-        )
-        server_cfg.max_data = server_cfg.max_stream_data = 1 << 26
-        self.now = 1000.0
-        self.client = QuicConnection(configuration=client_cfg)
-        self.server = QuicConnection(
-            configuration=server_cfg,
-            original_destination_connection_id=self.client.original_destination_connection_id,
-        )
-        self.client.connect(SERVER_ADDR, now=self.now)
-        self.exchange(rounds=6)
-
-    def exchange(self, rounds: int) -> None:
-        """Deliver every pending datagram each way, `rounds` times, one link delay per hop."""
-        for _ in range(rounds):
-            for data, _ in self.client.datagrams_to_send(now=self.now):
-                self.server.receive_datagram(data, CLIENT_ADDR, now=self.now + self.DELAY)
-            self.now += self.DELAY
-            for data, _ in self.server.datagrams_to_send(now=self.now):
-                self.client.receive_datagram(data, SERVER_ADDR, now=self.now + self.DELAY)
-            self.now += self.DELAY
-
-
-@pytest.fixture
-def pair() -> Pair:
-    p = Pair()
-    stream = p.client.get_next_available_stream_id()
-    p.client.send_stream_data(stream, b"x" * 200_000)
-    p.exchange(rounds=20)
-    return p
-
-
-def test_private_paths_exist_on_a_real_connection(pair: Pair) -> None:
-    """Fails naming the attribute if an aioquic upgrade moved any private path we read."""
-    for quic in (pair.client, pair.server):
-        for path in PRIVATE_PATHS:
-            try:
-                quic_state._resolve(quic, path)
-            except QuicInternalsError as exc:
-                pytest.fail(f"aioquic internals moved: {exc}")
-        quic_state.check_internals(quic)
-
-
-def test_stream_unsent_follows_the_send_buffer() -> None:
-    """The pipelined pushes' pacing reads a private per-stream flag: True while bytes wait to be
-    sent once, False when all left; an unknown stream is not unsent; a moved flag is named."""
-    p = Pair()
-    stream = p.client.get_next_available_stream_id()
-    p.client.send_stream_data(stream, b"x" * 50_000, end_stream=True)
-    assert quic_state.stream_unsent(p.client, stream)
-    p.exchange(rounds=20)
-    assert not quic_state.stream_unsent(p.client, stream)
-    assert not quic_state.stream_unsent(p.client, stream + 400)
-    with pytest.raises(QuicInternalsError, match="buffer_is_empty"):
-        quic_state._resolve(object(), quic_state.STREAM_UNSENT_PATH)
-
-
-def test_stream_send_state_and_abandon_only_before_the_fin_left() -> None:
-    """A withdrawn push reads a stream's acked prefix, highest sent offset and final size, and is
-    reset only while its last byte has not left; the peer then sees a reset, never the message."""
-    p = Pair()
-    stream = p.client.get_next_available_stream_id()
-    p.client.send_stream_data(stream, b"x" * 2_000_000, end_stream=True)
-    p.exchange(rounds=3)
-    state = quic_state.stream_send_state(p.client, stream)
-    assert state is not None and state.final == 2_000_000
-    assert 0 < state.acked <= state.sent < state.final and not state.fin_sent
-    assert quic_state.abandon_stream(p.client, stream)
-    received: list[object] = []
-    for _ in range(10):
-        p.exchange(rounds=1)
-        while (event := p.server.next_event()) is not None:
-            received.append(event)
-    assert any(isinstance(e, StreamReset) and e.stream_id == stream for e in received)
-    assert not any(isinstance(e, StreamDataReceived) and e.end_stream for e in received)
-    assert quic_state.stream_send_state(p.client, stream + 4) is None
-
-    whole = p.client.get_next_available_stream_id()
-    p.client.send_stream_data(whole, b"y" * 5_000, end_stream=True)
-    p.exchange(rounds=1)
-    assert quic_state.stream_send_state(p.client, whole).fin_sent  # type: ignore[union-attr]
-    assert not quic_state.abandon_stream(p.client, whole)
-    open_stream = p.client.get_next_available_stream_id()
-    p.client.send_stream_data(open_stream, b"z" * 10, end_stream=False)
-    assert not quic_state.abandon_stream(p.client, open_stream)  # no final size yet: not a request
-    with pytest.raises(QuicInternalsError, match="_buffer_fin"):
-        quic_state._resolve(SimpleNamespace(sender=SimpleNamespace(_buffer_start=0, highest_offset=0)), quic_state.STREAM_SEND_PATHS[2])
-
-
-def test_recovery_state_has_plausible_values(pair: Pair) -> None:
-    rec = quic_state.read_recovery(pair.client)
-    assert rec.congestion_window >= 2 * MDS
-    assert rec.bytes_in_flight >= 0
-    assert rec.srtt_s == pytest.approx(2 * Pair.DELAY, rel=0.5)
-    assert rec.min_rtt_s == pytest.approx(2 * Pair.DELAY, rel=0.2)
-    assert rec.latest_rtt_s is not None and rec.rttvar_s is not None
-    assert rec.pto_count == 0
-    assert rec.pacing_rate_Bps and rec.pacing_rate_Bps > 0
-    assert rec.bytes_sent > 200_000
-    assert rec.max_datagram_size == MDS
-    assert type(pair.client._loss._cc) is SensingReno
-
-
-def test_sensing_counts_deliveries_on_a_real_connection(pair: Pair) -> None:
-    state = quic_state.sensing_state(pair.client)
-    state.flush()
-    assert state.delivered >= 200_000
-    assert state.sent_packets >= 200_000 // MDS
-    assert state.rate_samples > 0 and state.bandwidth.value is not None
-    assert state.lost_packets == 0
-    assert state.min_rtt_s == pytest.approx(2 * Pair.DELAY, rel=0.2)
-
-
-def test_missing_private_attribute_is_named() -> None:
-    loss = SimpleNamespace(_cc=SimpleNamespace(congestion_window=1, bytes_in_flight=0, ssthresh=None))
-    fake = SimpleNamespace(_loss=loss)
-    with pytest.raises(QuicInternalsError, match=r"QuicConnection\._loss\._rtt_smoothed does not exist"):
-        quic_state.check_internals(fake)  # type: ignore[arg-type]
-
-
-def test_plain_reno_connection_is_refused_with_the_fix_in_the_message() -> None:
-    p = Pair(cc="reno")
-    with pytest.raises(ConfigError, match=SENSING_CC):
-        quic_state.sensing_state(p.client)
-
-
-def test_both_controllers_are_registered() -> None:
-    quic_state.ensure_registered()
-    assert type(create_congestion_control(SENSING_CC, max_datagram_size=MDS)) is SensingReno
-    assert type(create_congestion_control(SENSING_CUBIC_CC, max_datagram_size=MDS)) is SensingCubic
-    p = Pair(cc=SENSING_CUBIC_CC)
-    assert type(p.client._loss._cc) is SensingCubic
-    p.client.send_stream_data(p.client.get_next_available_stream_id(), b"x" * 100_000)
-    p.exchange(rounds=20)
-    state = quic_state.attach(p.client)
-    state.flush()
-    assert state.delivered >= 100_000 and state.rate_samples > 0
-    assert state.inflight_peak.value is not None and state.inflight_peak.value > 10 * MDS
 
 
 def test_sensing_config_rejects_bad_windows() -> None:
     with pytest.raises(ConfigError, match="loss_window_s"):
         SensingConfig(loss_window_s=0)
-
-
-# ---- synthetic packets ------------------------------------------------------------------------
 
 
 def _packet(number: int, sent_time: float, size: int = MDS) -> QuicSentPacket:
@@ -280,7 +109,7 @@ def test_app_limited_sample_may_raise_the_estimate() -> None:
     state = SensingState(MDS)
     state.bandwidth.update(0.0, 1e6)
     state.min_rtt_s = 0.01
-    tx = quic_state._TxState(delivered=0, delivered_time=0.0, first_sent_time=0.0, sent_time=0.01, app_limited=True)
+    tx = estimator._TxState(delivered=0, delivered_time=0.0, first_sent_time=0.0, sent_time=0.01, app_limited=True)
     state.delivered = 50_000
     state._pending = (0.02, tx)  # 50 kB over 20 ms = 2.5 MB/s, app-limited
     state.flush()
@@ -465,7 +294,7 @@ def test_bandwidth_window_follows_srtt() -> None:
     state = SensingState(MDS, SensingConfig(bandwidth_window_s=1.0, bandwidth_window_rtts=10))
     state.on_rtt(0.5)
     state.delivered = 10_000
-    state._pending = (1.0, quic_state._TxState(0, 0.0, 0.0, 0.0, False))
+    state._pending = (1.0, estimator._TxState(0, 0.0, 0.0, 0.0, False))
     state.flush()  # the window is resized when a sample is admitted
     assert state.bandwidth.window_s == pytest.approx(5.0)
     state.configure(SensingConfig(bandwidth_window_s=8.0))
@@ -496,3 +325,12 @@ def test_loss_rate_window_forgets_old_losses() -> None:
     for i in range(20):
         state.losses.on_acked(1.5 + i * 0.01)
     assert state.losses.rate == 0.0
+
+
+def test_estimator_modules_import_no_aioquic() -> None:
+    """The estimator is pure: it must stay testable, and unchanged, whatever aioquic does."""
+    for module in (estimator, filters):
+        tree = ast.parse(Path(str(module.__file__)).read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert not [n for n in names if n.split(".")[0] in ("aioquic", "asyncio")], module.__name__

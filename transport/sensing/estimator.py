@@ -1,216 +1,31 @@
-"""The one module that reads aioquic's private congestion state, and the sensing congestion control.
+"""The bottleneck-bandwidth estimator the sensing congestion control feeds, one per connection.
 
-aioquic exposes neither loss counters nor delivery-rate samples, and its RTT / window state sits in
-private attributes (TRANSPORT-FACTS.md). Everything that depends on those internals lives here, so
-an aioquic upgrade breaks one module and one test (`tests/transport/test_quic_state.py`), not the
-system. The dotted paths we rely on are listed in `PRIVATE_PATHS` and checked by `check_internals`.
+BBR-style delivery-rate samples (draft-cheng-iccrg-delivery-rate-estimation), an app-limited flag
+per sample, loss counters and a windowed maximum of the delivery rate. Pure: it sees packets only
+through `SentPacket` (which aioquic's `QuicSentPacket` satisfies) and times as plain floats, so it
+is tested with synthetic packets and does not change when aioquic does. The hooks are called by
+`congestion.py`; aioquic's private state is read in `aioquic_private.py` alone.
 
-The sensing congestion control wraps Reno or Cubic (their window logic is untouched) and records,
-per connection, what a bottleneck-bandwidth estimator needs: BBR-style delivery-rate samples
-(draft-cheng-iccrg-delivery-rate-estimation), an app-limited flag per sample, loss counters and a
-windowed maximum of the delivery rate.
+Longer than most modules here: `SensingState` is one state machine (restart, bubble, flight
+re-basing, ack batches), and its docstrings carry the measurements that justify each rule.
 """
 
 from __future__ import annotations
 
-import math
-import weakref
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import NamedTuple, Protocol
 
-import aioquic
-from aioquic.quic.congestion.base import QuicCongestionControl, register_congestion_control
-from aioquic.quic.congestion.cubic import CubicCongestionControl
-from aioquic.quic.congestion.reno import RenoCongestionControl
-from aioquic.quic.packet_builder import QuicSentPacket
+from netsense.errors import ConfigError
 
-from netsense.errors import ConfigError, NetSenseError
-
-if TYPE_CHECKING:
-    from aioquic.asyncio.protocol import QuicConnectionProtocol
-    from aioquic.quic.connection import QuicConnection
-
-SENSING_CC = "netsense-reno"
-"""Name of Reno with delivery-rate sensing, for `QuicConfiguration(congestion_control_algorithm=)`."""
-SENSING_CUBIC_CC = "netsense-cubic"
-"""Name of Cubic with delivery-rate sensing."""
-
-PRIVATE_PATHS: tuple[str, ...] = (
-    "_loss",
-    "_loss._cc",
-    "_loss._cc.congestion_window",
-    "_loss._cc.bytes_in_flight",
-    "_loss._cc.ssthresh",
-    "_loss._rtt_smoothed",
-    "_loss._rtt_min",
-    "_loss._rtt_variance",
-    "_loss._rtt_latest",
-    "_loss._rtt_initialized",
-    "_loss._pto_count",
-    "_loss._pacer",
-    "_loss._pacer.packet_time",
-    "_network_paths",
-    "_network_paths[0].bytes_sent",
-    "_max_datagram_size",
-    "_pacing_at",
-    "_streams",
-)
-"""Every private attribute path of `QuicConnection` this module reads (checked by `check_internals`)."""
+from .filters import LossWindow, WindowedMax, WindowedMin
 
 
-class QuicInternalsError(NetSenseError):
-    """aioquic no longer has a private attribute NetSense reads: the pinned version was changed."""
+class SentPacket(Protocol):
+    """What the estimator reads of a sent packet; it stamps `netsense_tx` on it."""
 
-
-def _resolve(obj: Any, path: str) -> Any:
-    """Follow a dotted path such as `_network_paths[0].bytes_sent`; raise naming the first missing step."""
-    walked = "QuicConnection"
-    for part in path.split("."):
-        name, _, index = part.partition("[")
-        try:
-            obj = getattr(obj, name)
-        except AttributeError:
-            raise QuicInternalsError(
-                f"aioquic {aioquic.__version__}: {walked}.{name} does not exist (needed for "
-                f"{path!r}); update transport/quic_state.py for this aioquic version or pin 1.7.2"
-            ) from None
-        walked += f".{name}"
-        if index:
-            obj = obj[int(index.rstrip("]"))]
-            walked += f"[{index}"
-    return obj
-
-
-def check_internals(quic: QuicConnection) -> None:
-    """Raise `QuicInternalsError` naming the attribute if any path in `PRIVATE_PATHS` is gone."""
-    for path in PRIVATE_PATHS:
-        _resolve(quic, path)
-
-
-def stream_unsent(quic: QuicConnection, stream_id: int) -> bool:
-    """True while `stream_id` holds bytes aioquic has not yet sent once (pipelined pushes pace on
-    it: a stream whose bytes are all in flight no longer competes in the round robin)."""
-    stream = _resolve(quic, "_streams").get(stream_id)
-    return stream is not None and not _resolve(stream, STREAM_UNSENT_PATH)
-
-
-STREAM_UNSENT_PATH = "sender.buffer_is_empty"
-"""Private path on one aioquic `QuicStream` (not on the connection, so `check_internals` cannot
-check it up front; `stream_unsent` raises `QuicInternalsError` naming it, and a test reads it)."""
-
-
-STREAM_SEND_PATHS = ("sender._buffer_start", "sender.highest_offset", "sender._buffer_fin")
-"""Private paths on one aioquic `QuicStream` that `stream_send_state` reads: the acknowledged
-prefix, the highest offset ever sent, and the final size once the FIN was written (None before)."""
-
-
-class StreamSendState(NamedTuple):
-    """How far one stream's send has got, in bytes of its payload."""
-
-    acked: int
-    """The contiguous prefix the peer acknowledged."""
-    sent: int
-    """The highest offset sent at least once."""
-    final: int | None
-    """The stream's final size once the application ended it, else None."""
-
-    @property
-    def fin_sent(self) -> bool:
-        """True once the last byte (and with it the FIN) has left at least once: from then on the
-        peer may hold the whole message, so the stream must not be abandoned."""
-        return self.final is not None and self.sent >= self.final
-
-
-def stream_send_state(quic: QuicConnection, stream_id: int) -> StreamSendState | None:
-    """The send progress of `stream_id`, or None for a stream aioquic does not (or no longer) hold."""
-    stream = _resolve(quic, "_streams").get(stream_id)
-    if stream is None:
-        return None
-    acked, sent, final = (_resolve(stream, path) for path in STREAM_SEND_PATHS)
-    return StreamSendState(int(acked), int(sent), None if final is None else int(final))
-
-
-def abandon_stream(quic: QuicConnection, stream_id: int, error_code: int = 0) -> bool:
-    """Reset the sending side of `stream_id` if its FIN has never left; True when it was reset.
-
-    A stream whose last byte was never sent cannot have been received whole, so the peer drops the
-    partial message (RESET_STREAM) and the sender may send its content again, re-encoded, on a new
-    stream without it being counted twice. Once the FIN left, nothing is reset: the peer may
-    already hold the message (a lost FIN still counts: it may have arrived after all)."""
-    state = stream_send_state(quic, stream_id)
-    if state is None or state.final is None or state.fin_sent:
-        return False
-    quic.reset_stream(stream_id, error_code)
-    return True
-
-
-def connection_of(protocol: QuicConnectionProtocol) -> QuicConnection:
-    """The `QuicConnection` behind an asyncio protocol (client or server side)."""
-    quic = getattr(protocol, "_quic", None)
-    if quic is None:
-        raise QuicInternalsError(
-            f"aioquic {aioquic.__version__}: QuicConnectionProtocol._quic does not exist"
-        )
-    return quic
-
-
-@dataclass(frozen=True)
-class RecoveryState:
-    """What aioquic's recovery object knows of one connection, read at one instant."""
-
-    congestion_window: int
-    """Congestion window, bytes."""
-    bytes_in_flight: int
-    """Unacknowledged bytes counted against the window."""
-    ssthresh: int | None
-    """Slow-start threshold, bytes; None while still in the first slow start."""
-    srtt_s: float | None
-    """Smoothed RTT, seconds; None before the first RTT sample."""
-    min_rtt_s: float | None
-    """Minimum RTT, seconds (floored at 1 ms by aioquic); None before the first RTT sample."""
-    latest_rtt_s: float | None
-    """Latest RTT sample, seconds (floored at 1 ms, ack delay removed); None before the first."""
-    rttvar_s: float | None
-    """RTT variance as aioquic computes it (from |min_rtt - latest|), seconds."""
-    pto_count: int
-    """Consecutive probe timeouts without an ack (reset on ack)."""
-    pacing_rate_Bps: float | None
-    """Pacer rate, bytes/s (cwnd / srtt); None before the first RTT sample."""
-    bytes_sent: int
-    """UDP payload bytes sent on the active path. (aioquic's `bytes_received` on a path stops counting
-    once the path is validated -- it serves only the anti-amplification limit -- so it is not read.)"""
-    max_datagram_size: int
-    """Largest UDP payload the connection builds, bytes."""
-
-
-def read_recovery(quic: QuicConnection) -> RecoveryState:
-    """Snapshot the private recovery / path state of `quic` (one place for every private read)."""
-    loss = quic._loss
-    cc = loss._cc
-    path = quic._network_paths[0]
-    initialized = bool(loss._rtt_initialized)
-    packet_time = loss._pacer.packet_time
-    mds = int(quic._max_datagram_size)
-    return RecoveryState(
-        congestion_window=int(cc.congestion_window),
-        bytes_in_flight=int(cc.bytes_in_flight),
-        ssthresh=cc.ssthresh,
-        srtt_s=loss._rtt_smoothed if initialized else None,
-        min_rtt_s=loss._rtt_min if math.isfinite(loss._rtt_min) else None,
-        latest_rtt_s=loss._rtt_latest if initialized else None,
-        rttvar_s=loss._rtt_variance if initialized else None,
-        pto_count=int(loss._pto_count),
-        pacing_rate_Bps=mds / packet_time if packet_time else None,
-        bytes_sent=int(path.bytes_sent),
-        max_datagram_size=mds,
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Estimator state kept by the sensing congestion control (pure: plain numbers and times).
-# --------------------------------------------------------------------------------------------
+    sent_time: float | None
+    sent_bytes: int
 
 
 @dataclass(frozen=True)
@@ -231,99 +46,6 @@ class SensingConfig:
                 raise ConfigError(f"SensingConfig.{name} must be > 0, got {value!r}")
 
 
-class WindowedMax:
-    """Running maximum over a sliding time window (monotone deque: O(1) amortised per update).
-
-    The window slides with the newest sample, not the wall clock: when nothing is sampled (an idle
-    parameter-server round, or only app-limited samples that are not admitted) the estimate is held,
-    as Linux's minmax filter does; old samples expire only as newer ones arrive.
-    """
-
-    def __init__(self, window_s: float) -> None:
-        self.window_s = window_s
-        """Window length, seconds; may be changed between updates (RTT-scaled windows)."""
-        self._samples: deque[tuple[float, float]] = deque()
-
-    def update(self, time: float, value: float) -> None:
-        """Admit `value` measured at `time` (times must not decrease) and expire old samples."""
-        samples = self._samples
-        while samples and samples[-1][1] <= value:
-            samples.pop()
-        samples.append((time, value))
-        horizon = time - self.window_s
-        while samples[0][0] < horizon:
-            samples.popleft()
-
-    @property
-    def value(self) -> float | None:
-        """The maximum over the window, or None before the first sample."""
-        return self._samples[0][1] if self._samples else None
-
-    @property
-    def latest_time(self) -> float | None:
-        """Time of the newest admitted sample."""
-        return self._samples[-1][0] if self._samples else None
-
-
-class WindowedMin(WindowedMax):
-    """Running minimum over a sliding time window (a `WindowedMax` of negated values)."""
-
-    def update(self, time: float, value: float) -> None:
-        """Admit `value` measured at `time` (times must not decrease) and expire old samples."""
-        super().update(time, -value)
-
-    @property
-    def value(self) -> float | None:
-        """The minimum over the window, or None before the first sample."""
-        top = super().value
-        return None if top is None else -top
-
-
-class LossWindow:
-    """Fraction of packets declared lost among those whose fate was decided in a recent window.
-
-    Counts live in buckets of window/8 so memory stays constant; like `WindowedMax` the window slides
-    with events, so an idle connection keeps reporting the loss rate it last saw.
-    """
-
-    _BUCKETS = 8
-
-    def __init__(self, window_s: float) -> None:
-        self.window_s = window_s
-        """Window length, seconds."""
-        self._buckets: deque[list[float]] = deque()  # [start_time, acked, lost]
-        self._acked = 0
-        self._lost = 0
-
-    def _add(self, time: float, acked: int, lost: int) -> None:
-        width = self.window_s / self._BUCKETS
-        buckets = self._buckets
-        if not buckets or time >= buckets[-1][0] + width:
-            buckets.append([time, 0, 0])
-        bucket = buckets[-1]
-        bucket[1] += acked
-        bucket[2] += lost
-        self._acked += acked
-        self._lost += lost
-        horizon = time - self.window_s
-        while buckets[0][0] + width <= horizon:
-            _, old_acked, old_lost = buckets.popleft()
-            self._acked -= int(old_acked)
-            self._lost -= int(old_lost)
-
-    def on_acked(self, time: float, packets: int = 1) -> None:
-        """Count `packets` acknowledged at `time`."""
-        self._add(time, packets, 0)
-
-    def on_lost(self, time: float, packets: int) -> None:
-        """Count `packets` declared lost at `time`."""
-        self._add(time, 0, packets)
-
-    @property
-    def rate(self) -> float:
-        """lost / (acked + lost) in the window; 0 with no decided packets."""
-        decided = self._acked + self._lost
-        return self._lost / decided if decided else 0.0
 
 
 @dataclass(frozen=True)
@@ -349,7 +71,7 @@ large part of its interval. (A 150 kB push in 8952-byte datagrams is 17 packets.
 
 
 class _TxState(NamedTuple):
-    """Delivery state stamped on a sent packet (attribute `netsense_tx` of `QuicSentPacket`).
+    """Delivery state stamped on a sent packet (attribute `netsense_tx` of the sent packet).
 
     A tuple, not a dataclass: it is built for every packet sent, on the sender's hot path.
     """
@@ -523,7 +245,7 @@ class SensingState:
     # hooks, called by the congestion controller -----------------------------------------------
 
     def on_sent(
-        self, packet: QuicSentPacket, congestion_window: int, bytes_in_flight: int
+        self, packet: SentPacket, congestion_window: int, bytes_in_flight: int
     ) -> None:
         """Stamp `packet` (before it is added to `bytes_in_flight`)."""
         if self._pending is not None:
@@ -567,7 +289,7 @@ class SensingState:
         self._app_limited_until = 0
 
     def on_acked(
-        self, packet: QuicSentPacket, now: float, congestion_window: int, bytes_in_flight: int
+        self, packet: SentPacket, now: float, congestion_window: int, bytes_in_flight: int
     ) -> None:
         """Count the delivery and keep the most recently sent packet of this ack batch."""
         if self._burst_time is not None:
@@ -589,7 +311,7 @@ class SensingState:
         self._last_event_time = now
 
     def on_lost(
-        self, packets: Iterable[QuicSentPacket], now: float, congestion_window: int, bytes_in_flight: int
+        self, packets: Iterable[SentPacket], now: float, congestion_window: int, bytes_in_flight: int
     ) -> None:
         """Count lost packets (aioquic only reports congestion-event losses here)."""
         self._close_burst(congestion_window, bytes_in_flight)
@@ -686,91 +408,3 @@ class SensingState:
             self.bandwidth.update(now, rate)
 
 
-# --------------------------------------------------------------------------------------------
-# The congestion-control classes
-# --------------------------------------------------------------------------------------------
-
-
-class _SensingMixin(QuicCongestionControl):
-    """Feeds `SensingState` from aioquic's congestion-control hooks; the wrapped CC sets the window."""
-
-    sensing: SensingState
-
-    def __init__(self, *, max_datagram_size: int) -> None:
-        super().__init__(max_datagram_size=max_datagram_size)
-        self.sensing = SensingState(max_datagram_size)
-
-    def on_packet_sent(self, *, packet: QuicSentPacket) -> None:
-        self.sensing.on_sent(packet, self.congestion_window, self.bytes_in_flight)
-        super().on_packet_sent(packet=packet)
-
-    def on_packet_acked(self, *, now: float, packet: QuicSentPacket) -> None:
-        self.sensing.on_acked(packet, now, self.congestion_window, self.bytes_in_flight)
-        super().on_packet_acked(now=now, packet=packet)
-
-    def on_packets_lost(self, *, now: float, packets: Iterable[QuicSentPacket]) -> None:
-        packets = list(packets)  # iterated twice
-        self.sensing.on_lost(packets, now, self.congestion_window, self.bytes_in_flight)
-        super().on_packets_lost(now=now, packets=packets)
-
-    def on_packets_expired(self, *, packets: Iterable[QuicSentPacket]) -> None:
-        self.sensing.on_other(self.congestion_window, self.bytes_in_flight)
-        super().on_packets_expired(packets=packets)
-
-    def on_persistent_congestion(self) -> None:
-        self.sensing.on_other(self.congestion_window, self.bytes_in_flight)
-        super().on_persistent_congestion()
-
-    def on_rtt_measurement(self, *, now: float, rtt: float) -> None:
-        self.sensing.on_rtt(rtt, now)
-        super().on_rtt_measurement(now=now, rtt=rtt)
-
-
-class SensingReno(_SensingMixin, RenoCongestionControl):
-    """aioquic's New Reno, plus delivery-rate and loss sensing."""
-
-
-class SensingCubic(_SensingMixin, CubicCongestionControl):
-    """aioquic's Cubic, plus delivery-rate and loss sensing."""
-
-
-def ensure_registered() -> None:
-    """Register `SENSING_CC` and `SENSING_CUBIC_CC` with aioquic (idempotent)."""
-    register_congestion_control(SENSING_CC, SensingReno)
-    register_congestion_control(SENSING_CUBIC_CC, SensingCubic)
-
-
-def sensing_state(quic: QuicConnection) -> SensingState:
-    """The estimator of `quic`; `ConfigError` if the connection does not use a sensing controller."""
-    cc = quic._loss._cc
-    if not isinstance(cc, _SensingMixin):
-        raise ConfigError(
-            f"connection uses congestion control {type(cc).__name__}, which records no delivery "
-            f"samples; set QuicConfiguration(congestion_control_algorithm={SENSING_CC!r}) "
-            f"(or {SENSING_CUBIC_CC!r}) after importing netsense.transport.quic_state"
-        )
-    return cc.sensing
-
-
-def attach(quic: QuicConnection, config: SensingConfig | None = None) -> SensingState:
-    """Wire the estimator of `quic` to the connection's pacer state; optionally set its windows.
-
-    With this the app-limited check can tell "the pacer held the burst back" from "nothing to send".
-    A weak reference avoids a cycle connection -> recovery -> controller -> connection.
-    """
-    state = sensing_state(quic)
-    ref = weakref.ref(quic)
-
-    def pacing_until() -> float | None:
-        conn = ref()
-        return None if conn is None else conn._pacing_at
-
-    state.pacing_until = pacing_until
-    if config is not None:
-        state.configure(config)
-    return state
-
-
-# Registered on import, as aioquic registers "reno" and "cubic": a configuration naming SENSING_CC
-# then works wherever this module has been imported (netsense.transport.signal imports it).
-ensure_registered()

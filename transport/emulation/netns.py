@@ -1,9 +1,9 @@
-"""Kernel-level link shaping with network namespaces, veth pairs and `tbf` (DESIGN.md §7).
+"""Kernel-level link shaping with network namespaces, veth pairs and `tbf` (docs/EMULATOR.md).
 
 Topology: client ns <-veth-> router ns <-veth-> server ns. The router forwards, and `tbf` sits on
-its egress veth toward the server (uplink) and toward the client (downlink). TRANSPORT-FACTS.md:
-`tbf` on a *forwarding hop* is a real drop-tail bottleneck, while `tbf` on a sender's own veth only
-blocks the socket. This kernel has no `netem`, so delay and random loss stay with the userspace
+its egress veth toward the server (uplink) and toward the client (downlink). As measured
+(docs/EMULATOR.md), `tbf` on a *forwarding hop* is a real drop-tail bottleneck, while `tbf` on a
+sender's own veth only blocks the socket. This kernel has no `netem`, so delay and random loss stay with the userspace
 `LinkEmulator`. Addresses come from 198.18.0.0/15 (RFC 2544 benchmarking range) and exist only inside
 the namespaces; every name carries the pid and a counter so concurrent runs never collide, and
 teardown deletes the namespaces (which takes the veths with them) whatever happened before.
@@ -24,7 +24,8 @@ from typing import Any, Literal
 
 from netsense.errors import ConfigError, NetSenseError
 
-from .linkspec import ConstantRate, DuplexSpec, LinkSpec, as_duplex
+from .linkspec import DuplexSpec, LinkSpec, as_duplex
+from .traces import ConstantRate
 
 log = logging.getLogger(__name__)
 

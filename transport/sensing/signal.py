@@ -1,9 +1,10 @@
 """The network signal: an immutable snapshot of what one QUIC connection knows about its path.
 
 `SignalReader` combines aioquic's recovery state (window, RTTs, PTO count, bytes per path, read in
-`quic_state`) with the sensing congestion control's estimator (delivery-rate samples, windowed
+`aioquic_private`) with the sensing congestion control's estimator (delivery-rate samples, windowed
 bandwidth max, loss counters). `NetworkSignal.to_link_state()` narrows it to the `LinkState` the
-adaptive policies consume (DESIGN.md §1, §4).
+adaptive policies consume; `LinkState` lives in compression, so the dependency points from transport
+to compression (docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from dataclasses import dataclass
 from aioquic.quic.connection import QuicConnection
 
 from netsense.compression.policy.link import LinkState
-from netsense.transport import quic_state
-from netsense.transport.quic_state import SensingConfig, SensingState
+
+from . import aioquic_private
+from .congestion import attach
+from .estimator import SensingConfig, SensingState
 
 
 @dataclass(frozen=True)
@@ -121,13 +124,13 @@ class SignalReader:
 
     The estimator history lives in the connection's congestion controller, so any number of readers
     (or a reader created late) see the same per-connection state. Creating a reader wires the
-    controller to the connection's pacer (`quic_state.attach`) for the app-limited check.
+    controller to the connection's pacer (`congestion.attach`) for the app-limited check.
     """
 
     def __init__(self, quic: QuicConnection, config: SensingConfig | None = None) -> None:
-        quic_state.check_internals(quic)
-        self._quic = quic
-        self._state: SensingState = quic_state.attach(quic, config)
+        aioquic_private.check_internals(quic)
+        self._connection = quic
+        self._state: SensingState = attach(quic, config)
 
     @property
     def state(self) -> SensingState:
@@ -138,7 +141,7 @@ class SignalReader:
         """Snapshot now; `now` defaults to `time.monotonic()` (asyncio's loop clock)."""
         state = self._state
         state.flush()
-        rec = quic_state.read_recovery(self._quic)
+        rec = aioquic_private.read_recovery(self._connection)
         sample = state.latest_sample
         fallback = fallback_bandwidth(rec.congestion_window, rec.srtt_s, state.inflight_peak.value)
         return NetworkSignal(
