@@ -210,7 +210,7 @@ async def test_goodput_matches_rate_and_queue_fills(sink: tuple[asyncio.Datagram
     assert stats.up.packets_in == stats.up.packets_forwarded + stats.up.dropped_queue
 
 
-async def _median_rtt(emu_or_server: tuple[str, int], pings: int) -> float:
+async def _rtts(emu_or_server: tuple[str, int], pings: int) -> list[float]:
     loop = asyncio.get_running_loop()
     replies: asyncio.Queue[float] = asyncio.Queue()
 
@@ -227,16 +227,22 @@ async def _median_rtt(emu_or_server: tuple[str, int], pings: int) -> float:
             rtts.append(await asyncio.wait_for(replies.get(), 2.0) - sent)
     finally:
         transport.close()
-    return statistics.median(rtts)
+    return rtts
+
+
+async def _min_rtt(emu_or_server: tuple[str, int], pings: int) -> float:
+    """The least RTT, not the median: a busy host (CI shares its cores) only ever wakes a timer
+    late, so the fastest ping is the one that shows the emulator's own delay."""
+    return min(await _rtts(emu_or_server, pings))
 
 
 @pytest.mark.parametrize(("one_way_ms", "pings"), [(10, 25), (40, 12)])
 async def test_added_rtt_matches_delay(one_way_ms: int, pings: int) -> None:
     server, _ = await _udp(_Sink(echo=True))
     try:
-        base = await _median_rtt(_port(server), 20)
+        base = await _min_rtt(_port(server), 20)
         async with LinkEmulator(upstream=_port(server), spec=f"delay={one_way_ms}ms") as emu:
-            rtt = await _median_rtt(emu.address, pings)
+            rtt = await _min_rtt(emu.address, pings)
     finally:
         server.close()
     added_ms = (rtt - base) * 1000
@@ -250,9 +256,9 @@ def test_delay_holds_on_uvloop() -> None:
     async def added_rtt() -> float:
         server, _ = await _udp(_Sink(echo=True))
         try:
-            base = await _median_rtt(_port(server), 10)
+            base = await _min_rtt(_port(server), 10)
             async with LinkEmulator(upstream=_port(server), spec="delay=5ms,rate=50mbit") as emu:
-                return await _median_rtt(emu.address, 20) - base
+                return await _min_rtt(emu.address, 20) - base
         finally:
             server.close()
 
@@ -319,7 +325,7 @@ async def test_downlink_is_shaped_separately(sink: tuple[asyncio.DatagramTranspo
     server, _ = await _udp(_Sink(echo=True))
     try:
         async with LinkEmulator(upstream=_port(server), spec="up.delay=1ms,down.delay=20ms") as emu:
-            rtt = await _median_rtt(emu.address, 8)
+            rtt = await _min_rtt(emu.address, 8)
             stats = emu.stats()
     finally:
         server.close()
