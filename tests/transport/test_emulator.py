@@ -13,7 +13,6 @@ import random
 import signal
 import socket
 import ssl
-import statistics
 import subprocess
 import sys
 import time
