@@ -92,3 +92,76 @@ def test_tls_unknown_ca_gives_the_reason_and_the_ca_path(ps: RunningPS, tmp_path
         )
     text = str(info.value)
     assert str(other.ca) in text and "certificate" in text.lower()
+
+
+def _netsense() -> list[str]:
+    """The console script an operator types (it does not put the current folder on sys.path)."""
+    script = Path(sys.executable).with_name("netsense")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "netsense"]
+
+
+@pytest.mark.slow
+def test_ps_and_workers_in_different_namespaces_with_only_ca_and_secret(tmp_path: Path, repo_root: Path) -> None:
+    """The README's "Across two machines", literally: certificates made for the PS's own address,
+    the workers given only ca.pem, secret and the example config, the PS and the workers in
+    different network namespaces (different addresses, routed through a third), no --server-name."""
+    from netsense.transport.netns import NetnsTopology, netns_available
+
+    ok, reason = netns_available()
+    if not ok:
+        pytest.skip(reason)
+    steps = 6
+    with NetnsTopology() as topo:
+        # Site A, the PS host: certificates that name the address workers dial.
+        ps_dir = tmp_path / "site-a"
+        ps_dir.mkdir()
+        made = subprocess.run(
+            [*_netsense(), "certs", "--out", str(ps_dir / "certs"), "--host", topo.server_ip],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        # Site B, the worker host: the two files and the job's config, nothing else.
+        site_b = tmp_path / "site-b"
+        site_b.mkdir()
+        _worker_copy(ps_dir / "certs", site_b / "certs")
+        shutil.copy(repo_root / "examples" / "two-site-wan.toml", site_b / "job.toml")
+        shutil.copy(repo_root / "examples" / "two-site-wan.toml", ps_dir / "job.toml")
+        assert sorted(p.name for p in (site_b / "certs").iterdir()) == ["ca.pem", "secret"]
+
+        ps = topo.popen(
+            "server",
+            [*_netsense(), "ps", "--config", "job.toml", "--host", topo.server_ip, "--port", "4433", "--certs", "certs"],
+            cwd=ps_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert ps.stdout is not None
+        ready = json.loads(ps.stdout.readline() or "{}")
+        assert ready.get("event") == "ready" and ready["port"] == 4433, ps.stderr.read() if ps.stderr else ""
+        workers = [
+            topo.popen(
+                "client",
+                [
+                    *_netsense(), "worker", "--config", "job.toml", "--ps", f"{topo.server_ip}:4433", "--rank", str(rank),
+                    "--world-size", "2", "--certs", "certs", "--steps", str(steps), "--eval-every", "0",
+                    "--summary-json", f"summary-{rank}.json",
+                ],
+                cwd=site_b, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            for rank in range(2)
+        ]
+        # Two hosts: the worker side does not hold the PS's address, and the reverse.
+        assert topo.server_ip not in _addresses(topo, "client") and topo.client_ip not in _addresses(topo, "server")
+        outputs = [w.communicate(timeout=300) for w in workers]
+        for rank, (w, (_, err)) in enumerate(zip(workers, outputs)):
+            assert w.returncode == 0, f"worker {rank}: {err[-3000:]}"
+        ps.terminate()
+        out, err = ps.communicate(timeout=30)
+    summaries = [json.loads((site_b / f"summary-{rank}.json").read_text()) for rank in range(2)]
+    assert all(s["steps"] == steps and s["workers"] == 2 for s in summaries)
+    assert 0.0 <= summaries[0]["test_accuracy"] <= 1.0
+    stopped = json.loads(out.strip().splitlines()[-1])
+    assert stopped["event"] == "stopped" and stopped["version"] == steps and stopped["errors_sent"] == 0
+    assert err is not None
+
+
+def _addresses(topo: object, role: str) -> str:
+    return topo.run(role, ["ip", "-o", "-4", "addr", "show"]).stdout  # type: ignore[attr-defined]
