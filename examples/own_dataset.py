@@ -39,7 +39,9 @@ class TeacherData(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 def task() -> TrainTask:
     return TrainTask(
         name="own-dataset",
-        build_model=lambda: torch.nn.Sequential(torch.nn.Linear(FEATURES, 64), torch.nn.ReLU(), torch.nn.Linear(64, CLASSES)),
+        build_model=lambda: torch.nn.Sequential(
+            torch.nn.Linear(FEATURES, 64), torch.nn.ReLU(), torch.nn.Linear(64, CLASSES)
+        ),
         train_data=TeacherData(0, 1600, augment=True),
         test_data=TeacherData(1600, 400, augment=False),
         loader=functools.partial(DataLoader, num_workers=2),

@@ -41,7 +41,9 @@ class StepBatchSampler(Sampler[list[int]]):
     A `DataLoader` prefetches ahead, so the sampler is built for a starting step: a worker that
     rejoins, or a PS restored from a checkpoint, restarts the loader at the job's step."""
 
-    def __init__(self, n: int, *, rank: int, world_size: int, batch_size: int, seed: int, start: int, steps: int) -> None:
+    def __init__(
+        self, n: int, *, rank: int, world_size: int, batch_size: int, seed: int, start: int, steps: int
+    ) -> None:
         self.n, self.rank, self.world_size, self.batch_size, self.seed = n, rank, world_size, batch_size, seed
         self.start, self.steps = start, steps
 
@@ -107,6 +109,7 @@ def eval_batches(
     dataset: Dataset[Any], factory: LoaderFactory | None, batch: int
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Every held-out sample once, in order, `batch` at a time."""
-    loader = (factory or DataLoader)(dataset, batch_sampler=_Chunks(len(dataset), batch), generator=torch.Generator())  # type: ignore[arg-type]
+    chunks = _Chunks(len(dataset), batch)  # type: ignore[arg-type]
+    loader = (factory or DataLoader)(dataset, batch_sampler=chunks, generator=torch.Generator())
     for b in loader:
         yield _pair(b)

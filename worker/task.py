@@ -69,7 +69,10 @@ class TrainTask:
         ):
             tensors = x is not None or y is not None
             if tensors == (data is not None):
-                raise ValueError(f"task {self.name!r}: give the {split} split as {split}_inputs + {split}_targets or as {split}_data, exactly one")
+                raise ValueError(
+                    f"task {self.name!r}: give the {split} split as {split}_inputs + {split}_targets "
+                    f"or as {split}_data, exactly one"
+                )
             if tensors and (x is None or y is None or len(x) != len(y)):
                 raise ValueError(f"task {self.name!r}: inputs and targets differ in length")
         if self.train_size == 0 or self.test_size == 0:

@@ -104,11 +104,11 @@ def train(
     b = settings.batch_size or task.batch_size
     n = task.train_size
     device = model_device(model)  # the data stays on the host; each batch moves to the model
-    loaded = (
-        TrainBatches(task.train_data, task.loader, rank=rank, world_size=world_size, batch_size=b, seed=settings.seed, steps=steps)
-        if task.train_data is not None
-        else None
-    )
+    loaded = None  # the Dataset form's loader; the tensor form indexes its tensors below
+    if task.train_data is not None:
+        loaded = TrainBatches(
+            task.train_data, task.loader, rank=rank, world_size=world_size, batch_size=b, seed=settings.seed, steps=steps
+        )
     t_start = time.perf_counter()
     loss_value = float("nan")
     samples = 0

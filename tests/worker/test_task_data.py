@@ -76,7 +76,8 @@ class _LocalOpt:
 def _train(task: TrainTask, *, rank: int = 0, world_size: int = 1) -> tuple[dict[str, Any], torch.nn.Module]:
     torch.manual_seed(0)
     model = task.build_model()
-    summary = train(task, model, _LocalOpt(model), rank=rank, world_size=world_size, settings=TrainSettings(seed=7))  # type: ignore[arg-type]
+    opt = _LocalOpt(model)
+    summary = train(task, model, opt, rank=rank, world_size=world_size, settings=TrainSettings(seed=7))  # type: ignore[arg-type]
     return summary, model
 
 
