@@ -114,5 +114,6 @@ def test_unknown_model_module_names_the_folders_searched(tmp_path, monkeypatch) 
     from netsense.errors import ConfigError
 
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))  # load_task adds the cwd: undo it after
     with pytest.raises(ConfigError, match="current directory"):
         load_task("no_such_pkg_xyz.mod:task")
