@@ -1,7 +1,7 @@
 """A synthetic 8-layer MLP (2.1M parameters, 4.2 MB of fp16 gradient) whose CPU step at batch 4096
 takes about as long as its fp16 push over 50 Mbit/s: the regime where overlap can pay.
 
-    PYTHONPATH=. netsense launch --model examples.overlap_mlp:task --workers 1 --steps 10 \\
+    netsense launch --model examples.overlap_mlp:task --workers 1 --steps 10 \\
         --eval-every 0 --link rate=50mbit,delay=5ms --codec fp16 --downlink-codec fp16 [--overlap]
 """
 

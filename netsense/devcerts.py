@@ -29,3 +29,17 @@ def ensure_certs(certs_dir: str | None, *, create: bool) -> CertPaths:
             raise ConfigError(f"missing {', '.join(map(str, missing))}; create them with `netsense certs --out {d}`")
         make_dev_certs(d)
     return paths
+
+
+def worker_certs(certs_dir: str | None) -> CertPaths:
+    """Cert paths for a worker, which needs only the CA and the secret (never the PS's key), so an
+    operator copies exactly those two files to each worker machine."""
+    d = Path(certs_dir) if certs_dir else default_certs_dir()
+    paths = CertPaths.in_dir(d)
+    missing = [p for p in (paths.ca, paths.secret) if not p.exists()]
+    if missing:
+        raise ConfigError(
+            f"missing {', '.join(map(str, missing))}; copy ca.pem and secret from the PS's `netsense certs --out` "
+            f"folder into {d} (a worker never needs the PS's private key)"
+        )
+    return paths

@@ -7,6 +7,8 @@ package: no download) with a fixed, stratified held-out split.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable
 
 import torch
@@ -34,14 +36,27 @@ def load_task(spec: str) -> TrainTask:
     if ":" not in spec:
         raise ConfigError(f"unknown model {spec!r}; registered: {', '.join(model_names())}; or use package.module:factory")
     module_name, _, attr = spec.partition(":")
+    cwd = _import_from_cwd()
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot load model factory {spec!r}: {exc}") from None
+        raise ConfigError(
+            f"cannot load model factory {spec!r}: {exc} (modules are found in the current directory {cwd} "
+            "and on PYTHONPATH; run from the folder that holds the package, or set PYTHONPATH)"
+        ) from None
     task = factory()
     if not isinstance(task, TrainTask):
         raise ConfigError(f"model factory {spec!r} returned {type(task).__name__}, expected netsense.worker.TrainTask")
     return task
+
+
+def _import_from_cwd() -> str:
+    """Put the current directory on sys.path, as ``python -m`` does and the console script does not,
+    so `launch`, `worker` and `bench` resolve ``--model pkg.mod:factory`` from the same folders."""
+    cwd = os.getcwd()
+    if not any(os.path.abspath(p or ".") == cwd for p in sys.path):
+        sys.path.insert(0, cwd)
+    return cwd
 
 
 class DigitsCNN(nn.Module):

@@ -80,3 +80,40 @@ def test_synthetic_images_are_deterministic_and_learnable() -> None:
     assert ((feats @ w).argmax(1) == train_y).float().mean() > 0.5
     task = load_task("resnet18-synth")
     assert task.train_inputs.shape[1:] == (3, 32, 32) and len(task.test_inputs) == 512
+
+
+# --- `--model package.module:factory` resolves from the current directory --------------------------
+
+_OWN_MODULE = '''
+import torch
+from netsense.worker import TrainTask
+
+
+def task() -> TrainTask:
+    x = torch.randn(8, 3)
+    return TrainTask("cwd-task", lambda: torch.nn.Linear(3, 2), x, x[:, 0].long().abs() % 2, x, x[:, 0].long().abs() % 2)
+'''
+
+
+def test_model_module_resolves_from_the_current_directory(tmp_path, monkeypatch) -> None:
+    """The `netsense` console script does not put the current folder on sys.path (``python -m``
+    does): `worker` and `bench` must find ``mypkg.mod:task`` where `launch` finds it."""
+    pkg = tmp_path / "mypkg_cwd_probe"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "mod.py").write_text(_OWN_MODULE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", ".", str(tmp_path))])
+    task = load_task("mypkg_cwd_probe.mod:task")
+    assert task.name == "cwd-task"
+
+
+def test_unknown_model_module_names_the_folders_searched(tmp_path, monkeypatch) -> None:
+    import pytest
+
+    from netsense.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))  # load_task adds the cwd: undo it after
+    with pytest.raises(ConfigError, match="current directory"):
+        load_task("no_such_pkg_xyz.mod:task")

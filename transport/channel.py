@@ -9,9 +9,10 @@ mean is decided by the handler (the PS) or the caller (the worker).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -334,11 +335,29 @@ class ClientConnection(MessageProtocol):
                 fut.set_exception(PeerTimeout(f"connection closed: {reason}"))
 
 
-def open_connection(
+@contextlib.asynccontextmanager
+async def open_connection(
     host: str, port: int, configuration: QuicConfiguration, *, limits: Limits = Limits(), socket_buffer_bytes: int = 8 << 20
-) -> Any:
-    """Async context manager yielding a connected `ClientConnection`."""
+) -> AsyncIterator[ClientConnection]:
+    """Async context manager yielding a connected `ClientConnection`.
+
+    A failed handshake raises `ConnectionError` with the reason the connection closed (TLS's
+    verification error, or the peer's): aioquic's own `ConnectionError` carries none."""
     protocol = type(
         "BoundClientConnection", (ClientConnection,), {"limits": limits, "socket_buffer_bytes": socket_buffer_bytes}
     )
-    return connect(host, port, configuration=configuration, create_protocol=protocol)
+    made: list[ClientConnection] = []
+
+    def create(*args: Any, **kwargs: Any) -> ClientConnection:
+        made.append(protocol(*args, **kwargs))
+        return made[-1]
+
+    connected = False
+    try:
+        async with connect(host, port, configuration=configuration, create_protocol=create) as conn:
+            connected = True
+            yield conn
+    except ConnectionError as exc:
+        if connected or not made or not made[0].closed_reason:
+            raise
+        raise ConnectionError(made[0].closed_reason) from exc

@@ -49,6 +49,22 @@ class PushHandle:
         return stream_send_state(self.conn.quic, self.stream_id)
 
 
+def handshake_fix(reason: str, configuration: QuicConfiguration) -> str:
+    """What to do about a failed TLS handshake, from its reason: the two mistakes of a two-host set-up
+    are a certificate made for another name and a CA copied from another `netsense certs` run."""
+    if "match" in reason:
+        return (
+            f"; the PS certificate does not name {configuration.server_name!r}: pass --server-name with a name "
+            "it carries, or re-make it on the PS with `netsense certs --host <the name or IP workers dial>`"
+        )
+    if "certificate" in reason.lower() or "issuer" in reason.lower():
+        return (
+            f"; the PS certificate does not verify against the CA {configuration.cafile}: copy ca.pem from the "
+            "PS's `netsense certs` folder into this worker's --certs folder"
+        )
+    return ""
+
+
 class PSClient:
     """A connected, authenticated channel to one PS."""
 
@@ -84,12 +100,16 @@ class PSClient:
             self.conn = await asyncio.wait_for(self._stack.enter_async_context(cm), connect_timeout_s)
         except ConnectionError as exc:
             await self._stack.aclose()
-            raise AuthError(f"QUIC/TLS handshake with {self.host}:{self.port} failed: {exc}") from None
+            raise AuthError(
+                f"QUIC/TLS handshake with {self.host}:{self.port} failed: {exc or 'connection closed'}"
+                f"{handshake_fix(str(exc), self.configuration)}"
+            ) from None
         except asyncio.TimeoutError:
             await self._stack.aclose()
             raise AuthError(
                 f"no QUIC handshake with {self.host}:{self.port} within {connect_timeout_s} s "
-                "(server down, wrong port, or TLS verification failed)"
+                f"(PS down, wrong address or port, or a firewall dropping UDP: QUIC runs over UDP, so UDP port "
+                f"{self.port} must be open from this host to the PS)"
             ) from None
         ident = self.identity
         self.welcome = await authenticate(

@@ -2,19 +2,21 @@
 
 Every worker draws the same global batch for a step (seeded by seed and step) and takes its own
 slice, so the union over workers is one large batch: NetSense training then follows the same
-trajectory as single-process training on that batch (tested).
+trajectory as single-process training on that batch (tested). Which samples and how they are
+loaded (tensors or a `Dataset` through a `DataLoader`): `netsense.worker.data`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from .data import TrainBatches, eval_batches, global_batch, worker_batch  # noqa: F401 (global_batch: re-exported)
 from .device import model_device, parse_device
 from .optimizer import NetSenseOptimizer
 from .task import TrainTask
@@ -56,35 +58,29 @@ class TrainSettings:
         parse_device(self.device)  # syntax only: CUDA is checked where the worker starts
 
 
-def global_batch(step: int, *, seed: int, n: int, size: int) -> torch.Tensor:
-    """Indices of the global batch of `step` (the same on every worker)."""
-    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    if size <= n:
-        return torch.randperm(n, generator=g)[:size]
-    return torch.randint(0, n, (size,), generator=g)
-
-
-def worker_batch(step: int, *, rank: int, world_size: int, batch_size: int, seed: int, n: int) -> torch.Tensor:
-    """This worker's slice of the global batch."""
-    idx = global_batch(step, seed=seed, n=n, size=batch_size * world_size)
-    return idx[rank * batch_size : (rank + 1) * batch_size]
-
-
 @torch.no_grad()
 def evaluate(task: TrainTask, model: torch.nn.Module, batch: int = 1024) -> tuple[float, float]:
     """(test accuracy, test loss) of `model` on the held-out split."""
     model.eval()
     device = model_device(model)
     acc = loss = 0.0
-    n = len(task.test_inputs)
-    for start in range(0, n, batch):
-        x = task.test_inputs[start : start + batch].to(device)
-        y = task.test_targets[start : start + batch].to(device)
+    n = task.test_size
+    for x, y in _test_batches(task, batch):
+        x, y = x.to(device), y.to(device)
         out = model(x)
         acc += task.accuracy(out, y) * len(x)
         loss += task.loss(out, y).item() * len(x)
     model.train()
     return acc / n, loss / n
+
+
+def _test_batches(task: TrainTask, batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    if task.test_data is not None:
+        yield from eval_batches(task.test_data, task.loader, batch)
+        return
+    assert task.test_inputs is not None and task.test_targets is not None
+    for start in range(0, task.test_size, batch):
+        yield task.test_inputs[start : start + batch], task.test_targets[start : start + batch]
 
 
 def build_model(task: TrainTask, seed: int) -> torch.nn.Module:
@@ -106,8 +102,13 @@ def train(
     """Run the loop; returns the summary (test accuracy from rank 0's replica, which equals the PS's)."""
     steps = settings.steps if settings.steps is not None else task.steps
     b = settings.batch_size or task.batch_size
-    n = len(task.train_inputs)
+    n = task.train_size
     device = model_device(model)  # the data stays on the host; each batch moves to the model
+    loaded = None  # the Dataset form's loader; the tensor form indexes its tensors below
+    if task.train_data is not None:
+        loaded = TrainBatches(
+            task.train_data, task.loader, rank=rank, world_size=world_size, batch_size=b, seed=settings.seed, steps=steps
+        )
     t_start = time.perf_counter()
     loss_value = float("nan")
     samples = 0
@@ -115,9 +116,15 @@ def train(
         # The step follows the PS's version: a worker that rejoined, or a PS restarted from a
         # checkpoint, continues where the job is rather than where this process was.
         step = opt.version
-        idx = worker_batch(step, rank=rank, world_size=world_size, batch_size=b, seed=settings.seed, n=n)
-        out = model(task.train_inputs[idx].to(device))
-        loss = task.loss(out, task.train_targets[idx].to(device))
+        if loaded is not None:
+            x, y = loaded.batch(step)
+            idx = y  # below, only its length counts: the step's sample count
+        else:
+            assert task.train_inputs is not None and task.train_targets is not None
+            idx = worker_batch(step, rank=rank, world_size=world_size, batch_size=b, seed=settings.seed, n=n)
+            x, y = task.train_inputs[idx], task.train_targets[idx]
+        out = model(x.to(device))
+        loss = task.loss(out, y.to(device))
         opt.zero_grad(samples=len(idx))  # with overlap, the pushes sent during backward carry it
         loss.backward()
         stats = opt.step(samples=len(idx))

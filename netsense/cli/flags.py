@@ -26,7 +26,7 @@ def add_security_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_train_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="registered model (digits-cnn) or package.module:factory")
+    p.add_argument("--model", help="registered model (digits-cnn) or package.module:factory (modules are found in the current directory, then on PYTHONPATH)")
     p.add_argument("--steps", type=int, help="synchronous steps")
     p.add_argument("--batch-size", type=int, help="samples per worker per step")
     p.add_argument("--seed", type=int, help="seed of the model init and the batch order")

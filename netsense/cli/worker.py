@@ -13,7 +13,7 @@ from typing import Any
 
 from netsense.cli.flags import add_config_flag, add_job_flags, parse_hostports, resolve_config
 from netsense.config import JobConfig
-from netsense.devcerts import ensure_certs
+from netsense.devcerts import worker_certs
 from netsense.errors import ConfigError
 from netsense.launch.env import DEFAULT_PS_PORT, from_environ
 from netsense.metrics import MetricsServer, WorkerCollector
@@ -54,7 +54,7 @@ def connect_settings(config: JobConfig, host: str, port: int, server_name: str |
     sec = config.security
     if sec.insecure:
         return ConnectSettings(host, port, insecure=True, transport=config.transport)
-    certs = ensure_certs(sec.certs_dir, create=False)
+    certs = worker_certs(sec.certs_dir)  # ca.pem and secret only: what a worker machine is given
     return ConnectSettings(
         host, port, ca=str(certs.ca), secret_file=str(certs.secret), server_name=server_name, transport=config.transport
     )
