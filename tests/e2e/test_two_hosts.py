@@ -105,7 +105,7 @@ def test_ps_and_workers_in_different_namespaces_with_only_ca_and_secret(tmp_path
     """The README's "Across two machines", literally: certificates made for the PS's own address,
     the workers given only ca.pem, secret and the example config, the PS and the workers in
     different network namespaces (different addresses, routed through a third), no --server-name."""
-    from netsense.transport.netns import NetnsTopology, netns_available
+    from netsense.transport.emulation.netns import NetnsTopology, netns_available
 
     ok, reason = netns_available()
     if not ok:
