@@ -2,11 +2,13 @@
 
 It is a `torch.optim.Optimizer` whose param groups hold the PS optimizer's hyper-parameters: LR
 schedulers, `GradScaler` (worker/amp.py) and `state_dict` work on them as on any optimizer, and
-each step's values travel with its pushes (worker/hparams.py). `step()` encodes each key's gradient (worker/encoding.py, with error feedback for lossy codecs),
-hands the buckets to the exchange (worker/exchange.py), which pushes them on parallel QUIC streams
-and waits for the next version on the network thread, and writes that version into the model in
-place (worker/replica.py). This class is the public API and the training-thread side of a step;
-all network-side state lives in the `Exchange`.
+each step's values travel with its pushes (worker/hparams.py). `step()` encodes each key's
+gradient (worker/encoding.py, with error feedback for lossy codecs), hands the buckets to the
+exchange (worker/exchange.py), which pushes them on parallel QUIC streams and waits for the next
+version on the network thread, and writes that version into the model in place
+(worker/replica.py). This class is the public API and the training-thread side of a step; all
+network-side state lives in the `Exchange`. (Over 400 lines because a step is one sequence:
+encode, push, redecide, apply, account; the pieces that stand alone are in the modules named.)
 """
 
 from __future__ import annotations
