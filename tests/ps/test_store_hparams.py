@@ -56,7 +56,8 @@ def test_a_steps_hyper_parameters_apply_to_that_step_only() -> None:
     g0, g1 = _grads(0), _grads(1)
     _push(s, "a", 0, g0, ({"lr": 0.5, "momentum": 0.0, "weight_decay": 0.1},))
     _push(s, "a", 1, g1)  # a push without hyper-parameters: INIT's settings
-    ref = _reference(start, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), [(g0, {"lr": 0.5, "momentum": 0.0, "weight_decay": 0.1}), (g1, {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.0})])
+    steps = [(g0, {"lr": 0.5, "momentum": 0.0, "weight_decay": 0.1}), (g1, {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.0})]
+    ref = _reference(start, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), steps)
     for k in ("w", "b"):
         torch.testing.assert_close(s.params[k], ref[k].detach(), rtol=0, atol=0)
     assert s.optimizer_settings is not None and s.optimizer_settings.lr == 0.1
@@ -67,7 +68,9 @@ def test_groups_give_keys_their_own_hyper_parameters() -> None:
     """Key b in group 1 (lr 0, i.e. frozen this step), w in group 0; Adam's betas by wire name."""
     s = _store({"name": "adam", "lr": 0.01}, workers=("a",))
     before = s.params["b"].clone()
-    _push(s, "a", 0, _grads(0), ({"lr": 0.02, "beta1": 0.5, "beta2": 0.9, "eps": 1e-6, "weight_decay": 0.0}, {"lr": 0.0, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0}), {"b": 1})
+    groups = ({"lr": 0.02, "beta1": 0.5, "beta2": 0.9, "eps": 1e-6, "weight_decay": 0.0},
+              {"lr": 0.0, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0})  # fmt: skip
+    _push(s, "a", 0, _grads(0), groups, {"b": 1})
     assert torch.equal(s.params["b"], before)
     opt = s._core.optimizer  # noqa: SLF001 - the group is back at INIT's values after the step
     assert opt is not None and opt.param_groups[0]["betas"] == (0.9, 0.999) and opt.param_groups[0]["lr"] == 0.01

@@ -144,3 +144,22 @@ def test_param_groups_must_cover_the_model_exactly(ps: RunningPS) -> None:
     with pytest.raises(ConfigError, match="not trainable parameters of the model"):
         NetSenseOptimizer(m, connect=ps.connect_settings(), params=[*m.parameters(), torch.nn.Parameter(torch.zeros(2))])
 
+
+
+def test_gradscaler_unscale_first_then_local_clip(ps: RunningPS) -> None:
+    """``scaler.unscale_(opt)`` before ``scaler.step(opt)`` (to clip locally): the grads are not
+    unscaled twice, and the update equals a stock optimizer's under the same calls."""
+    m, ref = _model(), _model()
+    settings = {"name": "sgd", "lr": 0.1, "momentum": 0.0}
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.0)
+    with NetSenseOptimizer(m, connect=ps.connect_settings(), optimizer=settings) as opt:
+        for model, o, kw in ((m, opt, {"samples": 5}), (ref, ref_opt, {})):
+            scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+            o.zero_grad()
+            scaler.scale(_loss(model)).backward()
+            scaler.unscale_(o)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+            scaler.step(o, **kw)
+            scaler.update()
+    for a, b in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-6, atol=1e-7)
