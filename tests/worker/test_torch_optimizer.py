@@ -163,3 +163,26 @@ def test_gradscaler_unscale_first_then_local_clip(ps: RunningPS) -> None:
             scaler.update()
     for a, b in zip(m.parameters(), ref.parameters()):
         torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (scripts/gpu-check.sh runs it on a GPU machine)")
+def test_gradscaler_on_cuda_unscales_and_skips(ps: RunningPS) -> None:
+    m, ref = _model().cuda(), _model().cuda()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    with NetSenseOptimizer(m, connect=ps.connect_settings(), optimizer={"name": "sgd", "lr": 0.1}) as opt:
+        for step in range(3):
+            for model, o, kw in ((m, opt, {"samples": 5}), (ref, ref_opt, {})):
+                scaler = torch.amp.GradScaler("cuda", init_scale=256.0)
+                o.zero_grad()
+                with torch.autocast("cuda", dtype=torch.float16):
+                    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(step)).cuda()
+                    loss = model(x).float().square().mean()
+                scaler.scale(loss).backward()
+                if step == 1:
+                    model[0].weight.grad[0, 0] = float("inf")
+                scaler.step(o, **kw)
+                scaler.update()
+            assert opt.last.skipped == (step == 1)
+    for a, b in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-6)
