@@ -86,7 +86,7 @@ run() {
   fi
 
   echo "== CUDA tests"
-  timeout 300 "$PY" -m pytest -q -rs -p no:cacheprovider -m cuda tests/worker/test_device.py > "$OUT/tests.log" 2>&1 || failed=1
+  timeout 300 "$PY" -m pytest -q -rs -p no:cacheprovider -m cuda tests/worker/test_device.py tests/worker/test_torch_optimizer.py > "$OUT/tests.log" 2>&1 || failed=1
   timeout 200 "$PY" -m pytest -q -rs -p no:cacheprovider -k cuda tests/compression >> "$OUT/tests.log" 2>&1 || failed=1
   tail -5 "$OUT/tests.log"
 

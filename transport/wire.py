@@ -22,6 +22,8 @@ import msgpack
 from netsense.compression import DTYPES, Payload
 from netsense.errors import ProtocolError
 
+from .hparams import MAX_GROUPS, check_group
+
 PROTOCOL_VERSION = 2
 """Version this side writes. 2 added framed messages (large byte fields after the map).
 """
@@ -141,6 +143,15 @@ class Push(Message):
     """Keys the worker pushes for this step in all buckets (lets the PS know when it is done)."""
     grads: dict[str, Payload]
     """Key -> encoded gradient."""
+    hparams: tuple[dict[str, float], ...] = ()
+    """The worker's optimizer hyper-parameters for this step, one map per parameter group (names
+    and bounds: `netsense.transport.hparams`); the PS applies them to this step. Empty: the PS's
+    own settings (a worker from before per-step hyper-parameters)."""
+    groups: dict[str, int] = field(default_factory=dict)
+    """Key -> index into `hparams` for keys of this push outside group 0 (absent: group 0)."""
+    skip: bool = False
+    """The worker sits this step out (its AMP grad scaler found Inf/NaN): no gradients, but it
+    counts as done for the barrier."""
 
 
 @dataclass(frozen=True)
@@ -453,6 +464,31 @@ def _probe_data(body: dict[str, Any], limits: Limits) -> bytes:
     return v
 
 
+def _hparams(body: dict[str, Any]) -> tuple[dict[str, float], ...]:
+    v = body.get("hparams", [])  # absent: a worker from before per-step hyper-parameters
+    if not isinstance(v, list) or len(v) > MAX_GROUPS:
+        raise _fail("hparams", f"field 'hparams' must be a list of <= {MAX_GROUPS} maps")
+    return tuple(check_group(g) for g in v)
+
+
+def _push(body: dict[str, Any], limits: Limits) -> Push:
+    grads = _tensors(body, "grads", limits)
+    hparams = _hparams(body)
+    groups = body.get("groups", {})
+    if not isinstance(groups, dict):
+        raise _fail("malformed", "field 'groups' must be a map of key -> group index")
+    for key, g in groups.items():
+        if key not in grads:
+            raise _fail("key", f"field 'groups' names {key!r}, which this push does not carry")
+        if not isinstance(g, int) or isinstance(g, bool) or not 0 <= g < len(hparams):
+            raise _fail("hparams", f"key {key!r}: group {g!r} is not an index into the {len(hparams)} groups of 'hparams'")
+    skip = _bool(body, "skip") if "skip" in body else False
+    if skip and grads:
+        raise _fail("malformed", "a skipped step's PUSH carries no gradients")
+    step = _int(body, "step", 0)
+    return Push(step, _int(body, "samples", 1, 1 << 30), _int(body, "total_keys", 1, limits.max_keys), grads, hparams, groups, skip)
+
+
 def _pull_keys(body: dict[str, Any]) -> tuple[str, ...]:
     v = body.get("keys", [])  # absent: a worker from before pipelined pulls, i.e. every key
     if not isinstance(v, list) or len(v) > MAX_PULL_KEYS:
@@ -476,9 +512,7 @@ _PARSERS: dict[str, Any] = {
         _int(b, "staleness", -1, 1 << 20) if "staleness" in b else -1,  # absent: a PS from before async mode
     ),
     "init": lambda b, lim: Init(_tensors(b, "tensors", lim), _opt_map(b, "optimizer"), _int(b, "world_size", 1, 1 << 20)),
-    "push": lambda b, lim: Push(
-        _int(b, "step", 0), _int(b, "samples", 1, 1 << 30), _int(b, "total_keys", 1, lim.max_keys), _tensors(b, "grads", lim)
-    ),
+    "push": _push,
     "pull": lambda b, lim: Pull(_int(b, "have_version", -1), _int(b, "wait_for", 0), _pull_keys(b)),
     "params": lambda b, lim: Params(
         _int(b, "version", 0), _bool(b, "full"), _tensors(b, "tensors", lim), _int(b, "base_version", -1)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aioquic.quic.configuration import QuicConfiguration
@@ -65,6 +65,22 @@ def handshake_fix(reason: str, configuration: QuicConfiguration) -> str:
     return ""
 
 
+@dataclass(frozen=True)
+class StepFields:
+    """What every PUSH of the current step carries besides its gradients: the optimizer's
+    hyper-parameters (one map per param group) and the skip flag. The optimizer sets them on the
+    training thread before the step's first push leaves; retries of the step resend the same."""
+
+    hparams: tuple[dict[str, float], ...] = ()
+    key_groups: dict[str, int] = field(default_factory=dict)
+    """Key -> param group, for keys outside group 0."""
+    skip: bool = False
+
+    def push(self, step: int, samples: int, total_keys: int, grads: dict[str, Payload]) -> Push:
+        groups = {k: self.key_groups[k] for k in grads if k in self.key_groups}
+        return Push(step, samples, total_keys, grads, self.hparams, groups, self.skip)
+
+
 class PSClient:
     """A connected, authenticated channel to one PS."""
 
@@ -90,6 +106,8 @@ class PSClient:
         self.welcome: Welcome | None = None
         self._bytes_base = (0, 0)  # traffic of connections closed by `reconnect`
         self._keepalive: asyncio.Future[None] | None = None
+        self.step_fields = StepFields()
+        """Extra fields of this step's PUSHes (`StepFields`)."""
 
     async def connect(self, connect_timeout_s: float = 10.0) -> Welcome:
         """Open the QUIC connection (TLS verified per the configuration) and authenticate."""
@@ -161,11 +179,11 @@ class PSClient:
         once every byte of the PUSH has left (before the ACK: pipelined pushes pace on it);
         `handle` names the push's stream, so that `abandon(handle)` can withdraw it."""
         if sent is None or self.conn is None:
-            return (await self._request(Push(step, samples, total_keys, grads), Ack, handle)).version
+            return (await self._request(self.step_fields.push(step, samples, total_keys, grads), Ack, handle)).version
         # `request` opens this stream id without yielding first, so the watcher follows the right stream.
         watcher = asyncio.ensure_future(_until_sent(self.conn, self.conn.quic.get_next_available_stream_id(), sent))
         try:
-            return (await self._request(Push(step, samples, total_keys, grads), Ack, handle)).version
+            return (await self._request(self.step_fields.push(step, samples, total_keys, grads), Ack, handle)).version
         finally:
             watcher.cancel()
             if not sent.done():

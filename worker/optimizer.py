@@ -1,10 +1,14 @@
 """`NetSenseOptimizer`: the PyTorch-native API. ``loss.backward(); opt.step()`` trains through the PS.
 
-`step()` encodes each key's gradient (worker/encoding.py, with error feedback for lossy codecs),
-hands the buckets to the exchange (worker/exchange.py), which pushes them on parallel QUIC streams
-and waits for the next version on the network thread, and writes that version into the model in
-place (worker/replica.py). This class is the public API and the training-thread side of a step;
-all network-side state lives in the `Exchange`.
+It is a `torch.optim.Optimizer` whose param groups hold the PS optimizer's hyper-parameters: LR
+schedulers, `GradScaler` (worker/amp.py) and `state_dict` work on them as on any optimizer, and
+each step's values travel with its pushes (worker/hparams.py). `step()` encodes each key's
+gradient (worker/encoding.py, with error feedback for lossy codecs), hands the buckets to the
+exchange (worker/exchange.py), which pushes them on parallel QUIC streams and waits for the next
+version on the network thread, and writes that version into the model in place
+(worker/replica.py). This class is the public API and the training-thread side of a step; all
+network-side state lives in the `Exchange`. (Over 400 lines because a step is one sequence:
+encode, push, redecide, apply, account; the pieces that stand alone are in the modules named.)
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -24,10 +29,12 @@ from netsense.compression.feedback import ErrorFeedback
 from netsense.compression.policy import Decision, Policy, build_policy
 from netsense.errors import ConfigError
 
-from .client import PSClient
+from .amp import scaler_verdict, unscale
+from .client import PSClient, StepFields
 from .connect import ConnectSettings
 from .encoding import GradientEncoder, bucketize
 from .exchange import Exchange, StepResult
+from .hparams import check_groups, group_defaults, optimizer_name, step_fields
 from .layout import DEFAULT_CHUNK_ELEMS, KeySlot
 from .overlap import BackwardPushes, BucketReply, slots_by_param
 from .redecide import Redecided, redecide_after
@@ -64,10 +71,12 @@ class StepStats:
     staleness: int = 0
     """Async PS (SSP): updates applied between the version this step's gradient was computed on
     and its own update (the largest over shards); always 0 against a synchronous PS."""
+    skipped: bool = False
+    """The AMP grad scaler found Inf/NaN: this worker sent no gradient and sat the step out."""
 
 
-class NetSenseOptimizer:
-    """Drop-in for ``torch.optim.Optimizer.step`` in data-parallel training via a NetSense PS.
+class NetSenseOptimizer(torch.optim.Optimizer):
+    """A `torch.optim.Optimizer` for data-parallel training via a NetSense PS.
 
     `connect` is one PS or a list of PS shards: keys are spread over the shards by
     `assign_shards` (size-balanced, deterministic), each shard gets only its keys, and a step
@@ -79,7 +88,16 @@ class NetSenseOptimizer:
     need the batch's sample count, which is the last `step()`'s unless ``zero_grad(samples=n)``
     says otherwise (the first step without it is not overlapped). One backward per step: the
     hooks would push the first of several accumulated backwards.
+
+    ``params`` are torch-style param groups (default: every trainable parameter, one group) and
+    must cover the model's trainable parameters exactly; group defaults come from ``optimizer``.
+    Each step's group hyper-parameters (lr, momentum or betas, weight decay, eps) go to the PS
+    with the pushes and apply to that step, so every stock LR scheduler works. `state_dict` holds
+    the groups; the optimizer's moments live on the PS (and in its checkpoints).
     """
+
+    _step_supports_amp_scaling = True
+    """GradScaler then always calls `step()` (worker/amp.py): a skipped step still meets the barrier."""
 
     def __init__(
         self,
@@ -99,10 +117,16 @@ class NetSenseOptimizer:
         policy_settings: dict[str, object] | None = None,
         overlap: bool = False,
         overlap_bucket_bytes: int = 1 << 20,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]] | None = None,
     ) -> None:
         self.model = model
+        settings = dict(optimizer or {})
+        self._optimizer_name = optimizer_name(settings)
+        super().__init__(params if params is not None else [p for p in model.parameters() if p.requires_grad], group_defaults(settings))
         shards = [connect] if isinstance(connect, ConnectSettings) else list(connect)
         self._replica = Replica(model, chunk_elems, len(shards))
+        check_groups(self.param_groups, self.slots)
+        self._early_fields: StepFields | None = None  # overlap: what the hooks' pushes carry
         self.rank = rank
         self.world_size = world_size
         self.codec_spec = codec
@@ -193,13 +217,36 @@ class NetSenseOptimizer:
             self._next_samples = samples
 
     @torch.no_grad()
-    def step(self, samples: int = 1, codec: str | None = None) -> StepStats:
+    def step(self, closure: Callable[[], Any] | None = None, *, samples: int = 1, codec: str | None = None) -> Any:  # type: ignore[override]
         """Push this worker's gradients (from `samples` samples), pull and apply the next version.
 
-        The codec is `codec` when given, else the uplink policy's choice for this step."""
+        The codec is `codec` when given, else the uplink policy's choice for this step. Returns
+        the step's `StepStats` (also in `last`), or, given a `closure` (torch's contract: it
+        recomputes the loss, with backward), the closure's loss."""
+        if closure is not None and not callable(closure):
+            raise ConfigError(f"step({closure!r}): the first argument is a closure; pass the batch size as step(samples=n)")
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        stats = self._step(samples, codec)
+        return loss if closure is not None else stats
+
+    def _step(self, samples: int, codec: str | None) -> StepStats:
         t0 = time.perf_counter()
         early, self._backward = self._backward, None  # overlap: what the gradient hooks already did
+        scale, found_inf = scaler_verdict(self)
+        if early is not None and (scale is not None or found_inf):
+            raise ConfigError("GradScaler with overlap=True: the gradient hooks pushed scaled gradients; use overlap=False with AMP")
+        if found_inf or (scale is not None and not unscale(self.param_groups, scale)):
+            return self._skip(samples, t0)
+        fields = self._step_fields()
         if early is not None:
+            if self._early_fields is not None and self._early_fields.hparams != fields.hparams:
+                raise ConfigError(
+                    "the param groups changed between backward and step() with overlap=True: the pushes sent "
+                    f"during backward carry {self._early_fields.hparams}, the groups now hold {fields.hparams}"
+                )
             if codec is not None and codec != early.spec:
                 raise ConfigError(f"step(codec={codec!r}) with overlap=True: the hooks already encoded with {early.spec!r}")
             if early.samples is not None and early.samples != samples:
@@ -228,6 +275,7 @@ class NetSenseOptimizer:
         if rounds:
             self._encoder.track_progress(decision.level, spec)  # type: ignore[union-attr]
         t1 = time.perf_counter()
+        self._set_fields(fields)
         pending = self._exchange.start_step(buckets, samples, early.futures if early else None, early.push_started if early else None)
         if decision is not None and not rounds:
             self._encoder.track_progress(decision.level, spec)  # while the push is on the wire
@@ -286,6 +334,35 @@ class NetSenseOptimizer:
 
     # --- internals -------------------------------------------------------------------------
 
+    def _step_fields(self, *, skip: bool = False) -> StepFields:
+        return step_fields(self._optimizer_name, self.param_groups, self.slots, skip=skip)
+
+    def _set_fields(self, fields: StepFields) -> None:
+        """The PUSH fields of the step about to start, on every shard's client (read on the network
+        thread only by the pushes submitted after this)."""
+        for client in self._exchange.clients:
+            client.step_fields = fields
+
+    def _skip(self, samples: int, t0: float) -> StepStats:
+        """The scaler found Inf/NaN: a skip PUSH to every shard (no gradient; the barrier counts
+        this worker done and averages the others), then the step's PARAMS as usual. Error
+        feedback keeps its residuals: nothing of this gradient was sent."""
+        self._set_fields(self._step_fields(skip=True))
+        t1 = time.perf_counter()
+        result = self._exchange.start_step([[{}] for _ in self._replica.shard_slots], samples).result()
+        t2 = time.perf_counter()
+        decode_s = sum(self._replica.apply(p, shard) for shard, p in enumerate(result.params))
+        stats = StepStats(version=self.version, codec="", skipped=True, encode_s=t1 - t0, wire_s=t2 - t1, decode_s=decode_s)
+        stats.compute_s = t0 - self._step_end if self._step_end is not None else 0.0
+        sent, received = self._exchange.traffic()
+        stats.bytes_up, stats.bytes_down = sent - self.bytes_up, received - self.bytes_down
+        self.bytes_up, self.bytes_down = sent, received
+        self._next_samples = samples
+        self.uplink.mark_end()
+        self.last = stats
+        self._step_end = time.perf_counter()
+        return stats
+
     def _shard_buckets(self, payloads: dict[str, Payload], early: BackwardPushes | None) -> list[list[dict[str, Payload]]]:
         """Each shard's buckets; with overlap, the ones pushed from hooks first (their futures pair
         with them), then the rest."""
@@ -343,6 +420,8 @@ class NetSenseOptimizer:
         if early is None:
             t = time.perf_counter()
             decision = self.uplink.choose(self._exchange.read_link(), started=t)
+            self._early_fields = self._step_fields()
+            self._set_fields(self._early_fields)
             early = self._backward = BackwardPushes(
                 [len(s) for s in self._replica.shard_slots],
                 self.overlap_bucket_bytes,

@@ -2,7 +2,8 @@
 
 A push is validated whole before anything changes (`check_push`), so a refused push leaves no
 trace; its gradients then wait in `pending` until the mode applies them with the real torch.optim
-(`optimizer_step` for a whole step, `apply_keys` for keys a pipelined step applies ahead).
+(`optimizer_step` for a whole step, `apply_keys` for keys a pipelined step applies ahead), with the
+step's hyper-parameters from the pushes (`check_step_fields`) and, if set, global-norm clipping.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import torch
 from netsense.compression import DTYPES, Codec, Payload, make_codec
 from netsense.compression.base import DTYPE_NAMES, empty_dense
 from netsense.errors import CompressionError, ProtocolError
+from netsense.transport.hparams import check_allowed
 from netsense.transport.wire import Params, Push
 
-from ..optim import OptimizerSettings
+from ..optim import Hyper, OptimizerSettings, as_hyper
 
 
 @dataclass
@@ -29,6 +31,10 @@ class Pending:
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
     step: int = 0
     """Version the gradients were computed on (async mode: any version up to the current one)."""
+    skipped: bool = False
+    """The worker sits the step out (a skip PUSH: its AMP scaler found Inf/NaN): done, no gradient."""
+    hparams: dict[str, Hyper] = field(default_factory=dict)
+    """Key -> the hyper-parameters its pushes carried for this step (none: the PS's settings)."""
 
 
 @dataclass(frozen=True)
@@ -147,20 +153,46 @@ class StoreCore:
             if not all_finite(grad):
                 raise ProtocolError("non-finite", f"gradient of {key!r} has NaN/Inf; rejected")
             decoded[key] = grad
+        self.check_step_fields(worker_id, msg, agree=not older_ok)
         return decoded
+
+    def check_step_fields(self, worker_id: str, msg: Push, *, agree: bool) -> None:
+        """A push's skip flag and hyper-parameters, validated against the optimizer (and, with
+        `agree`, the sync step's other workers: a step has one set per key, so two workers whose
+        schedules differ are a misconfiguration, refused with code ``hparams``)."""
+        pending = self.pending.get(worker_id)
+        if pending is not None and (msg.skip or pending.skipped) and (msg.grads or pending.grads or msg.skip != pending.skipped):
+            raise ProtocolError("malformed", f"step {msg.step}: a skip PUSH must be the worker's only push of the step")
+        assert self.optimizer_settings is not None
+        for group in msg.hparams:
+            check_allowed(self.optimizer_settings.name, group)
+        if not agree:
+            return
+        for key, hyper in key_hparams(msg).items():
+            for other, p in self.pending.items():
+                theirs = p.hparams.get(key)
+                if other != worker_id and theirs is not None and theirs != hyper:
+                    raise ProtocolError(
+                        "hparams", f"key {key!r}: hyper-parameters {dict(hyper)} differ from {other!r}'s {dict(theirs)} in step {msg.step}"
+                    )
 
     def record(self, worker_id: str, msg: Push, grads: dict[str, torch.Tensor], skip: Container[str] = ()) -> None:
         """Add a validated push to the worker's pending step; keys in `skip` (applied ahead) are
         dropped: a re-push after a rejoin."""
         pending = self.pending.get(worker_id)
         if pending is None:
-            pending = self.pending[worker_id] = Pending(msg.samples, step=msg.step)
+            pending = self.pending[worker_id] = Pending(msg.samples, step=msg.step, skipped=msg.skip)
         pending.grads.update((k, g) for k, g in grads.items() if k not in skip)
+        pending.hparams.update(key_hparams(msg))
 
     def complete(self, worker_id: str, ahead: int = 0) -> bool:
         """The worker has pushed every key of its step, but the `ahead` already applied."""
         p = self.pending.get(worker_id)
-        return p is not None and len(p.grads) + ahead == len(self.params)
+        return p is not None and (p.skipped or len(p.grads) + ahead == len(self.params))
+
+    def contributing(self, workers: tuple[str, ...] | list[str]) -> list[str]:
+        """The `workers` whose gradients make up the step (not those that sent a skip PUSH)."""
+        return [w for w in workers if not self.pending[w].skipped]
 
     # --- applying -------------------------------------------------------------------------
 
@@ -170,25 +202,50 @@ class StoreCore:
         self.applied_steps += 1
 
     def optimizer_step(self, workers: list[str]) -> int:
-        """One optimizer step on the sample-weighted mean of `workers`' gradients; their samples."""
+        """One optimizer step on the sample-weighted mean of `workers`' gradients (those that sent
+        one), clipped if the settings say so; their samples. Nobody's gradient: no step at all."""
+        workers = self.contributing(workers)
         total = sum(self.pending[w].samples for w in workers)
-        assert self.optimizer is not None
+        assert self.optimizer is not None and self.optimizer_settings is not None
+        if not workers:
+            return 0
         for key, param in self.params.items():
             param.grad = self._weighted_grad(key, [(self.pending[w].grads[key], self.pending[w].samples / total) for w in workers])
-        self.optimizer.step()
-        for param in self.params.values():
-            param.grad = None
+        self.optimizer_settings.clip(list(self.params.values()))
+        self._step(list(self.params), workers)
         return total
 
     def apply_keys(self, workers: tuple[str, ...], keys: list[str]) -> None:
         """Optimizer step of `keys` alone: parameters without a grad are skipped by torch.optim,
-        and SGD, Adam and AdamW couple no keys, so this equals the keys' share of a whole step."""
-        total = sum(self.pending[w].samples for w in workers)
+        and SGD, Adam and AdamW couple no keys, so this equals the keys' share of a whole step.
+        (Clipping couples every key, so a clipping PS never applies keys ahead: pipeline.py.)"""
+        contributing = self.contributing(workers)
+        total = sum(self.pending[w].samples for w in contributing)
         assert self.optimizer is not None
         for key in keys:
-            terms = [(self.pending[w].grads.pop(key), self.pending[w].samples / total) for w in workers]
-            self.params[key].grad = self._weighted_grad(key, terms)
-        self.optimizer.step()
+            terms = [(self.pending[w].grads.pop(key), self.pending[w].samples / total) for w in contributing]
+            if terms:
+                self.params[key].grad = self._weighted_grad(key, terms)
+        if contributing:
+            self._step(keys, contributing)
+
+    def _step(self, keys: list[str], workers: list[str]) -> None:
+        """torch.optim's step over `keys` (their grads set), with each key's hyper-parameters for
+        this step: keys that share them step together (one call in the usual one-group case), and
+        per-parameter optimizers make the split exact. Clears the grads."""
+        assert self.optimizer is not None and self.optimizer_settings is not None
+        by_hyper: dict[Hyper | None, list[str]] = {}
+        for key in keys:
+            hyper = next((self.pending[w].hparams[key] for w in workers if key in self.pending[w].hparams), None)
+            by_hyper.setdefault(hyper, []).append(key)
+        grads = {key: self.params[key].grad for key in keys}
+        for hyper, group in by_hyper.items():
+            if len(by_hyper) > 1:
+                members = set(group)
+                for key in keys:
+                    self.params[key].grad = grads[key] if key in members else None
+            with self.optimizer_settings.step_with(self.optimizer, hyper):
+                self.optimizer.step()
         for key in keys:
             self.params[key].grad = None
 
@@ -237,3 +294,9 @@ def all_finite(t: torch.Tensor) -> bool:
     temporary of `isfinite` (~55 ms vs ~2 ms on a 32 MB push); only a sum that overflows or is
     NaN takes the exact check."""
     return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
+
+
+def key_hparams(msg: Push) -> dict[str, Hyper]:
+    """Key -> the hyper-parameters `msg` carries for it (none when it carries none)."""
+    hypers = [as_hyper(group) for group in msg.hparams]
+    return {key: hypers[msg.groups.get(key, 0)] for key in msg.grads} if hypers else {}

@@ -9,7 +9,8 @@ sits the step out (its pushes are ignored, its pull gets the step's update); one
 dropped at the barrier timeout) is left out of the keys not yet applied, which are averaged over
 the workers that pushed them. Until the version advances the new shadow values of applied keys are
 kept apart, so a full pull still returns the previous version whole. Without keyed pulls nothing
-here runs and the sync barrier (sync.py) applies a step whole.
+here runs and the sync barrier (sync.py) applies a step whole; so does a PS that clips the
+gradient norm (``clip_grad_norm``), since the norm needs every key of the step before any applies.
 """
 
 from __future__ import annotations
@@ -89,12 +90,15 @@ class PipelinedStep:
     def apply_ready(self, keys: Iterable[str]) -> int:
         """Apply the wanted keys among `keys` that every worker of the step has pushed."""
         core = self._core
+        settings = core.optimizer_settings
+        if settings is not None and settings.clip_grad_norm > 0:
+            return 0  # the step's norm needs all its keys: the barrier applies it whole
         workers = self.step_workers()
         if not workers or (core.version == 0 and self.members is None and len(workers) < core.start_quorum):
             return 0
         ready = [
             k for k in dict.fromkeys(keys)
-            if k in self.wanted and k not in self.applied and all(k in core.pending[w].grads for w in workers)
+            if k in self.wanted and k not in self.applied and all(core.pending[w].skipped or k in core.pending[w].grads for w in workers)
         ]  # fmt: skip
         if ready:
             self.members = workers
@@ -121,7 +125,7 @@ class PipelinedStep:
         rest = [k for k in core.params if k not in self.applied]
         if rest:
             self._apply(workers, rest)
-        total = sum(core.pending[w].samples for w in workers)
+        total = sum(core.pending[w].samples for w in core.contributing(workers))
         full = self._spec in LOSSLESS
         base = core.version
         core.advance()
