@@ -258,3 +258,33 @@ def resnet18_synth() -> TrainTask:
 
 
 register_model("resnet18-synth", resnet18_synth)
+
+
+# --- wide-mlp: a bandwidth-bound model on the digits ----------------------------------------------
+
+
+class WideMLP(nn.Module):
+    """64 -> 544 -> 544 -> 10 (337,290 parameters, 1.35 MB of fp32 gradient, ~1 ms of CPU per step).
+
+    Over 1 MiB of gradient: DDP splits it into two buckets (its first bucket is capped at 1 MiB),
+    the case in which torch's PowerSGD hook issued collectives out of order (`netsense.bench.ddp_baseline`).
+    """
+
+    def __init__(self, hidden: int = 544) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Flatten(), nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def wide_mlp() -> TrainTask:
+    """`digits_cnn`'s data, split and optimizer with 28x the parameters: the all-reduce dominates a step."""
+    import dataclasses
+
+    return dataclasses.replace(digits_cnn(), name="wide-mlp", build_model=WideMLP)
+
+
+register_model("wide-mlp", wide_mlp)

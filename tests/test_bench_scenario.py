@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
+import os
+import time
 from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
 from netsense.bench.scenario import parse_policies
 from netsense.cli import main
@@ -27,6 +32,7 @@ from netsense.bench.results import (
     validate_results,
 )
 from netsense.transport.emulation.linkspec import parse_link
+from netsense.worker.task import TrainTask
 
 
 def _figs(**kw: object) -> dict[str, object]:
@@ -247,3 +253,121 @@ def test_netsense_and_ddp_cross_the_same_tbf(tmp_path: Path, monkeypatch: pytest
         assert f["path"] == "netns tbf rate=50mbit,queue=50ms" and f["steps"] == 4
     # NetSense: 2 workers push 153 kB each through the tbf per step; DDP's ring moves ~1 model each way.
     assert results["policies"]["netns:none"]["bytes_up"] > 4 * 2 * 150_000
+
+
+def _needs_netns() -> None:
+    from netsense.transport.netns import netns_available
+
+    ok, reason = netns_available()
+    if not ok:
+        pytest.skip(reason)
+
+
+def test_wide_mlp_fills_two_ddp_buckets() -> None:
+    """The PowerSGD test below is only a test if DDP splits the model's gradient into buckets."""
+    import torch.distributed as dist
+
+    from netsense.models import load_task
+
+    params = list(load_task("wide-mlp").build_model().parameters())
+    assert sum(p.numel() for p in params) >= 300_000
+    # DDP's assignment after its first iteration: parameters in reverse order, first bucket 1 MiB.
+    buckets, _ = dist._compute_bucket_assignment_by_size(params[::-1], [dist._DEFAULT_FIRST_BUCKET_BYTES, 25 << 20])
+    assert len(buckets) >= 2
+
+
+def test_ddp_powersgd_with_two_buckets() -> None:
+    """torch's powerSGD_hook issued one bucket's P / Q all-reduces from gloo's threads while the next
+    bucket's started: the ranks' collective orders differed and gloo aborted or hung at step 3."""
+    _needs_netns()
+    from netsense.bench.ddp_baseline import figures, run_ddp
+
+    link = "rate=100mbit,queue=50ms"
+    events = run_ddp(model="wide-mlp", hook="powersgd", link=link, steps=6, eval_every=3, max_time_s=60)
+    figs = figures(events, link=link, target=0.01, global_batch=64)
+    assert validate_results(_results(**{"ddp:powersgd": figs})) == []
+    assert figs["steps"] == 6
+    # Two fp32 steps (1.35 MB each, ring of 2) before PowerSGD starts, then rank-2 factors of ~10 kB.
+    assert figs["bytes_up"] < 4 * 1_350_000
+
+
+def test_ddp_row_stops_at_max_time(tmp_path: Path) -> None:
+    _needs_netns()
+    out = tmp_path / "scn"
+    assert main([
+        "bench", "scenario", "--model", "wide-mlp", "--netns-link", "rate=10mbit,queue=50ms", "--policies", "ddp:none",
+        "--steps", "300", "--eval-every", "2", "--target-accuracy", "0.5", "--max-time", "3", "--out", str(out),
+    ]) == 0  # fmt: skip
+    f = json.loads((out / "results.json").read_text())["policies"]["ddp:none"]
+    # ~1.1 s per step at 10 Mbit/s: stopped at the first step past 3 s, a step or two later.
+    assert f["stopped_at_max_time"] is True and 2 <= f["steps"] < 20
+
+
+class _FaultOnRank1(nn.Module):
+    """digits-cnn whose rank 1 raises (or, with FAULT_KIND=hang, sleeps) at its 3rd training forward,
+    in the row of hook $FAULT_HOOK only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from netsense.models import DigitsCNN
+
+        self.net, self.calls = DigitsCNN(), 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import sys
+
+        import torch.distributed as dist
+
+        if self.training and dist.is_initialized() and dist.get_rank() == 1:
+            hook = sys.argv[sys.argv.index("--hook") + 1]
+            self.calls += 1
+            if hook == os.environ.get("FAULT_HOOK") and self.calls == 3:
+                if os.environ.get("FAULT_KIND") == "hang":
+                    time.sleep(3600)
+                raise RuntimeError("injected crash at step 3")
+        return self.net(x)
+
+
+def crashing_digits() -> TrainTask:
+    """`--model tests.test_bench_scenario:crashing_digits` (the DDP ranks import it from the cwd)."""
+    from netsense.models import digits_cnn
+
+    return dataclasses.replace(digits_cnn(), name="crashing-digits", build_model=_FaultOnRank1)
+
+
+def test_failed_ddp_row_is_recorded_and_the_bench_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _needs_netns()
+    monkeypatch.setenv("FAULT_HOOK", "fp16")
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    out = tmp_path / "scn"
+    assert main([
+        "bench", "scenario", "--model", "tests.test_bench_scenario:crashing_digits", "--netns-link", "rate=50mbit,queue=50ms",
+        "--policies", "ddp:fp16,ddp:none", "--steps", "4", "--eval-every", "2", "--target-accuracy", "0.01", "--out", str(out),
+    ]) == 1  # fmt: skip
+    results = json.loads((out / "results.json").read_text())
+    assert list(results["policies"]) == ["ddp:none"] and results["policies"]["ddp:none"]["steps"] == 4
+    assert list(results["failed"]) == ["ddp:fp16"]
+    assert "DDP rank 1 (fp16) exited with status 1" in results["failed"]["ddp:fp16"]
+    assert "injected crash at step 3" in results["failed"]["ddp:fp16"]
+    assert validate_results(results) == []
+    assert "`ddp:fp16` failed: " in (out / "results.md").read_text()
+
+
+def test_hung_ddp_row_is_stopped_and_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank blocked in a collective never reports the step past --max-time: the hang guard ends it."""
+    _needs_netns()
+    from netsense.bench import ddp_baseline
+
+    monkeypatch.setattr(ddp_baseline, "HANG_GRACE_S", 5.0)
+    monkeypatch.setenv("FAULT_HOOK", "none")
+    monkeypatch.setenv("FAULT_KIND", "hang")
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    out = tmp_path / "scn"
+    assert main([
+        "bench", "scenario", "--model", "tests.test_bench_scenario:crashing_digits", "--netns-link", "rate=50mbit,queue=50ms",
+        "--policies", "ddp:none", "--steps", "4", "--eval-every", "2", "--target-accuracy", "0.01", "--max-time", "10",
+        "--out", str(out),
+    ]) == 1  # fmt: skip
+    results = json.loads((out / "results.json").read_text())
+    assert results["policies"] == {} and list(results["failed"]) == ["ddp:none"]
+    assert "hung" in results["failed"]["ddp:none"]

@@ -22,13 +22,20 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from netsense.errors import ProcessFailed
 
 HOOKS = ("none", "fp16", "powersgd")
 """DDP communication hooks: fp32 all-reduce, fp16 compression, PowerSGD rank-2 with error feedback."""
 MASTER_PORT = 29517
+HANG_GRACE_S = 120.0
+"""Seconds past `run_ddp`'s ``max_time_s`` (start-up, the last step, the last eval) before ranks that
+have not ended are taken for hung: a rank blocked in a collective never reports the step that
+would stop the run at its time limit."""
 
 
 def _net_bytes() -> tuple[int, int]:
@@ -49,6 +56,29 @@ def _make_optimizer(params: Any, settings: dict[str, Any]) -> Any:
     name = s.pop("name", "sgd")
     cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[name]
     return cls(params, **s)
+
+
+def _powersgd_bucket_by_bucket(state: Any, bucket):  # type: ignore[no-untyped-def]
+    """torch's `powerSGD_hook`, waited for before DDP hands the hook its next bucket.
+
+    The hook all-reduces a bucket in three collectives: the uncompressed tensors from the calling
+    (autograd) thread, then P and Q from ``.then`` callbacks on gloo's worker threads. Meanwhile
+    the autograd thread goes on and starts the next bucket's first all-reduce, so with two buckets
+    or more the order in which a rank issues its collectives depends on timing. Gloo matches
+    collectives across ranks by that order (ProcessGroupGloo: "expected to be called in the same
+    order across processes"): one rank's P met the other's next uncompressed tensors, and gloo
+    aborted ("op.preamble.length <= op.nbytes. 1044 vs 512 ... collective mismatch", issue 15) or
+    both ranks waited for ever. Waiting keeps every rank's order that of the buckets; it gives up
+    overlapping one bucket's compression with the rest of backward.
+
+    `bucket` and the result are unannotated: DDP's `register_comm_hook` accepts no annotation but
+    the classes themselves, and ``from __future__ import annotations`` would hand it strings.
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    fut = powerSGD_hook.powerSGD_hook(state, bucket)
+    fut.wait()
+    return fut
 
 
 def run_rank(args: argparse.Namespace) -> int:
@@ -73,7 +103,7 @@ def run_rank(args: argparse.Namespace) -> int:
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif args.hook == "powersgd":
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=2)
-        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        model.register_comm_hook(state, _powersgd_bucket_by_bucket)
     opt = _make_optimizer(model.parameters(), {**task.optimizer, **json.loads(args.optimizer or "{}")})
     steps, b, n = args.steps or task.steps, args.batch_size or task.batch_size, len(task.train_inputs)
     tx0, rx0 = _net_bytes()
@@ -104,15 +134,41 @@ def run_rank(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pump(stream: IO[str], lines: list[str], echo: IO[str] | None = None) -> None:
+    """Append every line of `stream` to `lines` (a reader thread), copying it to `echo` if given."""
+    for line in stream:
+        lines.append(line)
+        if echo is not None:
+            echo.write(line)
+            echo.flush()
+
+
+def _last_error(lines: list[str]) -> str:
+    """The line of a rank's stderr that says why it ended: the last error line, else the last line."""
+    text = [line.strip() for line in lines if line.strip()]
+    errors = [line for line in text if "Error" in line or "what():" in line or "enforce fail" in line]
+    return (errors or text or ["no stderr"])[-1][:500]
+
+
 def run_ddp(
     *, model: str, hook: str, link: str, workers: int = 2, steps: int | None = None, seed: int = 0,
     batch_size: int | None = None, eval_every: int = 10, max_time_s: float = 900.0,
 ) -> dict[int, list[dict[str, Any]]]:  # fmt: skip
-    """All ranks inside a `NetnsTopology(link)`; returns each rank's JSON events (rank 0 has evals)."""
+    """All ranks inside a `NetnsTopology(link)`; returns each rank's JSON events (rank 0 has evals).
+
+    `max_time_s` is the guard of a NetSense job in `netsense bench scenario`: when rank 0 reports a
+    step past it the ranks are stopped (SIGTERM) and the events are those printed so far, so the
+    run has fewer steps than asked. ProcessFailed when a rank exits with an error (the message has
+    the status and the rank's last error line) or when the ranks have not ended `HANG_GRACE_S`
+    after `max_time_s`.
+    """
     from netsense.transport.emulation.netns import NetnsTopology
 
     with NetnsTopology(link) as topo:
-        procs = []
+        procs: list[subprocess.Popen[str]] = []
+        outs: list[list[str]] = []
+        errs: list[list[str]] = []
+        readers: list[threading.Thread] = []
         for rank in range(workers):
             argv = [sys.executable, "-m", "netsense.bench.ddp_baseline", "--model", model, "--hook", hook, "--rank", str(rank),
                     "--world-size", str(workers), "--master", f"{topo.server_ip}:{MASTER_PORT}", "--seed", str(seed),
@@ -122,15 +178,54 @@ def run_ddp(
             if batch_size:
                 argv += ["--batch-size", str(batch_size)]
             env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-            procs.append(topo.popen("server" if rank == 0 else "client", argv, stdout=subprocess.PIPE, text=True, env=env))
-        events: dict[int, list[dict[str, Any]]] = {}
-        deadline = time.monotonic() + max_time_s + 120
-        for rank, p in enumerate(procs):
-            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            if p.returncode != 0:
-                raise RuntimeError(f"DDP rank {rank} ({hook}) exited with status {p.returncode}")
-            events[rank] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    return events
+            p = topo.popen("server" if rank == 0 else "client", argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, env=env)  # fmt: skip
+            procs.append(p)
+            outs.append([])
+            errs.append([])
+            readers.append(threading.Thread(target=_pump, args=(p.stdout, outs[rank]), daemon=True))
+            readers.append(threading.Thread(target=_pump, args=(p.stderr, errs[rank], sys.stderr), daemon=True))
+        for t in readers:
+            t.start()
+        _supervise(procs, outs, errs, readers, hook=hook, max_time_s=max_time_s)
+    for t in readers:
+        t.join(timeout=2.0)
+    # A rank stopped mid-write leaves a partial last line: keep the complete ones.
+    return {rank: [json.loads(line) for line in out if line.startswith("{") and line.endswith("\n")]
+            for rank, out in enumerate(outs)}  # fmt: skip
+
+
+def _supervise(
+    procs: list[subprocess.Popen[str]], outs: list[list[str]], errs: list[list[str]], readers: list[threading.Thread],
+    *, hook: str, max_time_s: float,
+) -> None:  # fmt: skip
+    """Wait until every rank exits 0, or stop them all at `max_time_s`; ProcessFailed on an error or a hang."""
+    from netsense.launch.launcher import stop_processes
+
+    deadline = time.monotonic() + max_time_s + HANG_GRACE_S
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            for r, _ in failed:
+                readers[2 * r + 1].join(timeout=2.0)  # the rank's last words
+            stop_processes(procs)
+            raise ProcessFailed("; ".join(f"DDP rank {r} ({hook}) exited with status {c}: {_last_error(errs[r])}"
+                                          for r, c in failed))  # fmt: skip
+        if all(c == 0 for c in codes):
+            return
+        step_lines = (line for line in reversed(outs[0]) if '"event": "step"' in line and line.endswith("\n"))
+        last = next((json.loads(line) for line in step_lines), None)
+        if last is not None and float(last["wall_s"]) > max_time_s:
+            # All at once: a rank that outlives its peer by a moment prints gloo's "Connection reset".
+            stop_processes(procs)
+            return
+        if time.monotonic() > deadline:
+            stop_processes(procs)
+            step = last["step"] if last is not None else 0
+            raise ProcessFailed(f"DDP ranks ({hook}) still ran {max_time_s:g} s + {HANG_GRACE_S:g} s after they "
+                                f"started, rank 0 at step {step}: hung")  # fmt: skip
+        time.sleep(0.2)
 
 
 def figures(events: dict[int, list[dict[str, Any]]], *, link: str, target: float, global_batch: int) -> dict[str, Any]:

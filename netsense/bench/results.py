@@ -334,4 +334,6 @@ def markdown_table(results: Mapping[str, Any]) -> str:
     where = "; ".join(f"{'across netns tbf' if path else 'best fixed policy'}: {b or 'none reached the target'}"
                       for path, b in bests.items())  # fmt: skip
     lines.append(f"Target accuracy {target}; {where}. Rows netns:* and ddp:* are compared with netns:* baselines.")
+    for name, reason in results.get("failed", {}).items():
+        lines.append(f"\n`{name}` failed: {reason}")
     return "\n".join(lines)

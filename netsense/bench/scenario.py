@@ -9,6 +9,8 @@ Stopping. Every worker runs the same number of synchronous steps (``--steps``, d
 ``--max-time S`` is a guard, not a coordinated stop: when rank 0 reports a step past S seconds the
 job is stopped (SIGTERM) and the figures are those of the steps that every worker finished. So a
 policy cut by the guard is reported with fewer steps, and its final accuracy is its last eval.
+The ddp:* peers are stopped the same way. A ddp:* peer that fails or hangs is no row: results.json
+lists it under ``failed`` with the reason, the later policies still run, and the exit status is 1.
 
 Outputs in ``--out DIR``: results.json (rewritten after every policy, so a failure keeps the
 finished ones), results.md, accuracy.png, timeline.png, throughput.png, and runs/<policy>/ with the
@@ -31,12 +33,12 @@ from typing import Any
 
 from netsense.compression.policy.decisionlog import read_decision_log
 from netsense.config import JobConfig, override
-from netsense.errors import ConfigError
+from netsense.errors import ConfigError, NetSenseError
 from netsense.launch.launcher import Launcher
 from netsense.transport.emulation.linkspec import DuplexSpec, parse_link
 
 DEFAULT_POLICIES = "none,fp16,fixed:topk:0.01+fp16,netsense"
-DEFAULT_TARGETS = {"digits-cnn": 0.9, "charlm": 0.55, "resnet18-synth": 0.5}
+DEFAULT_TARGETS = {"digits-cnn": 0.9, "charlm": 0.55, "resnet18-synth": 0.5, "wide-mlp": 0.9}
 """Target test accuracy per registered model when --target-accuracy is not given."""
 
 EPILOG = """\
@@ -232,7 +234,7 @@ def _netns_link(args: argparse.Namespace, policy: str) -> str:
 
 
 def _run_ddp(args: argparse.Namespace, policy: str, *, steps: int, batch_size: int, target: float) -> dict[str, Any]:
-    """A DDP peer's figures. It runs its whole step budget (--max-time + 120 s is a hard timeout)."""
+    """A DDP peer's figures, stopped at --max-time as a NetSense job is (`ddp_baseline.run_ddp`)."""
     from netsense.bench import ddp_baseline
 
     link = _netns_link(args, policy)
@@ -243,6 +245,7 @@ def _run_ddp(args: argparse.Namespace, policy: str, *, steps: int, batch_size: i
     )  # fmt: skip
     figs = ddp_baseline.figures(events, link=link, target=target, global_batch=batch_size * args.workers)
     figs["path"] = f"netns tbf {link}"
+    figs["stopped_at_max_time"] = not any(e["event"] == "step" and e["step"] == steps for e in events[0])
     print(f"   {figs['steps']} steps in {figs['wall_s']:.1f} s, time to target {figs['time_to_target_s']}", flush=True)
     return figs
 
@@ -341,9 +344,15 @@ def run(args: argparse.Namespace) -> int:
         train__batch_size=batch_size, train__eval_every=args.eval_every, train__ladder=args.ladder,
         server__ladder=args.ladder, security__insecure=args.insecure or None,
     )  # fmt: skip
+    failed: dict[str, str] = {}
     for policy in policies:
         if policy.startswith("ddp:"):
-            results["policies"][policy] = _run_ddp(args, policy, steps=steps, batch_size=batch_size, target=target)
+            try:
+                results["policies"][policy] = _run_ddp(args, policy, steps=steps, batch_size=batch_size, target=target)
+            except NetSenseError as exc:  # a peer that crashed or hung ends its row, not the comparison
+                print(f"   {policy} failed: {exc}", file=sys.stderr, flush=True)
+                failed[policy] = str(exc)
+                results["failed"] = failed
             write_outputs(results, out, plots=False)
             continue
         inner = policy.removeprefix("netns:")
@@ -369,8 +378,10 @@ def run(args: argparse.Namespace) -> int:
     results["scenario"]["loadavg_end"] = _loadavg()
     write_outputs(results, out)
     print(markdown_table(results))
+    if failed:
+        print(f"failed, with their reasons under 'failed' in results.json: {', '.join(failed)}", file=sys.stderr)
     problems = validate_results(results)
     if problems:
         print("results.json fails its consistency checks: " + "; ".join(problems), file=sys.stderr)
         return 1
-    return 0
+    return 1 if failed else 0
