@@ -256,7 +256,7 @@ def test_netsense_and_ddp_cross_the_same_tbf(tmp_path: Path, monkeypatch: pytest
 
 
 def _needs_netns() -> None:
-    from netsense.transport.netns import netns_available
+    from netsense.transport.emulation.netns import netns_available
 
     ok, reason = netns_available()
     if not ok:
