@@ -43,8 +43,14 @@ class SettingError(ConfigError):
         """What is wrong, starting with a verb: ``must be in 0..65535, got 70000``."""
 
 
-Rule = typing.Callable[[Any], str | None]
-"""A check of one value: None when fine, else what is wrong (``must be >= 1``)."""
+@dataclass(frozen=True)
+class Rule:
+    """The check of one setting."""
+
+    allowed: str
+    """What is allowed, for docs/CONFIG.md: ``in 0..65535``, ``a codec spec``."""
+    problem: typing.Callable[[Any], str | None]
+    """None when a value is fine, else what is wrong, starting with a verb (``must be >= 1, got 0``)."""
 
 
 def _number(value: Any) -> bool:
@@ -64,7 +70,7 @@ def in_range(lo: float, hi: float | None = None, *, open_lo: bool = False) -> Ru
         ok = _number(value) and (value > lo if open_lo else value >= lo) and (hi is None or value <= hi)
         return None if ok else f"must be {text}, got {value!r}"
 
-    return check
+    return Rule(text, check)
 
 
 _LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
@@ -96,7 +102,13 @@ def _spec(build: typing.Callable[[str], Any], what: str) -> Rule:
             return f"is not a valid {what}: {exc}"
         return None
 
-    return check
+    return Rule(f"a {what} spec", check)
+
+
+def _staleness(value: Any) -> str | None:
+    if value is None or (_number(value) and value >= 0):
+        return None
+    return f"must be >= 0 (or unset for synchronous training), got {value!r}"
 
 
 RULES: dict[str, Rule] = {
@@ -108,7 +120,7 @@ RULES: dict[str, Rule] = {
     "train.eval_every": in_range(0),
     "train.codec": _spec(make_codec, "codec"),
     "train.ladder": _spec(Ladder.parse, "ladder"),
-    "server.host": host_problem,
+    "server.host": Rule("an IP address or host name", host_problem),
     "server.port": in_range(0, 65535),
     "server.barrier_timeout_s": in_range(0, open_lo=True),
     "server.pull_timeout_s": in_range(0, open_lo=True),
@@ -118,7 +130,7 @@ RULES: dict[str, Rule] = {
     "server.checkpoint_every_s": in_range(0),
     "server.checkpoint_keep": in_range(1),
     "server.handshake_timeout_s": in_range(0, open_lo=True),
-    "server.staleness": lambda v: None if v is None or (_number(v) and v >= 0) else f"must be >= 0 (or unset for synchronous training), got {v!r}",
+    "server.staleness": Rule(">= 0 or unset", _staleness),
     "transport.max_datagram_size": in_range(1200, 65507),
     "transport.max_data": in_range(1),
     "transport.max_stream_data": in_range(1),
@@ -131,7 +143,7 @@ RULES: dict[str, Rule] = {
 def check_setting(path: str, value: Any) -> None:
     """Raise `SettingError` when `value` breaks the rule of `path` (no rule: anything goes)."""
     rule = RULES.get(path)
-    problem = rule(value) if rule else None
+    problem = rule.problem(value) if rule else None
     if problem:
         raise SettingError(path, problem)
 

@@ -52,6 +52,8 @@ ROWS: list[tuple[list[str], str]] = [
     (["launch", "--metrics-port", "65535"], "--metrics-port must be in 0..65535, got 65537"),
     (["ps", "--metrics-host", "999.1.1.1"], "--metrics-host must be an IP address or host name"),
     (["worker", "--metrics-port", "-1", "--insecure"], "--metrics-port must be in 0..65535, got -1"),
+    (["launch", "--optimizer", "sgdd"], "argument --optimizer: invalid choice: 'sgdd'"),  # argparse's own errors
+    (["ps", "--port", "abc"], "argument --port: invalid int value: 'abc'"),
 ]
 
 
@@ -78,7 +80,11 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, tmp_pat
         monkeypatch.delenv(name, raising=False)
     argv = _argv(argv, tmp_path)
     capsys.readouterr()
-    assert main(argv) == 2
+    try:
+        status = main(argv)
+    except SystemExit as exc:  # argparse's usage errors exit from inside parse_args
+        status = exc.code
+    assert status == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
     lines = err.strip().splitlines()
