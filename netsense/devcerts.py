@@ -52,15 +52,17 @@ def _now() -> datetime.datetime:
 def check_cert_dates(paths: CertPaths) -> None:
     """Refuse an expired server certificate or CA, warn (one log line) when one expires within a
     day: every worker's handshake would fail, far from the cause."""
-    now = _now()
+    ends = []
     for path in (paths.cert, paths.ca):
         try:
             cert = x509.load_pem_x509_certificate(path.read_bytes())
         except (OSError, ValueError) as exc:
             raise ConfigError(f"cannot read certificate {path}: {exc}") from None
-        end = cert.not_valid_after_utc
-        renew = f"create new ones with `netsense certs --out {path.parent} --force`"
-        if end <= now:
-            raise ConfigError(f"certificate {path} expired at {end:%Y-%m-%d %H:%M} UTC; {renew}")
-        if end - now < WARN_BEFORE:
-            log.warning("certificate %s expires at %s UTC, in under a day; %s", path, f"{end:%Y-%m-%d %H:%M}", renew)
+        ends.append((cert.not_valid_after_utc, path))
+    end, path = min(ends)
+    renew = f"create new ones with `netsense certs --out {path.parent} --force`"
+    now = _now()
+    if end <= now:
+        raise ConfigError(f"certificate {path} expired at {end:%Y-%m-%d %H:%M} UTC; {renew}")
+    if end - now < WARN_BEFORE:
+        log.warning("certificate %s expires at %s UTC, in under a day; %s", path, f"{end:%Y-%m-%d %H:%M}", renew)

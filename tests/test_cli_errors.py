@@ -143,7 +143,7 @@ def test_a_certificate_expiring_within_a_day_is_one_warning(tmp_path: Path, capl
     with caplog.at_level("WARNING"):
         check_cert_dates(paths)  # 1 day from now, minus the seconds this test took: within a day
     warnings = [r for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warnings) == 2 and "in under a day" in warnings[0].getMessage()  # the server cert and the CA
+    assert len(warnings) == 1 and "in under a day" in warnings[0].getMessage()
     caplog.clear()
     assert main(["certs", "--out", str(d), "--force"]) == 0  # 365 days
     with caplog.at_level("WARNING"):
@@ -170,3 +170,14 @@ def test_launch_gives_each_process_its_metrics_port() -> None:
     assert launcher._metrics_args(0)[2:] == ["--metrics-host", "0.0.0.0"]
     assert Launcher(JobConfig(), metrics_port=0)._metrics_args(3)[:2] == ["--metrics-port", "0"]
     assert Launcher(JobConfig())._metrics_args(0) == []
+
+
+def test_launch_refuses_an_expired_certificate_before_starting_anything(tmp_path: Path, capsys, monkeypatch) -> None:
+    d = tmp_path / "certs"
+    assert main(["certs", "--out", str(d), "--days", "1"]) == 0
+    _shift_clock(monkeypatch, 2)
+    capsys.readouterr()
+    assert main(["launch", "--certs", str(d), "--no-progress", "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "expired" in err[0], err
+    assert not (tmp_path / "run" / "config.json").exists()  # no process was started

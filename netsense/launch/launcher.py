@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from netsense.config import JobConfig, override, to_dict
-from netsense.devcerts import ensure_certs
+from netsense.devcerts import check_cert_dates, ensure_certs
 from netsense.errors import ProcessFailed
 from netsense.transport.tls import LOOPBACK_MAX_DATAGRAM_SIZE, TransportSettings
 from netsense.worker.device import resolve_device
@@ -107,6 +107,7 @@ class Launcher:
             config = override(config, transport__max_datagram_size=LOOPBACK_MAX_DATAGRAM_SIZE)
         if not config.security.insecure:
             certs = ensure_certs(config.security.certs_dir, create=True)
+            check_cert_dates(certs)  # an expired certificate: say so here, not as a PS exit status
             config = override(config, security__certs_dir=str(certs.ca.parent))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "launch.json").write_text(
