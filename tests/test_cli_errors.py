@@ -154,7 +154,7 @@ def test_a_certificate_expiring_within_a_day_is_one_warning(tmp_path: Path, capl
 def test_summary_json_has_no_nan() -> None:
     import json
 
-    from netsense.cli.flags import strict_json
+    from netsense.launch.jsonout import strict_json
 
     text = strict_json({"final_loss": float("nan"), "levels": [float("inf"), 1.0], "steps": 0})
     assert json.loads(text) == {"final_loss": None, "levels": [None, 1.0], "steps": 0}

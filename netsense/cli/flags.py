@@ -6,8 +6,6 @@ Precedence: defaults < ``--config FILE`` < flags. A flag left unset never overri
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import socket
 from typing import Any
 
@@ -184,18 +182,3 @@ def parse_hostport(value: str) -> tuple[str, int]:
         raise ConfigError(f"address {value!r} must be HOST:PORT with a port in 1..65535")
     return host.strip("[]") or "127.0.0.1", int(port)
 
-
-def finite_or_null(value: Any) -> Any:
-    """`value` with every NaN or infinity (a diverged loss, a figure of zero steps) made None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: finite_or_null(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite_or_null(v) for v in value]
-    return value
-
-
-def strict_json(value: Any, **kwargs: Any) -> str:
-    """JSON that every parser reads: undefined figures are null, never the non-standard NaN."""
-    return json.dumps(finite_or_null(value), allow_nan=False, **kwargs)

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from netsense.cli.flags import add_config_flag, add_job_flags, check_host, check_port, resolve_config, strict_json
+from netsense.cli.flags import add_config_flag, add_job_flags, check_host, check_port, resolve_config
+from netsense.launch.jsonout import strict_json
 from netsense.launch.launcher import Launcher
 
 

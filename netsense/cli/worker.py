@@ -19,12 +19,12 @@ from netsense.cli.flags import (
     parse_hostports,
     resolve_config,
     resolve_host,
-    strict_json,
 )
 from netsense.config import JobConfig
 from netsense.devcerts import ensure_certs
 from netsense.errors import ConfigError
 from netsense.launch.env import DEFAULT_PS_PORT, from_environ
+from netsense.launch.jsonout import strict_json
 from netsense.metrics import MetricsServer, WorkerCollector
 from netsense.models import load_task
 from netsense.worker.connect import ConnectSettings

@@ -24,6 +24,7 @@ from typing import IO, Any, TypeVar
 from netsense.config import JobConfig, override, to_dict
 from netsense.devcerts import check_cert_dates, ensure_certs
 from netsense.errors import ProcessFailed
+from netsense.launch.jsonout import strict_json
 from netsense.transport.tls import LOOPBACK_MAX_DATAGRAM_SIZE, TransportSettings
 from netsense.worker.device import resolve_device
 
@@ -179,7 +180,7 @@ class Launcher:
                     done[rank] = event
                 elif event.get("event") == "metrics":
                     self.metrics_ports["workers"].append(int(event["port"]))
-                event_log.write(json.dumps({"t": time.time(), "rank": rank, **event}) + "\n")
+                event_log.write(strict_json({"t": time.time(), "rank": rank, **event}) + "\n")
                 self.on_event(rank, event)
             except queue.Empty:
                 pass
