@@ -181,3 +181,17 @@ def test_launch_refuses_an_expired_certificate_before_starting_anything(tmp_path
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "expired" in err[0], err
     assert not (tmp_path / "run" / "config.json").exists()  # no process was started
+
+
+def test_worker_checks_the_models_optimizer_before_connecting(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A task's own optimizer settings are refused by the PS at INIT; the worker says so first."""
+    (tmp_path / "badopt_task.py").write_text(
+        "import dataclasses\nfrom netsense.models import load_task\n\n"
+        "def factory():\n    return dataclasses.replace(load_task('digits-cnn'), optimizer={'name': 'sgdd'})\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    capsys.readouterr()
+    # nothing listens on port 1: reaching the connection would be a timeout, not this error
+    assert main(["worker", "--insecure", "--ps", "127.0.0.1:1", "--model", "badopt_task:factory"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "optimizer of model 'badopt_task:factory'" in err[0] and "sgdd" in err[0], err

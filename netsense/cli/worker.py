@@ -27,6 +27,7 @@ from netsense.launch.env import DEFAULT_PS_PORT, from_environ
 from netsense.launch.jsonout import strict_json
 from netsense.metrics import MetricsServer, WorkerCollector
 from netsense.models import load_task
+from netsense.ps.optim import OptimizerSettings
 from netsense.worker.connect import ConnectSettings
 from netsense.worker.device import resolve_device
 from netsense.worker.optimizer import NetSenseOptimizer
@@ -83,7 +84,9 @@ def run(args: argparse.Namespace) -> int:
     for host, port in addresses:  # before the task loads: a typo is one line now, not a timeout later
         resolve_host("--ps" if args.ps else "PS address", host, port)
     args.rank = args.rank if args.rank is not None else (env.rank or 0)
-    world = args.world_size if args.world_size is not None else (env.world_size or config.workers)
+    world = args.world_size if args.world_size is not None else (env.world_size if env.world_size is not None else config.workers)
+    if world < 1:
+        raise ConfigError(f"world size must be >= 1, got {world} (from WORLD_SIZE / SLURM_NTASKS)")
     if not 0 <= args.rank < world:
         raise ConfigError(f"rank {args.rank} is outside world size {world}")
     # Before the task loads or anything connects: a missing GPU is a start-up error, not a CUDA
@@ -92,6 +95,10 @@ def run(args: argparse.Namespace) -> int:
     task = load_task(config.model)
     model = build_model(task, config.train.seed).to(device)  # built on the CPU: the same init on every device
     optimizer = {**task.optimizer, **config.optimizer}
+    try:  # the PS would refuse it at INIT, after the connection: say it here
+        OptimizerSettings.from_dict(optimizer)
+    except ConfigError as exc:
+        raise ConfigError(f"optimizer of model {config.model!r} (with the config's overrides): {exc}") from None
 
     def emit(event: dict[str, Any]) -> None:
         if args.events:
