@@ -3,12 +3,19 @@
 Each layer owns its settings dataclass and its defaults (`TransportSettings` in transport,
 `ServerSettings` in ps, `TrainSettings` in worker); this module only composes them, so a
 default is written in exactly one place. Unknown keys are errors, never silently ignored.
+
+Ranges and specs are checked here too, in one pass shared by TOML files and flags (`RULES`, then
+`check_specs`), so a bad value stops the command before any process starts or socket opens, with
+one line naming the field (the CLI swaps in the flag's name) and what is allowed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
+import math
+import re
 import tomllib
 import types
 import typing
@@ -16,10 +23,154 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from netsense.errors import ConfigError
+from netsense.compression import DEFAULT_LADDER, Ladder, make_codec, make_policy
+from netsense.errors import CompressionError, ConfigError
+from netsense.ps.optim import OptimizerSettings
 from netsense.ps.server import ServerSettings
 from netsense.transport.tls import TransportSettings
 from netsense.worker.trainer import TrainSettings
+
+
+class SettingError(ConfigError):
+    """One setting is out of range or names no codec/policy; `path` is its dotted TOML name, so the
+    command line can name the flag that set it instead."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(f"{path} {detail}")
+        self.path = path
+        """Dotted name, e.g. ``server.port``."""
+        self.detail = detail
+        """What is wrong, starting with a verb: ``must be in 0..65535, got 70000``."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The check of one setting."""
+
+    allowed: str
+    """What is allowed, for docs/CONFIG.md: ``in 0..65535``, ``a codec spec``."""
+    problem: typing.Callable[[Any], str | None]
+    """None when a value is fine, else what is wrong, starting with a verb (``must be >= 1, got 0``)."""
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def in_range(lo: float, hi: float | None = None, *, open_lo: bool = False) -> Rule:
+    """Numbers in [lo, hi] (or (lo, hi] with `open_lo`); None passes (it means "the default")."""
+    if hi is not None:
+        text = f"in {lo}..{hi}"
+    else:
+        text = f"> {lo}" if open_lo else f">= {lo}"
+
+    def check(value: Any) -> str | None:
+        if value is None:
+            return None
+        ok = _number(value) and (value > lo if open_lo else value >= lo) and (hi is None or value <= hi)
+        return None if ok else f"must be {text}, got {value!r}"
+
+    return Rule(text, check)
+
+
+_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def host_problem(host: Any) -> str | None:
+    """None for an IP literal or a well-formed DNS name; ``999.1.1.1`` is neither (all-digit labels
+    are an IPv4 address or nothing). Syntax only: whether a name resolves is the caller's question."""
+    if not isinstance(host, str) or not host:
+        return f"must be an IP address or host name, got {host!r}"
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return None
+    except ValueError:
+        pass
+    labels = host.rstrip(".").split(".")
+    if len(host) <= 253 and all(_LABEL.match(x) for x in labels) and not all(x.isdigit() for x in labels):
+        return None
+    return f"must be an IP address or host name, got {host!r}"
+
+
+def _spec(build: typing.Callable[[str], Any], what: str) -> Rule:
+    def check(value: Any) -> str | None:
+        if value is None:
+            return None
+        try:
+            build(value)
+        except (ConfigError, CompressionError) as exc:
+            return f"is not a valid {what}: {exc}"
+        return None
+
+    return Rule(f"a {what} spec", check)
+
+
+def _staleness(value: Any) -> str | None:
+    if value is None or (_number(value) and value >= 0):
+        return None
+    return f"must be >= 0 (or unset for synchronous training), got {value!r}"
+
+
+RULES: dict[str, Rule] = {
+    "workers": in_range(1, 256),
+    "servers": in_range(1, 64),
+    "train.steps": in_range(1),
+    "train.batch_size": in_range(1),
+    "train.seed": in_range(0, 2**32 - 1),
+    "train.eval_every": in_range(0),
+    "train.codec": _spec(make_codec, "codec"),
+    "train.ladder": _spec(Ladder.parse, "ladder"),
+    "server.host": Rule("an IP address or host name", host_problem),
+    "server.port": in_range(0, 65535),
+    "server.barrier_timeout_s": in_range(0, open_lo=True),
+    "server.pull_timeout_s": in_range(0, open_lo=True),
+    "server.downlink_codec": _spec(make_codec, "codec"),
+    "server.ladder": _spec(Ladder.parse, "ladder"),
+    "server.checkpoint_every_steps": in_range(0),
+    "server.checkpoint_every_s": in_range(0),
+    "server.checkpoint_keep": in_range(1),
+    "server.handshake_timeout_s": in_range(0, open_lo=True),
+    "server.staleness": Rule(">= 0 or unset", _staleness),
+    "transport.max_datagram_size": in_range(1200, 65507),
+    "transport.max_data": in_range(1),
+    "transport.max_stream_data": in_range(1),
+    "transport.idle_timeout_s": in_range(0, open_lo=True),
+    "transport.socket_buffer_bytes": in_range(0),
+}
+"""Per-field checks by dotted name. Policies are checked against their ladder in `check_specs`."""
+
+
+def check_setting(path: str, value: Any) -> None:
+    """Raise `SettingError` when `value` breaks the rule of `path` (no rule: anything goes)."""
+    rule = RULES.get(path)
+    problem = rule.problem(value) if rule else None
+    if problem:
+        raise SettingError(path, problem)
+
+
+def check_specs(config: JobConfig) -> None:
+    """Every field rule over the whole tree, then what spans fields: each policy over its ladder,
+    and each optimizer override. Cheap (no calibration), so every `JobConfig` runs it."""
+    for name in ("workers", "servers"):
+        check_setting(name, getattr(config, name))
+    for section in ("train", "server", "transport"):
+        sub = getattr(config, section)
+        for f in dataclasses.fields(sub):
+            check_setting(f"{section}.{f.name}", getattr(sub, f.name))
+    for path, policy, ladder in (
+        ("train.policy", config.train.policy, config.train.ladder),
+        ("server.policy", config.server.policy, config.server.ladder),
+    ):
+        if policy is not None:
+            try:
+                make_policy(policy, Ladder.parse(ladder or DEFAULT_LADDER))
+            except (ConfigError, CompressionError) as exc:
+                raise SettingError(path, f"is not a valid policy: {exc}") from None
+    for key, value in config.optimizer.items():
+        try:
+            OptimizerSettings.from_dict({key: value})
+        except ConfigError as exc:
+            raise SettingError(f"optimizer.{key}", f"is invalid: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -54,10 +205,7 @@ class JobConfig:
     """Certificates and authentication."""
 
     def __post_init__(self) -> None:
-        if not 1 <= self.workers <= 256:
-            raise ConfigError(f"workers must be in [1, 256], got {self.workers}")
-        if not 1 <= self.servers <= 64:
-            raise ConfigError(f"servers must be in [1, 64], got {self.servers}")
+        check_specs(self)
 
 
 def _check_type(value: Any, hint: Any, where: str) -> Any:
@@ -91,6 +239,8 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "config") -> Any:
     if unknown:
         raise ConfigError(f"unknown setting(s) {', '.join(f'{where}.{u}' for u in sorted(unknown))}; known: {sorted(names)}")
     kwargs = {k: _check_type(v, hints[k], f"{where}.{k}") for k, v in data.items()}
+    for k, v in kwargs.items():  # before the settings class runs its own checks: one message style
+        check_setting(f"{where}.{k}".removeprefix("config."), v)
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as exc:
@@ -119,7 +269,14 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 
 def override(config: Any, **changes: Any) -> Any:
-    """Copy of `config` with dotted-path changes (``train.steps=10``); None values are skipped."""
+    """Copy of `config` with dotted-path changes (``train.steps=10``); None values are skipped.
+
+    On a `JobConfig` each change is checked against `RULES` first, so a bad value is a
+    `SettingError` naming its field whatever the settings class itself would say."""
+    if isinstance(config, JobConfig):
+        for key, value in changes.items():
+            if value is not None:
+                check_setting(key.replace("__", "."), value)
     nested: dict[str, dict[str, Any]] = {}
     flat: dict[str, Any] = {}
     for key, value in changes.items():

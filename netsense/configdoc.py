@@ -12,7 +12,7 @@ import inspect
 import textwrap
 import typing
 
-from netsense.config import JobConfig
+from netsense.config import RULES, JobConfig
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -73,6 +73,19 @@ def reference() -> str:
             table(sub, f"{name}.")
 
     table(JobConfig, "")
+    lines.extend([
+        "## Allowed values",
+        "",
+        "Checked once, for the file and the flags alike, before any process starts or socket opens: a",
+        "bad value is one line naming the flag (or the field) and what is allowed, exit status 2.",
+        "Unset (None) always passes. `train.policy` and `server.policy` must build over their ladder,",
+        "and each `optimizer` key must pass OptimizerSettings' checks.",
+        "",
+        "| key | allowed |",
+        "|---|---|",
+        *(f"| `{path}` | {rule.allowed} |" for path, rule in RULES.items()),
+        "",
+    ])  # fmt: skip
     return "\n".join(lines)
 
 

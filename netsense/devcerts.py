@@ -7,11 +7,19 @@ Shared by the `ps`, `worker` and `certs` commands and by the local launcher, so 
 
 from __future__ import annotations
 
+import datetime
+import logging
 import os
 from pathlib import Path
 
+from cryptography import x509
+
 from netsense.errors import ConfigError
 from netsense.transport.tls import CertPaths, make_dev_certs
+
+log = logging.getLogger(__name__)
+WARN_BEFORE = datetime.timedelta(days=1)
+"""`netsense ps` warns when its certificate expires sooner than this."""
 
 
 def default_certs_dir() -> Path:
@@ -23,10 +31,16 @@ def ensure_certs(certs_dir: str | None, *, create: bool) -> CertPaths:
     """Cert paths in `certs_dir` (or the cache dir); create dev certs there if allowed and missing."""
     d = Path(certs_dir) if certs_dir else default_certs_dir()
     paths = CertPaths.in_dir(d)
-    missing = [p for p in (paths.ca, paths.cert, paths.key, paths.secret) if not p.exists()]
+    files = (paths.ca, paths.cert, paths.key, paths.secret)
+    missing = [p for p in files if not p.exists()]
     if missing:
         if not create:
             raise ConfigError(f"missing {', '.join(map(str, missing))}; create them with `netsense certs --out {d}`")
+        if len(missing) < len(files):  # never replace a CA or secret that workers may already hold
+            raise ConfigError(
+                f"{d} is incomplete (missing {', '.join(p.name for p in missing)}); "
+                f"recreate it with `netsense certs --out {d} --force` and hand the new ca.pem and secret to every worker"
+            )
         make_dev_certs(d)
     return paths
 
@@ -43,3 +57,26 @@ def worker_certs(certs_dir: str | None) -> CertPaths:
             f"folder into {d} (a worker never needs the PS's private key)"
         )
     return paths
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def check_cert_dates(paths: CertPaths) -> None:
+    """Refuse an expired server certificate or CA, warn (one log line) when one expires within a
+    day: every worker's handshake would fail, far from the cause."""
+    ends = []
+    for path in (paths.cert, paths.ca):
+        try:
+            cert = x509.load_pem_x509_certificate(path.read_bytes())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read certificate {path}: {exc}") from None
+        ends.append((cert.not_valid_after_utc, path))
+    end, path = min(ends)
+    renew = f"create new ones with `netsense certs --out {path.parent} --force`"
+    now = _now()
+    if end <= now:
+        raise ConfigError(f"certificate {path} expired at {end:%Y-%m-%d %H:%M} UTC; {renew}")
+    if end - now < WARN_BEFORE:
+        log.warning("certificate %s expires at %s UTC, in under a day; %s", path, f"{end:%Y-%m-%d %H:%M}", renew)

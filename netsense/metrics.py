@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from netsense.errors import ConfigError
 from netsense.transport.sensing.aioquic_private import smoothed_rtt
 
 log = logging.getLogger(__name__)
@@ -90,12 +91,18 @@ class WorkerCollector(Collector):
 
 
 class MetricsServer:
-    """A running /metrics endpoint; `close()` stops its thread."""
+    """A running /metrics endpoint; `close()` stops its thread.
+
+    It binds 127.0.0.1 unless told otherwise: the endpoint has no authentication, so another
+    address (``--metrics-host 0.0.0.0``) exposes the job's figures to whoever reaches it."""
 
     def __init__(self, collector: Collector, port: int, host: str = "127.0.0.1") -> None:
         registry = CollectorRegistry()
         registry.register(collector)
-        self._server, self._thread = start_http_server(port, addr=host, registry=registry)
+        try:
+            self._server, self._thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as exc:  # a port in use, an address not on this machine
+            raise ConfigError(f"--metrics-host/--metrics-port: cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
         self.port: int = self._server.server_address[1]
         log.info("metrics on http://%s:%d/metrics", host, self.port)
 

@@ -24,3 +24,15 @@ def test_every_field_has_a_docstring() -> None:
                 walk(type(f.default_factory()))  # type: ignore[misc]
 
     walk(JobConfig)
+
+
+def test_every_rule_names_a_real_field() -> None:
+    """A rule for a renamed or mistyped field would silently check nothing."""
+    from netsense.config import RULES
+
+    config = JobConfig()
+    for path in RULES:
+        obj = config
+        for part in path.split("."):
+            assert hasattr(obj, part), f"RULES[{path!r}] names no field"
+            obj = getattr(obj, part)

@@ -68,3 +68,28 @@ def test_ps_command_serves_metrics(tmp_path) -> None:
     finally:
         stop_processes([p])
     assert p.returncode == 0
+
+
+class _Empty:
+    def collect(self):  # type: ignore[no-untyped-def]
+        return iter(())
+
+
+def test_metrics_host_binds_where_told_and_a_busy_port_is_a_config_error() -> None:
+    import pytest
+
+    from netsense.errors import ConfigError
+
+    anywhere = MetricsServer(_Empty(), 0, host="0.0.0.0")  # type: ignore[arg-type]
+    try:
+        assert anywhere._server.server_address[0] == "0.0.0.0"
+        _scrape(anywhere.port)  # reachable on loopback too
+        with pytest.raises(ConfigError, match=f"cannot serve metrics on 127.0.0.1:{anywhere.port}"):
+            MetricsServer(_Empty(), anywhere.port, host="127.0.0.1")  # type: ignore[arg-type]
+    finally:
+        anywhere.close()
+    local = MetricsServer(_Empty(), 0)  # type: ignore[arg-type]
+    try:
+        assert local._server.server_address[0] == "127.0.0.1"  # the default stays loopback
+    finally:
+        local.close()

@@ -84,10 +84,21 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
         )
 
 
-def make_dev_certs(out: str | Path, hosts: list[str] | None = None, days: int = 365) -> CertPaths:
-    """Write a development CA, a server certificate for `hosts`, and a shared secret into `out`."""
+def make_dev_certs(out: str | Path, hosts: list[str] | None = None, days: int = 365, *, force: bool = False) -> CertPaths:
+    """Write a development CA, a server certificate for `hosts`, and a shared secret into `out`.
+
+    Refuses (ConfigError) to replace existing files unless `force`: workers that were handed the
+    old CA and secret could no longer connect."""
+    if not isinstance(days, int) or days < 1:
+        raise ConfigError(f"certificate validity must be >= 1 day, got {days!r}")
     hosts = hosts or ["localhost", "127.0.0.1", "::1"]
     paths = CertPaths.in_dir(out)
+    existing = [p.name for p in (paths.ca, paths.cert, paths.key, paths.secret) if p.exists()]
+    if existing and not force:
+        raise ConfigError(
+            f"{paths.ca.parent} already holds {', '.join(existing)}; refusing to overwrite them (workers holding "
+            "the old CA and secret would be locked out): pass --force to replace them"
+        )
     paths.ca.parent.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.timezone.utc)
     ca_key = ec.generate_private_key(ec.SECP256R1())

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import logging
 import sys
+import typing
 from collections.abc import Iterable
 
 from netsense.errors import NetSenseError
@@ -34,9 +35,17 @@ def register_modules(sub: argparse._SubParsersAction, package: str, names: Itera
         module.register(sub)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line, like every other bad input (the usage block is in --help);
+    subcommand parsers inherit the class."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full parser, with every available subcommand registered."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="netsense",
         description="Parameter-server training over QUIC with network-adaptive gradient compression.",
         epilog="Example: netsense launch            # 1 PS + 2 workers on digits-cnn, TLS on",

@@ -6,14 +6,19 @@ Precedence: defaults < ``--config FILE`` < flags. A flag left unset never overri
 from __future__ import annotations
 
 import argparse
+import socket
 from typing import Any
 
-from netsense.config import JobConfig, load_config, override
+from netsense.config import JobConfig, SettingError, host_problem, load_config, override
 from netsense.errors import ConfigError
 
 
-def add_metrics_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0 = free port)")
+def add_metrics_flag(p: argparse.ArgumentParser, port_help: str | None = None) -> None:
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help=port_help or "serve Prometheus metrics on METRICS_HOST:PORT/metrics (0 = free port; default: no metrics)")
+    p.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                   help="address the metrics endpoint binds (default 127.0.0.1; any other address, e.g. 0.0.0.0, "
+                   "exposes the metrics, unauthenticated, to the network)")
 
 
 def add_config_flag(p: argparse.ArgumentParser) -> None:
@@ -71,7 +76,9 @@ def add_transport_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--barrier-timeout", type=float, help="seconds the PS waits for a slow worker before dropping it from a step")
 
 
-def add_job_flags(p: argparse.ArgumentParser, *, train: bool = False, staleness: bool = False, metrics: bool = False) -> None:
+def add_job_flags(
+    p: argparse.ArgumentParser, *, train: bool = False, staleness: bool = False, metrics: bool = False, metrics_help: str | None = None
+) -> None:
     """The flag groups that `ps`, `worker` and `launch` share, always in this order (their --help
     lists them so): training, staleness, metrics, then transport and security, which all three take."""
     if train:
@@ -79,44 +86,88 @@ def add_job_flags(p: argparse.ArgumentParser, *, train: bool = False, staleness:
     if staleness:
         add_staleness_flag(p)
     if metrics:
-        add_metrics_flag(p)
+        add_metrics_flag(p, metrics_help)
     add_transport_flags(p)
     add_security_flags(p)
 
 
-def resolve_config(args: argparse.Namespace) -> JobConfig:
-    """The job config from --config and the flags present on `args`."""
-    config = load_config(getattr(args, "config", None))
+FLAG_FIELDS: tuple[tuple[str, str], ...] = (
+    ("model", "model"),
+    ("workers", "workers"),
+    ("servers", "servers"),
+    ("steps", "train.steps"),
+    ("batch_size", "train.batch_size"),
+    ("seed", "train.seed"),
+    ("codec", "train.codec"),
+    ("policy", "train.policy"),
+    ("ladder", "train.ladder"),
+    ("decision_log", "train.decision_log"),
+    ("overlap", "train.overlap"),
+    ("device", "train.device"),
+    ("downlink_policy", "server.policy"),
+    ("ladder", "server.ladder"),
+    ("eval_every", "train.eval_every"),
+    ("downlink_codec", "server.downlink_codec"),
+    ("barrier_timeout", "server.barrier_timeout_s"),
+    ("staleness", "server.staleness"),
+    ("max_datagram_size", "transport.max_datagram_size"),
+    ("certs", "security.certs_dir"),
+    ("insecure", "security.insecure"),
+    ("lr", "optimizer.lr"),
+    ("optimizer", "optimizer.name"),
+)
+"""(argparse dest, config field) of the shared flags; a dest may set several fields (--ladder)."""
+
+
+def resolve_config(args: argparse.Namespace, fields: dict[str, str] | None = None) -> JobConfig:
+    """The job config from --config and the flags present on `args`, checked (`netsense.config.RULES`).
+
+    `fields` maps a command's own flags (dest -> field) and replaces the shared meaning of a dest
+    (`ps --policy` is the downlink policy). A bad value is one `ConfigError` naming the flag when a
+    flag set it, else the field and the file."""
     a: dict[str, Any] = vars(args)
+    table = [(d, f) for d, f in FLAG_FIELDS if d not in (fields or {})] + list((fields or {}).items())
+    path = a.get("config")
+    try:
+        config = load_config(path)
+    except SettingError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     opt = dict(config.optimizer)
-    for flag, name in (("lr", "lr"), ("optimizer", "name")):
-        if a.get(flag) is not None:
-            opt[name] = a[flag]
-    return override(
-        config,
-        model=a.get("model"),
-        workers=a.get("workers"),
-        servers=a.get("servers"),
-        optimizer=opt,
-        train__steps=a.get("steps"),
-        train__batch_size=a.get("batch_size"),
-        train__seed=a.get("seed"),
-        train__codec=a.get("codec"),
-        train__policy=a.get("policy"),
-        train__ladder=a.get("ladder"),
-        train__decision_log=a.get("decision_log"),
-        train__overlap=a.get("overlap"),
-        train__device=a.get("device"),
-        server__policy=a.get("downlink_policy"),
-        server__ladder=a.get("ladder"),
-        train__eval_every=a.get("eval_every"),
-        server__downlink_codec=a.get("downlink_codec"),
-        server__barrier_timeout_s=a.get("barrier_timeout"),
-        server__staleness=a.get("staleness"),
-        transport__max_datagram_size=a.get("max_datagram_size"),
-        security__certs_dir=a.get("certs"),
-        security__insecure=a.get("insecure"),
-    )
+    changes: dict[str, Any] = {}
+    for dest, field in table:
+        if a.get(dest) is None:
+            continue
+        if field.startswith("optimizer."):
+            opt[field.removeprefix("optimizer.")] = a[dest]
+        else:
+            changes[field.replace(".", "__")] = a[dest]
+    try:
+        return override(config, optimizer=opt, **changes)
+    except SettingError as exc:
+        flags = [f"--{d.replace('_', '-')}" for d, f in table if f == exc.path and a.get(d) is not None]
+        raise ConfigError(f"{flags[0]} {exc.detail}" if flags else f"{path or 'config'}: {exc}") from None
+
+
+def check_port(flag: str, port: int | None) -> None:
+    """A port flag (None: unset) in 0..65535, else a one-line `ConfigError`."""
+    if port is not None and not 0 <= port <= 65535:
+        raise ConfigError(f"{flag} must be in 0..65535, got {port}")
+
+
+def check_host(flag: str, host: str) -> None:
+    """A host flag that is an IP address or a well-formed name, else a one-line `ConfigError`."""
+    problem = host_problem(host)
+    if problem:
+        raise ConfigError(f"{flag} {problem}")
+
+
+def resolve_host(flag: str, host: str, port: int = 0) -> None:
+    """Fail now, in one line, if `host` does not resolve (instead of at bind or connect time)."""
+    check_host(flag, host)
+    try:
+        socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_DGRAM)
+    except (OSError, UnicodeError) as exc:
+        raise ConfigError(f"{flag}: host {host!r} does not resolve ({getattr(exc, 'strerror', None) or exc})") from None
 
 
 def parse_hostports(value: str) -> list[tuple[str, int]]:
@@ -130,3 +181,4 @@ def parse_hostport(value: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"address {value!r} must be HOST:PORT with a port in 1..65535")
     return host.strip("[]") or "127.0.0.1", int(port)
+

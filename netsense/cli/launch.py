@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
-from netsense.cli.flags import add_config_flag, add_job_flags, resolve_config
+from netsense.cli.flags import add_config_flag, add_job_flags, check_host, check_port, resolve_config
+from netsense.launch.jsonout import strict_json
 from netsense.launch.launcher import Launcher
 
 
@@ -30,12 +30,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--link", metavar="SPEC", help="emulated link between workers and PS (netsense emulate), "
                    "e.g. rate=20mbit,delay=10ms")
     p.add_argument("--trace", metavar="FILE", help="rate trace for the emulated link (CSV or Mahimahi)")
-    add_job_flags(p, train=True, staleness=True)
+    add_job_flags(
+        p, train=True, staleness=True, metrics=True,
+        metrics_help="Prometheus metrics from every process: PS shard i on PORT+i, worker r on PORT+SERVERS+r "
+        "(one shard: the PS on PORT, worker r on PORT+1+r); 0 = each picks a free port, listed in the summary",
+    )  # fmt: skip
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    config = resolve_config(args)
+    config = resolve_config(args)  # every range and spec checked here, before any process starts
+    check_port("--metrics-port", args.metrics_port)
+    check_host("--metrics-host", args.metrics_host)
+    if args.metrics_port:
+        check_port("--metrics-port", args.metrics_port + config.servers + config.workers - 1)
     bar = None
     if not args.no_progress:
         from tqdm import tqdm
@@ -58,12 +66,13 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         summary = Launcher(
-            config, verbose=args.verbose, on_event=on_event, run_dir=args.run_dir, link=args.link, trace=args.trace
-        ).run()
+            config, verbose=args.verbose, on_event=on_event, run_dir=args.run_dir, link=args.link, trace=args.trace,
+            metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+        ).run()  # fmt: skip
     finally:
         if bar is not None:
             bar.close()
-    text = json.dumps(summary, indent=2)
+    text = strict_json(summary, indent=2)
     print(text)
     if args.summary_json:
         Path(args.summary_json).write_text(text + "\n")

@@ -9,9 +9,8 @@ import logging
 import signal
 import sys
 
-from netsense.cli.flags import add_config_flag, add_job_flags, resolve_config
-from netsense.config import override
-from netsense.devcerts import ensure_certs
+from netsense.cli.flags import add_config_flag, add_job_flags, check_host, check_port, resolve_config, resolve_host
+from netsense.devcerts import check_cert_dates, ensure_certs
 from netsense.errors import ConfigError
 from netsense.metrics import MetricsServer, PSCollector
 from netsense.ps import checkpoint
@@ -50,19 +49,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+PS_FIELDS = {
+    "host": "server.host",
+    "port": "server.port",
+    "policy": "server.policy",
+    "decision_log": "server.decision_log",
+    "checkpoint_dir": "server.checkpoint_dir",
+    "checkpoint_every": "server.checkpoint_every_steps",
+    "checkpoint_every_s": "server.checkpoint_every_s",
+}
+"""The PS's own flags; here --policy and --decision-log are the downlink's."""
+
+
 def run(args: argparse.Namespace) -> int:
-    config = resolve_config(args)
-    config = override(
-        config, server__host=args.host, server__port=args.port, server__policy=args.policy,
-        server__decision_log=args.decision_log,
-    )  # fmt: skip
-    resume_dir = args.resume if isinstance(args.resume, str) else None
-    config = override(
-        config,
-        server__checkpoint_dir=resume_dir or args.checkpoint_dir,
-        server__checkpoint_every_steps=args.checkpoint_every,
-        server__checkpoint_every_s=args.checkpoint_every_s,
-    )
+    if isinstance(args.resume, str):
+        args.checkpoint_dir = args.resume  # --resume DIR reads and keeps checkpointing there
+    config = resolve_config(args, PS_FIELDS)
+    check_port("--metrics-port", args.metrics_port)
+    check_host("--metrics-host", args.metrics_host)
+    resolve_host("--host", config.server.host, config.server.port)  # before any certificate or socket
     state = None
     if args.resume is not None:
         if config.server.checkpoint_dir is None:
@@ -70,21 +75,29 @@ def run(args: argparse.Namespace) -> int:
         state, path = checkpoint.load_latest(config.server.checkpoint_dir)
         log.info("resuming from %s (version %d)", path, state["version"])
     certs = ensure_certs(config.security.certs_dir, create=config.security.certs_dir is None or config.security.insecure)
+    check_cert_dates(certs)
     secret = None if config.security.insecure else load_secret(certs.secret)
     quic_config = server_configuration(certs.cert, certs.key, config.transport)
     server = PSServer(config.server, secret=secret)
     if state is not None:
         server.restore(state)
-    return run_loop(_serve(server, quic_config, config.transport.socket_buffer_bytes, args.metrics_port))
+    metrics = (args.metrics_host, args.metrics_port) if args.metrics_port is not None else None
+    return run_loop(_serve(server, quic_config, config.transport.socket_buffer_bytes, metrics))
 
 
-async def _serve(server: PSServer, quic_config, socket_buffer_bytes: int, metrics_port: int | None = None) -> int:  # type: ignore[no-untyped-def]
+async def _serve(  # type: ignore[no-untyped-def]
+    server: PSServer, quic_config, socket_buffer_bytes: int, metrics_at: tuple[str, int] | None = None
+) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    port = await server.start(quic_config, socket_buffer_bytes)
-    metrics = MetricsServer(PSCollector(server), metrics_port) if metrics_port is not None else None
+    try:
+        port = await server.start(quic_config, socket_buffer_bytes)
+    except OSError as exc:  # a port in use, an address not on this machine: one line, not a traceback
+        where = f"{server.settings.host}:{server.settings.port}"
+        raise ConfigError(f"--host/--port: cannot listen on {where}: {exc.strerror or exc}") from None
+    metrics = MetricsServer(PSCollector(server), metrics_at[1], metrics_at[0]) if metrics_at is not None else None
     ready = {"event": "ready", "port": port, "version": server.store.version}
     if metrics is not None:
         ready["metrics_port"] = metrics.port

@@ -11,13 +11,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from netsense.cli.flags import add_config_flag, add_job_flags, parse_hostports, resolve_config
+from netsense.cli.flags import (
+    add_config_flag,
+    add_job_flags,
+    check_host,
+    check_port,
+    parse_hostports,
+    resolve_config,
+    resolve_host,
+)
 from netsense.config import JobConfig
 from netsense.devcerts import worker_certs
 from netsense.errors import ConfigError
 from netsense.launch.env import DEFAULT_PS_PORT, from_environ
+from netsense.launch.jsonout import strict_json
 from netsense.metrics import MetricsServer, WorkerCollector
 from netsense.models import load_task
+from netsense.ps.optim import OptimizerSettings
 from netsense.worker.connect import ConnectSettings
 from netsense.worker.device import resolve_device
 from netsense.worker.optimizer import NetSenseOptimizer
@@ -62,13 +72,21 @@ def connect_settings(config: JobConfig, host: str, port: int, server_name: str |
 
 def run(args: argparse.Namespace) -> int:
     config = resolve_config(args)
+    check_port("--metrics-port", args.metrics_port)
+    check_host("--metrics-host", args.metrics_host)
+    if args.world_size is not None and args.world_size < 1:
+        raise ConfigError(f"--world-size must be >= 1, got {args.world_size}")
     env = from_environ()
     if args.ps:
         addresses = parse_hostports(args.ps)
     else:
         addresses = [(env.ps_host or "127.0.0.1", env.ps_port or DEFAULT_PS_PORT)]
+    for host, port in addresses:  # before the task loads: a typo is one line now, not a timeout later
+        resolve_host("--ps" if args.ps else "PS address", host, port)
     args.rank = args.rank if args.rank is not None else (env.rank or 0)
-    world = args.world_size or env.world_size or config.workers
+    world = args.world_size if args.world_size is not None else (env.world_size if env.world_size is not None else config.workers)
+    if world < 1:
+        raise ConfigError(f"world size must be >= 1, got {world} (from WORLD_SIZE / SLURM_NTASKS)")
     if not 0 <= args.rank < world:
         raise ConfigError(f"rank {args.rank} is outside world size {world}")
     # Before the task loads or anything connects: a missing GPU is a start-up error, not a CUDA
@@ -77,6 +95,10 @@ def run(args: argparse.Namespace) -> int:
     task = load_task(config.model)
     model = build_model(task, config.train.seed).to(device)  # built on the CPU: the same init on every device
     optimizer = {**task.optimizer, **config.optimizer}
+    try:  # the PS would refuse it at INIT, after the connection: say it here
+        OptimizerSettings.from_dict(optimizer)
+    except ConfigError as exc:
+        raise ConfigError(f"optimizer of model {config.model!r} (with the config's overrides): {exc}") from None
 
     def emit(event: dict[str, Any]) -> None:
         if args.events:
@@ -96,7 +118,9 @@ def run(args: argparse.Namespace) -> int:
         decision_log=config.train.decision_log,
         overlap=config.train.overlap,
     ) as opt:
-        metrics = MetricsServer(WorkerCollector(opt), args.metrics_port) if args.metrics_port is not None else None
+        metrics = (
+            MetricsServer(WorkerCollector(opt), args.metrics_port, args.metrics_host) if args.metrics_port is not None else None
+        )
         if metrics is not None:
             emit({"event": "metrics", "port": metrics.port})
         try:
@@ -107,9 +131,9 @@ def run(args: argparse.Namespace) -> int:
     summary["rank"] = args.rank
     emit({"event": "done", **summary})
     if args.summary_json:
-        Path(args.summary_json).write_text(json.dumps(summary, indent=2))
+        Path(args.summary_json).write_text(strict_json(summary, indent=2))
     if not args.events:
-        print(json.dumps(summary, indent=2))
+        print(strict_json(summary, indent=2))
     log.info("worker %s (pid %d) finished", worker_id, os.getpid())
     sys.stdout.flush()
     return 0

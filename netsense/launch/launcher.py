@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from netsense.config import JobConfig, override, to_dict
-from netsense.devcerts import ensure_certs
+from netsense.devcerts import check_cert_dates, ensure_certs
 from netsense.errors import ProcessFailed
+from netsense.launch.jsonout import strict_json
 from netsense.transport.tls import LOOPBACK_MAX_DATAGRAM_SIZE, TransportSettings
 from netsense.worker.device import resolve_device
 
@@ -69,6 +70,8 @@ class Launcher:
         worker_args: list[str] | None = None,
         link: str | None = None,
         trace: str | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
     ) -> None:
         self.config = config
         self.verbose = verbose
@@ -79,6 +82,12 @@ class Launcher:
         """Emulated link spec between the workers and the PS (`netsense emulate` child), or None."""
         self.trace = trace
         """Rate trace file for that link, or None."""
+        self.metrics_port = metrics_port
+        """First metrics port: shard i on +i, worker r on +servers+r; 0 = free ports; None = no metrics."""
+        self.metrics_host = metrics_host
+        """Address every metrics endpoint binds."""
+        self.metrics_ports: dict[str, list[int]] = {"ps": [], "workers": []}
+        """The ports the children reported, for the summary."""
         self.procs: list[subprocess.Popen[str]] = []
 
     def _cmd(self, *args: str) -> list[str]:
@@ -99,6 +108,7 @@ class Launcher:
             config = override(config, transport__max_datagram_size=LOOPBACK_MAX_DATAGRAM_SIZE)
         if not config.security.insecure:
             certs = ensure_certs(config.security.certs_dir, create=True)
+            check_cert_dates(certs)  # an expired certificate: say so here, not as a PS exit status
             config = override(config, security__certs_dir=str(certs.ca.parent))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "launch.json").write_text(
@@ -116,7 +126,7 @@ class Launcher:
         down_logs = [self._down_log(i) for i in range(servers)]
         shards = []
         for i in range(servers):
-            args = ["ps", "--config", str(cfg_path), "--decision-log", down_logs[i]]
+            args = ["ps", "--config", str(cfg_path), "--decision-log", down_logs[i], *self._metrics_args(i)]
             ckpt = self.config.server.checkpoint_dir
             if ckpt and servers > 1:
                 args += ["--checkpoint-dir", str(Path(ckpt) / f"shard-{i}")]  # each shard checkpoints alone
@@ -135,7 +145,8 @@ class Launcher:
                 self._cmd(
                     "worker", "--config", str(cfg_path), "--ps", ps_arg, "--rank", str(rank),
                     "--world-size", str(n), "--worker-id", f"worker-{rank}", "--events",
-                    "--server-name", "127.0.0.1", "--decision-log", self._up_log(rank), *self.worker_args,
+                    "--server-name", "127.0.0.1", "--decision-log", self._up_log(rank),
+                    *self._metrics_args(servers + rank), *self.worker_args,
                 )
             )  # fmt: skip
             threading.Thread(target=_reader, args=(rank, w.stdout, events), daemon=True).start()
@@ -167,7 +178,9 @@ class Launcher:
                 rank, event = events.get(timeout=0.2)
                 if event.get("event") == "done":
                     done[rank] = event
-                event_log.write(json.dumps({"t": time.time(), "rank": rank, **event}) + "\n")
+                elif event.get("event") == "metrics":
+                    self.metrics_ports["workers"].append(int(event["port"]))
+                event_log.write(strict_json({"t": time.time(), "rank": rank, **event}) + "\n")
                 self.on_event(rank, event)
             except queue.Empty:
                 pass
@@ -200,7 +213,15 @@ class Launcher:
             "device": first.get("device", "cpu"),
             "levels": _merge_levels(d.get("levels", {}) for d in done.values()),
             "decision_logs": [*down_logs, *(self._up_log(r) for r in range(n))],
+            **({"metrics_ports": self.metrics_ports} if self.metrics_port is not None else {}),
         }
+
+    def _metrics_args(self, index: int) -> list[str]:
+        """Metrics flags of child `index` (shards first, then workers): base port + index, or 0 for 0."""
+        if self.metrics_port is None:
+            return []
+        port = self.metrics_port + index if self.metrics_port else 0
+        return ["--metrics-port", str(port), "--metrics-host", self.metrics_host]
 
     def _down_log(self, shard: int) -> str:
         """Shard `shard`'s downlink decision log (the plain name when there is one shard)."""
@@ -243,7 +264,11 @@ class Launcher:
         threading.Thread(target=_reader, args=(-1, ps.stdout, _Adapter(box)), daemon=True).start()
 
         def port_of(event: dict[str, Any]) -> int | None:
-            return int(event["port"]) if event.get("event") == "ready" else None
+            if event.get("event") != "ready":
+                return None
+            if "metrics_port" in event:
+                self.metrics_ports["ps"].append(int(event["metrics_port"]))
+            return int(event["port"])
 
         return _await_port(box, ps, port_of, what="the parameter server", report="ready", timeout_s=timeout_s)
 

@@ -106,3 +106,19 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
         if p.poll() is None:
             p.kill()
         _kill_all(str(run_dir))  # a failed run must not leave training processes behind for later tests
+
+
+def _no_nan(name: str) -> None:
+    raise AssertionError(f"summary holds {name}, which is not JSON")
+
+
+@pytest.mark.slow
+def test_metrics_port_reaches_every_process(tmp_path: Path) -> None:
+    summary_path = tmp_path / "summary.json"
+    proc = _launch(tmp_path, "--workers", "1", "--steps", "3", "--metrics-port", "0", "--summary-json", str(summary_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(summary_path.read_text(), parse_constant=_no_nan)
+    ports = summary["metrics_ports"]
+    assert len(ports["ps"]) == 1 and len(ports["workers"]) == 1, ports
+    assert all(p > 0 for p in ports["ps"] + ports["workers"])
+    assert not _procs_mentioning(str(tmp_path / "run"))

@@ -1,0 +1,197 @@
+"""Bad input gets one line naming the flag (or TOML field) and what is allowed, exit 2, no traceback,
+before any process starts or socket opens (issue #17; #16 items 4 and 6)."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+import pytest
+
+from netsense.cli import main
+
+# argv -> a substring of the one-line error. "{toml:TEXT}" is replaced by a config file holding
+# TEXT, "{certs}" by a folder that already holds dev certificates, "{tmp}" by an empty folder.
+ROWS: list[tuple[list[str], str]] = [
+    (["ps", "--port", "70000"], "--port must be in 0..65535, got 70000"),
+    (["ps", "--port", "-5"], "--port must be in 0..65535, got -5"),
+    (["ps", "--host", "999.1.1.1"], "--host must be an IP address or host name"),
+    (["ps", "--host", "nosuch.invalid", "--insecure"], "--host: host 'nosuch.invalid' does not resolve"),
+    (["worker", "--ps", "unresolvable.invalid:1", "--insecure"], "--ps: host 'unresolvable.invalid' does not resolve"),
+    (["certs", "--out", "{tmp}", "--days", "-1"], "--days must be >= 1, got -1"),
+    (["certs", "--out", "{tmp}", "--days", "0"], "--days must be >= 1, got 0"),
+    (["certs", "--out", "{certs}"], "refusing to overwrite"),
+    (["ps", "--checkpoint-every", "-3"], "--checkpoint-every must be >= 0, got -3"),
+    (["ps", "--checkpoint-every-s", "-1"], "--checkpoint-every-s must be >= 0"),
+    (["launch", "--steps", "0"], "--steps must be >= 1, got 0"),
+    (["launch", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["launch", "--workers", "0"], "--workers must be in 1..256, got 0"),
+    (["launch", "--servers", "0"], "--servers must be in 1..64, got 0"),
+    (["launch", "--eval-every", "-1"], "--eval-every must be >= 0"),
+    (["launch", "--staleness", "-1"], "--staleness must be >= 0"),
+    (["worker", "--world-size", "0", "--insecure"], "--world-size must be >= 1, got 0"),
+    (["worker", "--config", "{toml:[transport]\nidle_timeout_s = -1\n}", "--insecure"], "transport.idle_timeout_s must be > 0, got -1"),
+    (["ps", "--max-datagram-size", "10"], "--max-datagram-size must be in 1200..65507, got 10"),
+    (["ps", "--barrier-timeout", "0"], "--barrier-timeout must be > 0, got 0"),
+    (["launch", "--barrier-timeout", "-1"], "--barrier-timeout must be > 0, got -1"),
+    (["ps", "--downlink-codec", "nosuch"], "--downlink-codec is not a valid codec: unknown codec 'nosuch'"),
+    (["ps", "--policy", "nope"], "--policy is not a valid policy: unknown policy 'nope'"),
+    (["launch", "--codec", "fp17"], "--codec is not a valid codec: unknown codec 'fp17'"),
+    (["launch", "--policy", "fixed:fp17"], "--policy is not a valid policy"),
+    (["launch", "--downlink-policy", "nope"], "--downlink-policy is not a valid policy"),
+    (["launch", "--ladder", "fp32,fp17"], "--ladder is not a valid ladder"),
+    (["worker", "--ladder", "fp16,fp16", "--insecure"], "--ladder is not a valid ladder"),
+    (["launch", "--lr", "0"], "--lr is invalid: optimizer lr must be in (0, 1000)"),
+    (["launch", "--config", "{toml:[optimizer]\nname = 'sgdd'\n}"], "optimizer.name is invalid"),
+    (["launch", "--config", "{toml:[optimizer]\nlrr = 0.1\n}"], "optimizer.lrr is invalid: unknown optimizer settings"),
+    (["launch", "--config", "{toml:[train]\ncodec = 'fp17'\n}"], "train.codec is not a valid codec"),
+    (["ps", "--config", "{toml:[server]\ndownlink_codec = 'nosuch'\n}"], "server.downlink_codec is not a valid codec"),
+    (["ps", "--config", "{toml:[server]\nport = 70000\n}"], "server.port must be in 0..65535"),
+    (["launch", "--config", "{toml:[train]\nsteps = 0\n}"], "train.steps must be >= 1, got 0"),
+    (["launch", "--metrics-port", "70000"], "--metrics-port must be in 0..65535"),
+    (["launch", "--metrics-port", "65535"], "--metrics-port must be in 0..65535, got 65537"),
+    (["ps", "--metrics-host", "999.1.1.1"], "--metrics-host must be an IP address or host name"),
+    (["worker", "--metrics-port", "-1", "--insecure"], "--metrics-port must be in 0..65535, got -1"),
+    (["launch", "--optimizer", "sgdd"], "argument --optimizer: invalid choice: 'sgdd'"),  # argparse's own errors
+    (["ps", "--port", "abc"], "argument --port: invalid int value: 'abc'"),
+]
+
+
+def _argv(argv: list[str], tmp_path: Path) -> list[str]:
+    out = []
+    for a in argv:
+        if a.startswith("{toml:"):
+            path = tmp_path / "job.toml"
+            path.write_text(a.removeprefix("{toml:").removesuffix("}"))
+            a = str(path)
+        elif a == "{certs}":
+            assert main(["certs", "--out", str(tmp_path / "certs")]) == 0
+            a = str(tmp_path / "certs")
+        elif a == "{tmp}":
+            a = str(tmp_path / "fresh")
+        out.append(a)
+    return out
+
+
+@pytest.mark.parametrize(("argv", "message"), ROWS, ids=[" ".join(a) for a, _ in ROWS])
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for name in ("NETSENSE_PS", "RANK", "WORLD_SIZE", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    argv = _argv(argv, tmp_path)
+    capsys.readouterr()
+    try:
+        status = main(argv)
+    except SystemExit as exc:  # argparse's usage errors exit from inside parse_args
+        status = exc.code
+    assert status == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert message in lines[0], lines[0]
+    assert lines[0].startswith(f"netsense {argv[0]}: error: ")
+
+
+def test_certs_force_replaces_the_ca(tmp_path: Path, capsys) -> None:
+    d = tmp_path / "certs"
+    assert main(["certs", "--out", str(d)]) == 0
+    ca = (d / "ca.pem").read_bytes()
+    assert main(["certs", "--out", str(d)]) == 2
+    assert (d / "ca.pem").read_bytes() == ca  # refused: untouched
+    assert main(["certs", "--out", str(d), "--force"]) == 0
+    assert (d / "ca.pem").read_bytes() != ca
+
+
+def test_incomplete_cert_dir_is_not_silently_regenerated(tmp_path: Path) -> None:
+    from netsense.devcerts import ensure_certs
+    from netsense.errors import ConfigError
+
+    d = tmp_path / "certs"
+    assert main(["certs", "--out", str(d)]) == 0
+    ca = (d / "ca.pem").read_bytes()
+    (d / "secret").unlink()
+    with pytest.raises(ConfigError, match="incomplete.*--force"):
+        ensure_certs(str(d), create=True)
+    assert (d / "ca.pem").read_bytes() == ca
+
+
+def _shift_clock(monkeypatch, days: float) -> None:
+    from netsense import devcerts
+
+    later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=days)
+    monkeypatch.setattr(devcerts, "_now", lambda: later)
+
+
+def test_ps_refuses_an_expired_certificate(tmp_path: Path, capsys, monkeypatch) -> None:
+    d = tmp_path / "certs"
+    assert main(["certs", "--out", str(d), "--days", "1"]) == 0
+    _shift_clock(monkeypatch, 2)
+    capsys.readouterr()
+    assert main(["ps", "--certs", str(d), "--port", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "expired" in err[0] and "--force" in err[0], err
+
+
+def test_a_certificate_expiring_within_a_day_is_one_warning(tmp_path: Path, caplog, monkeypatch) -> None:
+    from netsense.devcerts import check_cert_dates
+    from netsense.transport.tls import CertPaths
+
+    d = tmp_path / "certs"
+    assert main(["certs", "--out", str(d), "--days", "1"]) == 0
+    paths = CertPaths.in_dir(d)
+    with caplog.at_level("WARNING"):
+        check_cert_dates(paths)  # 1 day from now, minus the seconds this test took: within a day
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "in under a day" in warnings[0].getMessage()
+    caplog.clear()
+    assert main(["certs", "--out", str(d), "--force"]) == 0  # 365 days
+    with caplog.at_level("WARNING"):
+        check_cert_dates(paths)
+    assert not caplog.records
+
+
+def test_summary_json_has_no_nan() -> None:
+    import json
+
+    from netsense.launch.jsonout import strict_json
+
+    text = strict_json({"final_loss": float("nan"), "levels": [float("inf"), 1.0], "steps": 0})
+    assert json.loads(text) == {"final_loss": None, "levels": [None, 1.0], "steps": 0}
+    assert "NaN" not in text
+
+
+def test_launch_gives_each_process_its_metrics_port() -> None:
+    from netsense.config import JobConfig
+    from netsense.launch.launcher import Launcher
+
+    launcher = Launcher(JobConfig(servers=2, workers=2), metrics_port=9100, metrics_host="0.0.0.0")
+    assert [launcher._metrics_args(i)[1] for i in range(4)] == ["9100", "9101", "9102", "9103"]
+    assert launcher._metrics_args(0)[2:] == ["--metrics-host", "0.0.0.0"]
+    assert Launcher(JobConfig(), metrics_port=0)._metrics_args(3)[:2] == ["--metrics-port", "0"]
+    assert Launcher(JobConfig())._metrics_args(0) == []
+
+
+def test_launch_refuses_an_expired_certificate_before_starting_anything(tmp_path: Path, capsys, monkeypatch) -> None:
+    d = tmp_path / "certs"
+    assert main(["certs", "--out", str(d), "--days", "1"]) == 0
+    _shift_clock(monkeypatch, 2)
+    capsys.readouterr()
+    assert main(["launch", "--certs", str(d), "--no-progress", "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "expired" in err[0], err
+    assert not (tmp_path / "run" / "config.json").exists()  # no process was started
+
+
+def test_worker_checks_the_models_optimizer_before_connecting(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A task's own optimizer settings are refused by the PS at INIT; the worker says so first."""
+    (tmp_path / "badopt_task.py").write_text(
+        "import dataclasses\nfrom netsense.models import load_task\n\n"
+        "def factory():\n    return dataclasses.replace(load_task('digits-cnn'), optimizer={'name': 'sgdd'})\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    capsys.readouterr()
+    # nothing listens on port 1: reaching the connection would be a timeout, not this error
+    assert main(["worker", "--insecure", "--ps", "127.0.0.1:1", "--model", "badopt_task:factory"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "optimizer of model 'badopt_task:factory'" in err[0] and "sgdd" in err[0], err
