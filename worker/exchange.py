@@ -31,7 +31,7 @@ from netsense.errors import PeerError, PeerTimeout
 from netsense.transport.wire import Params
 
 from .client import PSClient
-from .connect import ConnectSettings, make_client, reconnect
+from .connect import ConnectSettings, connect_first, make_client, reconnect
 from .netthread import NetThread
 from .overlap import PUSH_WINDOW, BucketReply, merge_parts, push_and_pull
 from .redecide import PushSlot, Withdrawal, discard, fail, push_slot, replace, withdraw
@@ -100,7 +100,7 @@ class Exchange:
         try:
             self.clients: list[PSClient] = [make_client(s, worker_id, rank) for s in shards]
             """One connection per PS shard."""
-            self.net.run(self._start(shards[0].connect_timeout_s))
+            self.net.run(self._start())
         except BaseException:
             self.net.close()
             raise
@@ -166,12 +166,12 @@ class Exchange:
 
     # --- on the network thread --------------------------------------------------------------
 
-    async def _start(self, timeout: float) -> None:
-        await asyncio.gather(*(self._start_shard(i, timeout) for i in range(len(self.clients))))
+    async def _start(self) -> None:
+        await asyncio.gather(*(self._start_shard(i) for i in range(len(self.clients))))
 
-    async def _start_shard(self, shard: int, timeout: float) -> None:
+    async def _start_shard(self, shard: int) -> None:
         client = self.clients[shard]
-        welcome = await client.connect(timeout)
+        welcome = await connect_first(client, self.shards[shard])
         if not welcome.initialized and self.rank == 0:
             await self._seed(shard)
         self.replica.apply(await client.pull(-1, 0), shard)
