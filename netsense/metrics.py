@@ -71,6 +71,10 @@ class WorkerCollector(Collector):
         for phase in ("compute", "encode", "push", "wait", "decode", "apply"):
             breakdown.add_metric([phase], getattr(last, f"{phase}_s", 0.0))
         yield breakdown
+        yield _counter("netsense_worker_nonfinite_keys", "Keys pushed as zero: their local gradient held NaN/inf.",
+                       getattr(opt, "nonfinite_keys", 0))  # fmt: skip
+        yield _counter("netsense_worker_clamped_values", "Values sent clamped to a 16-bit type's finite range.",
+                       getattr(opt, "clamped_values", 0))  # fmt: skip
         yield _gauge("netsense_worker_staleness", "Async PS: staleness of the last step's gradient.", getattr(last, "staleness", 0))
         yield _gauge("netsense_worker_level", "Codec of the last step (label).", 1.0, {"codec": last.codec or "none"})
         latest = getattr(getattr(opt, "uplink", None), "last", None)

@@ -1,7 +1,8 @@
 """Reaching a PS shard: where it is, how the worker proves who it is, and getting back after a drop.
 
-`ConnectSettings` is what a user passes; `make_client` turns it into a `PSClient`; `reconnect`
-is the backoff loop the exchange runs (on the network thread) when a connection is lost.
+`ConnectSettings` is what a user passes; `make_client` turns it into a `PSClient`; `connect_first`
+and `reconnect` are the backoff loops the exchange runs (on the network thread) when the worker
+starts and when a connection is lost.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from aioquic.quic.configuration import QuicConfiguration
 from netsense.errors import AuthError, ConfigError, PeerError, PeerTimeout
 from netsense.transport.auth import load_secret
 from netsense.transport.tls import TransportSettings, client_configuration
-from netsense.transport.wire import Params
+from netsense.transport.wire import Params, Welcome
 
 from .client import Identity, PSClient
 
@@ -45,7 +46,11 @@ class ConnectSettings:
     transport: TransportSettings = field(default_factory=TransportSettings)
     """QUIC knobs."""
     connect_timeout_s: float = 10.0
-    """Give up connecting after this long."""
+    """One connection attempt (QUIC + TLS handshake) gives up after this long."""
+    connect_deadline_s: float = 60.0
+    """The first connect keeps trying (with the reconnect backoff) for this long, so a PS that is
+    not up yet, or briefly full, does not stop the worker; a handshake the PS or TLS rejects is
+    retried for `connect_timeout_s` only (a wrong CA fails the same way every time)."""
     reconnect_deadline_s: float = 300.0
     """After a dropped connection, keep reconnecting (with backoff) for this long, then fail."""
     reconnect_backoff_s: float = 0.2
@@ -63,6 +68,42 @@ def make_client(settings: ConnectSettings, worker_id: str, rank: int) -> PSClien
         Identity(worker_id, rank, _secret(settings)),
         socket_buffer_bytes=settings.transport.socket_buffer_bytes,
     )
+
+
+async def connect_first(client: PSClient, settings: ConnectSettings) -> Welcome:
+    """Connect + authenticate, retrying with capped exponential backoff and jitter until
+    `connect_deadline_s`: workers are often started before their PS listens (the launcher, a
+    scheduler), and a PS at its bound of connections mid-handshake refuses a newcomer for a moment."""
+    started = time.monotonic()
+    deadline = started + settings.connect_deadline_s
+    rejected_deadline = started + settings.connect_timeout_s
+    delay, attempt = settings.reconnect_backoff_s, 0
+    while True:
+        attempt += 1
+        left = max(0.1, deadline - time.monotonic())
+        try:
+            connecting = client.connect if attempt == 1 else client.reconnect  # reconnect drops a half-open try
+            welcome = await connecting(min(settings.connect_timeout_s, left))
+        except (AuthError, PeerTimeout, PeerError, OSError) as exc:
+            # `PSClient.connect` words a handshake the peer or TLS ended this way (an unanswered one
+            # is "no QUIC handshake ... within"); matched on the words, as errors.py has one AuthError.
+            rejected = isinstance(exc, AuthError) and str(exc).startswith("QUIC/TLS handshake with")
+            if isinstance(exc, AuthError) and "refused" in str(exc):
+                raise  # wrong secret: retrying cannot help
+            if time.monotonic() + delay >= (rejected_deadline if rejected else deadline):
+                raise
+            if attempt == 1:
+                log.warning("PS at %s:%d not reachable yet (%s); retrying for up to %.0f s", client.host, client.port, exc,
+                            settings.connect_deadline_s)  # fmt: skip
+            else:
+                log.info("connect attempt %d failed (%s); next in %.2f s", attempt, exc, delay)
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(2 * delay, settings.reconnect_backoff_max_s)
+            continue
+        if attempt > 1:
+            log.warning("connected to the PS at %s:%d after %.2f s (%d attempts)", client.host, client.port,
+                        time.monotonic() - started, attempt)  # fmt: skip
+        return welcome
 
 
 async def reconnect(

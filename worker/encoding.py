@@ -3,28 +3,43 @@
 Per-key codec instances (stateful codecs keep warm starts per key), error feedback for lossy
 levels (created on the first lossy step: lossless codecs need no residuals), grouping payloads
 into buckets (one stream each), and feeding the policy the progress each level makes.
+
+A key whose local gradient holds NaN or inf is pushed as a zero gradient (under error feedback:
+the residual alone) rather than not at all: the sync barrier waits for every key of every live
+worker, and the PS would refuse the non-finite push whole (docs/RELIABILITY.md, "Non-finite
+local gradients").
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
 import torch
 
 from netsense.compression import Codec, Payload, make_codec
-from netsense.compression.feedback import ErrorFeedback
+from netsense.compression.feedback import ErrorFeedback, NonFiniteGradient
 
 from .layout import KeySlot
 from .uplink import UplinkController
+
+log = logging.getLogger(__name__)
 
 
 class GradientEncoder:
     """Encodes the keys of `slots` at a level; the residuals of lossy levels live here."""
 
-    def __init__(self, slots: list[KeySlot], uplink: UplinkController) -> None:
+    def __init__(self, slots: list[KeySlot], uplink: UplinkController, version: Callable[[], int] = lambda: -1) -> None:
         self.slots = slots
         self.uplink = uplink
+        self.version = version
+        """The step being encoded (the replica's version), for the log line of a non-finite key."""
         self.feedback: ErrorFeedback | None = None
         """Residuals of lossy steps; None until the first one."""
+        self.nonfinite = 0
+        """Keys pushed as zero because their local gradient held NaN or inf, since the start."""
         self._codecs: dict[str, Codec] = {}
+        self._taken = (0, 0)  # (nonfinite, clamped) at the last `take_counts`
 
     def codec_for(self, key: str, spec: str) -> Codec:
         """Per-key encoder instances: stateful codecs (warm starts) keep state per key."""
@@ -37,11 +52,35 @@ class GradientEncoder:
         """The payload of `key` and what it stands for: encoding that tensor again (at another
         level, through error feedback) sends exactly what this payload would have."""
         codec = self.codec_for(key, spec)
-        if codec.lossless and self.feedback is None:
-            return codec.encode(grad), grad  # with residuals left by lossy steps, feedback flushes them
-        if self.feedback is None:
-            self.feedback = ErrorFeedback()
-        return self.feedback.compress(key, grad, codec)
+        try:
+            if codec.lossless and self.feedback is None:
+                if not _all_finite(grad):
+                    raise NonFiniteGradient(key, f"gradient of {key!r} has NaN/inf")
+                return codec.encode(grad), grad  # with residuals left by lossy steps, feedback flushes them
+            if self.feedback is None:
+                self.feedback = ErrorFeedback()
+            return self.feedback.compress(key, grad, codec)
+        except NonFiniteGradient as exc:
+            # compress() left the residual as it was: what goes out is zero plus that residual.
+            self.nonfinite += 1
+            log.warning("step %d: non-finite local gradient for key %r (%s); pushed as zero this step", self.version(), key, exc)
+            zero = torch.zeros_like(grad)
+            if codec.lossless and self.feedback is None:
+                return codec.encode(zero), zero
+            assert self.feedback is not None
+            return self.feedback.compress(key, zero, codec)
+
+    @property
+    def clamped(self) -> int:
+        """Values sent clamped to a 16-bit type's range (error feedback keeps what was cut), since the start."""
+        return self.feedback.clamped if self.feedback is not None else 0
+
+    def take_counts(self) -> tuple[int, int]:
+        """(keys pushed as zero for NaN/inf, values clamped) since the last call: one step's."""
+        now = (self.nonfinite, self.clamped)
+        step = (now[0] - self._taken[0], now[1] - self._taken[1])
+        self._taken = now
+        return step
 
     def encode_rest(self, spec: str, payloads: dict[str, Payload], sources: dict[str, torch.Tensor] | None) -> None:
         """Encode every key not in `payloads` yet (a parameter without a gradient sends zeros);
@@ -76,6 +115,12 @@ class GradientEncoder:
         codec = self.codec_for(self.slots[0].key, spec)
         if self.feedback is not None and not codec.lossless:
             self.uplink.observe_progress(level, self.feedback.pop_progress(unbiased=codec.unbiased))
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    """True if no element is NaN or inf: a finite sum proves it in one pass; only a sum that is not
+    finite (an overflow, or a real NaN/inf) takes the exact, slower check."""
+    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
 
 def bucketize(payloads: dict[str, Payload], bucket_bytes: int) -> list[dict[str, Payload]]:

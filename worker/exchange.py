@@ -31,10 +31,10 @@ from netsense.errors import PeerError, PeerTimeout
 from netsense.transport.wire import Params
 
 from .client import PSClient
-from .connect import ConnectSettings, make_client, reconnect
+from .connect import ConnectSettings, connect_first, make_client, reconnect
 from .netthread import NetThread
 from .overlap import PUSH_WINDOW, BucketReply, merge_parts, push_and_pull
-from .redecide import PushSlot, Withdrawal, fail, push_slot, replace, withdraw
+from .redecide import PushSlot, Withdrawal, discard, fail, push_slot, replace, withdraw
 from .replica import Replica
 from .uplink import UplinkController
 
@@ -93,12 +93,14 @@ class Exchange:
         self._slots: dict[int, tuple[list[PushSlot], int, list[dict[str, Payload]]]] = {}
         """Per shard, this step's withdrawable pushes: their slots, the index of the first in the
         shard's bucket list, and that list (a replacement is written back for reconnect retries)."""
+        self._reconnecting: set[int] = set()
+        """Shards whose connection is being replaced: their link and pushes are not to be read."""
         self.net = NetThread()
         """The private event loop (on its own thread) that runs every connection."""
         try:
             self.clients: list[PSClient] = [make_client(s, worker_id, rank) for s in shards]
             """One connection per PS shard."""
-            self.net.run(self._start(shards[0].connect_timeout_s))
+            self.net.run(self._start())
         except BaseException:
             self.net.close()
             raise
@@ -164,12 +166,12 @@ class Exchange:
 
     # --- on the network thread --------------------------------------------------------------
 
-    async def _start(self, timeout: float) -> None:
-        await asyncio.gather(*(self._start_shard(i, timeout) for i in range(len(self.clients))))
+    async def _start(self) -> None:
+        await asyncio.gather(*(self._start_shard(i) for i in range(len(self.clients))))
 
-    async def _start_shard(self, shard: int, timeout: float) -> None:
+    async def _start_shard(self, shard: int) -> None:
         client = self.clients[shard]
-        welcome = await client.connect(timeout)
+        welcome = await connect_first(client, self.shards[shard])
         if not welcome.initialized and self.rank == 0:
             await self._seed(shard)
         self.replica.apply(await client.pull(-1, 0), shard)
@@ -208,7 +210,14 @@ class Exchange:
                 return await self._push_pull(shard, buckets, samples, inflight, started, tally)
             except PeerTimeout as exc:
                 seed = (lambda: self._seed(shard)) if self.rank == 0 else None
-                params = await reconnect(self.clients[shard], self.shards[shard], exc, seed)
+                self._reconnecting.add(shard)
+                try:
+                    params = await reconnect(self.clients[shard], self.shards[shard], exc, seed)
+                    # A push withdrawn before the drop is re-encoded on the training thread: the
+                    # retry must send the replacement, which error feedback already accounts for.
+                    await self._replacements(shard)
+                finally:
+                    self._reconnecting.discard(shard)
                 self.reconnects += 1
             inflight, started = [], None  # a retry pushes every bucket again
             if params.version != step:
@@ -244,6 +253,9 @@ class Exchange:
             tally.push_s[shard] = time.perf_counter() - started  # first byte to the last push's ack
         except PeerError as exc:
             return await self._resync_stale(exc, pushes if pull is None else [pull, *pushes], step, shard)
+        except BaseException:
+            discard(pushes if pull is None else [pull, *pushes])  # a dropped connection fails the pull too
+            raise
         if pull is None:
             tally.staleness[shard] = max(0, max(acks) - 1 - step)  # the last ack names our update's version
             return await client.pull(-1, 0)
@@ -266,6 +278,9 @@ class Exchange:
             done = await asyncio.gather(*replies)
         except PeerError as exc:
             return await self._resync_stale(exc, replies, step, shard)
+        except BaseException:
+            discard(replies)
+            raise
         tally.push_s[shard] = max(r.acked_at for r in done) - started
         merged = merge_parts([p for r in done for p in r.parts], [s.key for s in self.replica.shard_slots[shard]], step)
         if merged is None:  # not one update from our version (the PS moved on): take the parameters whole
@@ -281,8 +296,7 @@ class Exchange:
     async def _resync_stale(self, exc: PeerError, pending: Sequence[asyncio.Future[Any]], step: int, shard: int) -> Params:
         """A push or pull of `step` refused: cancel what is still in flight; if the barrier moved on
         without us (we were too slow), resync and skip this step, else re-raise."""
-        for f in pending:
-            f.cancel()
+        discard(pending)
         if exc.code != "stale":
             raise exc
         log.warning("step %d dropped by shard %d (%s); resyncing", step, shard, exc.reason)
@@ -291,6 +305,11 @@ class Exchange:
     async def _redecide(self, decide: Decide) -> Withdrawal | None:
         if not self._slots:
             return None  # pipelined pushes (overlap) are not withdrawable
+        if self._reconnecting or any(c.conn is None for c in self.clients):
+            # The push is slow because its connection is being replaced: there is no link to read,
+            # and the retry after the reconnect pushes every bucket again anyway.
+            log.info("slow push not redecided: reconnecting to shard(s) %s", sorted(self._reconnecting))
+            return None
         slots = [slot for shard_slots, _, _ in self._slots.values() for slot in shard_slots]
         link, acked, unsent = await self._read_link(), sum(s.bytes_acked() for s in slots), any(s.unsent() for s in slots)
         # Asked even when every byte has left: the slow push is news, and a heavier level then
@@ -302,6 +321,14 @@ class Exchange:
         if not taken:
             return None  # none could be withdrawn: the heavier level stands for the next step
         return Withdrawal(new, link, acked, taken, [self._slots[shard][0][i].bucket for shard, i in taken])
+
+    async def _replacements(self, shard: int) -> None:
+        """Wait until every push of `shard` withdrawn this step has its re-encoded bucket (written
+        into the bucket list by `_settle`); raises what stopped a re-encoding."""
+        pushes, _, _ = self._slots.get(shard, ([], 0, []))
+        for slot in pushes:
+            if slot.replacement is not None:
+                await asyncio.shield(slot.replacement)
 
     async def _settle(self, taken: list[tuple[int, int]], outcome: list[dict[str, Payload]] | BaseException) -> None:
         for n, (shard, i) in enumerate(taken):

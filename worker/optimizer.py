@@ -73,6 +73,10 @@ class StepStats:
     and its own update (the largest over shards); always 0 against a synchronous PS."""
     skipped: bool = False
     """The AMP grad scaler found Inf/NaN: this worker sent no gradient and sat the step out."""
+    nonfinite: int = 0
+    """Keys whose local gradient held NaN or inf: pushed as zero (the residual only) this step."""
+    clamped: int = 0
+    """Values sent clamped to a 16-bit type's finite range this step (error feedback keeps the rest)."""
 
 
 class NetSenseOptimizer(torch.optim.Optimizer):
@@ -139,7 +143,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
             log_fields={"worker_id": worker_id, "rank": rank},
         )
         """Per-step level choice and the decision log (docs/POLICIES.md)."""
-        self._encoder = GradientEncoder(self.slots, self.uplink)
+        self._encoder = GradientEncoder(self.slots, self.uplink, version=lambda: self._replica.version)
         self.bucket_bytes = bucket_bytes
         self.overlap = overlap
         """Push keys from gradient hooks during backward (see `worker/overlap.py`)."""
@@ -193,6 +197,16 @@ class NetSenseOptimizer(torch.optim.Optimizer):
     def feedback(self) -> ErrorFeedback | None:
         """Error feedback's residuals; None until the first lossy step."""
         return self._encoder.feedback
+
+    @property
+    def nonfinite_keys(self) -> int:
+        """Keys pushed as zero because their local gradient held NaN or inf, since the start."""
+        return self._encoder.nonfinite
+
+    @property
+    def clamped_values(self) -> int:
+        """Values sent clamped to a 16-bit type's finite range, since the start."""
+        return self._encoder.clamped
 
     @property
     def clients(self) -> list[PSClient]:
@@ -288,6 +302,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
             decode_s += self._replica.apply(p, shard)
         t3 = time.perf_counter()
         stats.version, stats.staleness = self.version, result.staleness
+        stats.nonfinite, stats.clamped = self._encoder.take_counts()
         stats.early_buckets = sum(len(f) for f in early.futures) if early is not None else 0
         stats.encode_s, stats.wire_s = t1 - t0 + (early.encode_s if early else 0.0), t2 - t1
         comm_s, step_encode_s = result.push_s, stats.encode_s

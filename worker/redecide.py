@@ -17,7 +17,9 @@ thread times the push and re-encodes (`NetSenseOptimizer.step` in worker/optimiz
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from netsense.compression import LinkState, Payload
 from netsense.compression.policy import Decision
@@ -97,7 +99,9 @@ async def push_slot(client: PSClient, slot: PushSlot, step: int, samples: int, t
             if slot.replacement is None:
                 raise
             conn = slot.handle.conn
-            slot.bucket = await slot.replacement
+            # Shielded: a step that gives up on this push (its connection dropped) cancels the task,
+            # but the replacement still arrives, and a reconnect retry waits for it.
+            slot.bucket = await asyncio.shield(slot.replacement)
             slot.handle, slot.replacement = PushHandle(), None
             if client.conn is not conn:  # reconnected meanwhile: the retry sends the replacement
                 raise PeerTimeout("connection replaced while a withdrawn push was re-encoded") from None
@@ -117,6 +121,19 @@ def withdraw(client: PSClient, slots: list[PushSlot]) -> list[int]:
         else:
             slot.replacement = None
     return taken
+
+
+def discard(futures: Sequence[asyncio.Future[Any]]) -> None:
+    """Cancel what is still running and consume every outcome: a step that gives up on its pushes
+    and pull (a dropped connection fails each of them) leaves no "exception was never retrieved"."""
+    for f in futures:
+        f.cancel()
+        f.add_done_callback(_consume)
+
+
+def _consume(f: asyncio.Future[Any]) -> None:
+    if not f.cancelled():
+        f.exception()
 
 
 def replace(slot: PushSlot, bucket: dict[str, Payload]) -> None:

@@ -4,6 +4,12 @@ Every worker draws the same global batch for a step (seeded by seed and step) an
 slice, so the union over workers is one large batch: NetSense training then follows the same
 trajectory as single-process training on that batch (tested). Which samples and how they are
 loaded (tensors or a `Dataset` through a `DataLoader`): `netsense.worker.data`.
+
+Events: a ``step`` event per step, numbered by the job's step it produced, and that number never
+goes back. When the PS goes back (restored from a checkpoint, or restarted empty), the worker
+follows it: one ``resync`` event says from which version to which, and the steps redone up to
+the highest step already reported are ``redo`` events (same fields), so consumers keyed on the
+step number see each step once (docs/RELIABILITY.md, "Step events after a resync").
 """
 
 from __future__ import annotations
@@ -112,6 +118,7 @@ def train(
     t_start = time.perf_counter()
     loss_value = float("nan")
     samples = 0
+    reported = 0  # the highest step number a `step` event carried
     while opt.version < steps:
         # The step follows the PS's version: a worker that rejoined, or a PS restarted from a
         # checkpoint, continues where the job is rather than where this process was.
@@ -131,9 +138,15 @@ def train(
         loss_value = loss.item()
         samples += len(idx)
         elapsed = time.perf_counter() - t_start
+        if stats.version <= step:  # the PS went back (or did not move): follow it, say so
+            log.warning("PS went back from version %d to %d; redoing steps up to %d", step, stats.version, reported)
+            emit({"event": "resync", "from_version": step, "to_version": stats.version, "step": reported, "wall_s": elapsed})
+            continue
+        redo = step + 1 <= reported
+        reported = max(reported, step + 1)
         emit(
             {
-                "event": "step",
+                "event": "redo" if redo else "step",
                 "step": step + 1,
                 "steps": steps,
                 "loss": loss_value,

@@ -1,4 +1,5 @@
-"""A push redecided mid-flight (worker/redecide.py): withdrawn, re-encoded heavier, applied once, exactly.
+"""A push redecided mid-flight (worker/redecide.py): withdrawn, re-encoded heavier, applied once, exactly,
+also when the PS restarts while the withdrawn push is re-encoded.
 
 In-process PS behind a `LinkEmulator` at 8 Mbit/s, one worker, a ~1 MB model: an fp32 push takes
 about a second, and a test policy predicts it in a millisecond, so the step redecides it at 0.2 s.
@@ -6,6 +7,8 @@ about a second, and a test policy predicts it in a millisecond, so the step rede
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,11 +20,15 @@ from netsense.compression.policy import ChooseRequest, Decision, Policy
 from netsense.compression.policy.decisionlog import read_decision_log
 from netsense.compression.policy.ladder import DEFAULT_LADDER, Ladder
 from netsense.compression.policy.link import LinkState
+from netsense.ps import checkpoint
+from netsense.ps.server import PSServer, ServerSettings
+from netsense.transport.auth import load_secret
 from netsense.transport.emulation.emulator import LinkEmulator
+from netsense.transport.tls import CertPaths, TransportSettings, server_configuration
 from netsense.worker.netthread import NetThread
 from netsense.worker.optimizer import NetSenseOptimizer
 
-from ..conftest import RunningPS
+from ..conftest import RunningPS, stop_ps
 
 LINK = "rate=8mbit,delay=5ms,queue=100ms"
 
@@ -95,3 +102,75 @@ def test_a_redecided_push_is_withdrawn_re_encoded_applied_once_and_exact(ps: Run
     assert [(r["spec"], bool(r.get("withdrawn"))) for r in records] == [("fp32", True), ("qsgd:8", False)]
     assert records[1]["reason"].startswith("redecide")
     assert records[1]["bytes_sent"] < records[0]["predicted_bytes"]  # the re-encoded push is the smaller one
+
+
+def _ps_from(certs: CertPaths, settings: ServerSettings, state: dict[str, Any] | None) -> RunningPS:
+    net = NetThread("redecide-ps")
+    server = PSServer(settings, secret=load_secret(certs.secret))
+    if state is not None:
+        server.restore(state)
+
+    async def start() -> int:
+        return await server.start(server_configuration(certs.cert, certs.key, TransportSettings()))
+
+    return RunningPS(server, net, net.run(start()), certs)
+
+
+@pytest.mark.slow
+def test_a_push_withdrawn_just_before_the_ps_restarts_is_retried_re_encoded_and_exact(certs: CertPaths, tmp_path: Path) -> None:
+    """The PS goes away while the training thread re-encodes a withdrawn push and comes back from
+    the checkpoint of the step's own version: the retry must send the re-encoded bucket (error
+    feedback counts it as sent), so the run stays exact, and nothing is left unretrieved."""
+    settings = ServerSettings(port=0, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every_steps=1)
+    box = {"ps": _ps_from(certs, settings, None)}
+    port = box["ps"].port
+    emu_net = NetThread("redecide-emu")
+    emu = LinkEmulator(upstream=("127.0.0.1", port), spec=LINK)
+    emu_net.run(emu.start())
+    host, emu_port = emu.address
+    model = _model()
+    start = [p.detach().clone() for p in model.parameters()]
+    gen = torch.Generator().manual_seed(1)
+    grads = [torch.randn(p.shape, generator=gen) * 0.01 for p in model.parameters()]
+    policy = RedecideOnce("qsgd:8")
+    connect = replace(box["ps"].connect_settings(), host=host, port=emu_port, connect_timeout_s=2.0, reconnect_backoff_max_s=0.5)
+    try:
+        with NetSenseOptimizer(model, connect=connect, optimizer={"name": "sgd", "lr": 1.0, "momentum": 0.0}, policy=policy) as opt:
+            tasks: list[asyncio.Task[Any]] = []
+            opt._exchange.net.loop.set_task_factory(
+                lambda loop, coro, **kw: tasks.append(asyncio.Task(coro, loop=loop, **kw)) or tasks[-1]  # type: ignore[arg-type, func-returns-value]
+            )
+            settle = opt._exchange.settle
+
+            def restart_then_settle(withdrawal: Any, outcome: Any) -> None:
+                old = box["ps"]
+                conn = opt.client.conn
+                stop_ps(old)
+                deadline = time.monotonic() + 10
+                while conn is not None and conn.closed_reason is None and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                state, _ = checkpoint.load_latest(tmp_path / "ckpt")
+                assert state["version"] == 1  # the step's own version: its gradients still fit
+                box["ps"] = _ps_from(certs, replace(settings, port=port), state)
+                settle(withdrawal, outcome)
+
+            opt._exchange.settle = restart_then_settle  # type: ignore[method-assign]
+            for p in model.parameters():
+                p.grad = torch.zeros_like(p)
+            assert opt.step(samples=1, codec="fp32").version == 1  # a zero step: the checkpoint at version 1
+            for p, g in zip(model.parameters(), grads):
+                p.grad = g.clone()
+            second = opt.step(samples=1)  # redecided; the PS restarts while it is re-encoded
+            assert second.codec == "qsgd:8" and second.version == 2
+            assert opt.uplink.withdrawals == 1 and opt.reconnects == 1
+            for p in model.parameters():
+                p.grad = torch.zeros_like(p)
+            assert opt.step(samples=1, codec="fp32").version == 3  # flushes the residual
+            # No task's exception left for the garbage collector to log ("never retrieved"):
+            assert [t for t in tasks if t.done() and getattr(t, "_log_traceback", False)] == []
+    finally:
+        emu_net.run(emu.close())
+        emu_net.close()
+        stop_ps(box["ps"])
+    for p, s, g in zip(model.parameters(), start, grads):
+        torch.testing.assert_close(p.detach(), s - g, rtol=0, atol=2e-6)  # nothing lost, nothing twice
