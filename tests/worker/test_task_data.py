@@ -41,6 +41,7 @@ def _dataset_task(**kw: Any) -> TrainTask:
 
 @dataclass
 class _Stats:
+    version: int = 0
     codec: str = "fp32"
 
     def __getattr__(self, name: str) -> float:
@@ -70,7 +71,7 @@ class _LocalOpt:
         self.seen.append(samples)
         self.sgd.step()
         self.version += 1
-        return _Stats()
+        return _Stats(version=self.version)
 
 
 def _train(task: TrainTask, *, rank: int = 0, world_size: int = 1) -> tuple[dict[str, Any], torch.nn.Module]:
