@@ -7,6 +7,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+# Imported here, at collection, on purpose: hypothesis's pytest plugin otherwise imports it at the
+# terminal summary of a run that had no hypothesis test, pytest's assertion rewriter then parses
+# it, and CPython 3.11.7's AST depth bookkeeping (cpython#106905, fixed in 3.11.8) can fail that
+# parse with "SystemError: AST constructor recursion depth mismatch", turning a green run red.
+import hypothesis  # noqa: F401
 import pytest
 
 from netsense.ps.server import PSServer, ServerSettings
