@@ -14,11 +14,11 @@ from typing import Any
 from aioquic.quic.configuration import QuicConfiguration
 
 from netsense.compression import Payload
-from netsense.errors import AuthError, PeerError, ProtocolError
+from netsense.errors import AuthError, ConfigError, PeerError, ProtocolError
 from netsense.transport.auth import auth_mac, new_nonce
 from netsense.transport.channel import ClientConnection, open_connection
 from netsense.transport.quic_state import StreamSendState, stream_send_state, stream_unsent
-from netsense.transport.wire import Ack, Auth, Bye, Challenge, Hello, Init, Limits, Params, Pull, Push, Welcome
+from netsense.transport.wire import Ack, Auth, Bye, Challenge, Hello, Init, Limits, Params, Pull, Push, TensorInfo, Welcome
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,10 @@ class Identity:
     """Rank; 0 provides the initial parameters."""
     secret: bytes | None
     """Shared secret for the HMAC challenge; None only against an --insecure PS."""
+    job_id: str = ""
+    """The job (docs/ARCHITECTURE.md, "Job identity"); a PS holding another job's state refuses it."""
+    resume: bool = False
+    """Continue whatever job the PS holds, even under another id."""
 
 
 @dataclass
@@ -93,7 +97,7 @@ class PSClient:
             ) from None
         ident = self.identity
         nonce = new_nonce()
-        challenge = await self._request(Hello(ident.worker_id, ident.rank, nonce), Challenge)
+        challenge = await self._request(Hello(ident.worker_id, ident.rank, nonce, job_id=ident.job_id, resume=ident.resume), Challenge)
         mac = (
             auth_mac(ident.secret, server_nonce=challenge.server_nonce, client_nonce=nonce, worker_id=ident.worker_id)
             if ident.secret is not None
@@ -104,7 +108,12 @@ class PSClient:
         except PeerError as exc:
             if exc.code == "auth":
                 raise AuthError(f"PS refused worker {ident.worker_id!r}: {exc.reason}") from None
+            if exc.code == "job":
+                raise ConfigError(f"PS {self.host}:{self.port} refused worker {ident.worker_id!r}: {exc.reason}") from None
             raise
+        w = self.welcome
+        if w.initialized and w.version > 0 and w.job_id:
+            log.warning("resuming job %s at version %d (PS %s:%d)", w.job_id, w.version, self.host, self.port)
         self._keepalive = asyncio.ensure_future(self._keep_alive(self.conn))
         return self.welcome
 
@@ -132,9 +141,11 @@ class PSClient:
             raise ProtocolError("type", f"expected {expect.__name__.upper()}, got {type(reply).__name__.upper()}")
         return reply
 
-    async def init(self, tensors: dict[str, Payload], optimizer: dict[str, Any], world_size: int = 1) -> int:
-        """Rank 0: hand the PS its initial parameters; returns the PS version."""
-        return (await self._request(Init(tensors, optimizer, world_size), Ack)).version
+    async def init(
+        self, tensors: dict[str, Payload], optimizer: dict[str, Any], world_size: int = 1, model: dict[str, TensorInfo] | None = None
+    ) -> int:
+        """Rank 0: hand the PS its initial parameters (and `model`, their state_dict names); returns the PS version."""
+        return (await self._request(Init(tensors, optimizer, world_size, model or {}), Ack)).version
 
     async def push(
         self,

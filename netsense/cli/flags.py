@@ -46,6 +46,10 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
         "--overlap", action="store_true", default=None,
         help="push each key from a gradient hook during backward, overlapping the push with compute",
     )  # fmt: skip
+    p.add_argument("--job-id", metavar="ID", help="names the job to the PS, which refuses workers of another job "
+                   "(default: train.job_id, else $NETSENSE_JOB_ID, else MODEL-sSEED; launch adds a random part)")
+    p.add_argument("--resume", action="store_true", default=None,
+                   help="continue the job the PS holds even if its job id differs (launch: the PS shards resume their checkpoints too)")
 
 
 def add_policy_flags(p: argparse.ArgumentParser) -> None:
@@ -107,6 +111,8 @@ def resolve_config(args: argparse.Namespace) -> JobConfig:
         train__decision_log=a.get("decision_log"),
         train__overlap=a.get("overlap"),
         train__device=a.get("device"),
+        train__job_id=a.get("job_id"),
+        train__resume=a.get("resume") if a.get("command") != "ps" else None,  # `ps --resume DIR` is its checkpoint's
         server__policy=a.get("downlink_policy"),
         server__ladder=a.get("ladder"),
         train__eval_every=a.get("eval_every"),
@@ -130,3 +136,4 @@ def parse_hostport(value: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"address {value!r} must be HOST:PORT with a port in 1..65535")
     return host.strip("[]") or "127.0.0.1", int(port)
+
