@@ -99,3 +99,13 @@ def test_hello_and_welcome_carry_the_job_and_validate_it() -> None:
     with pytest.raises(ProtocolError) as err:
         decode_message(encode_message(Hello("w0", 0, bytes(32), job_id="bad id with spaces")))
     assert err.value.code == "malformed"
+
+
+def test_job_id_resolution_order() -> None:
+    from netsense.launch.env import resolve_job_id
+
+    assert resolve_job_id("digits-cnn", 3, "mine", random_part=True, env={"NETSENSE_JOB_ID": "env"}) == "mine"
+    assert resolve_job_id("digits-cnn", 3, "", random_part=True, env={"NETSENSE_JOB_ID": "env"}) == "env"
+    assert resolve_job_id("digits-cnn", 3, "", random_part=False, env={}) == "digits-cnn-s3"  # every rank agrees
+    a, b = (resolve_job_id("pkg/mod:f", 0, "", random_part=True, env={}) for _ in range(2))
+    assert a != b and a.startswith("pkg_mod:f-s0-")  # launch: a new id per run

@@ -110,3 +110,28 @@ def test_init_model_map_is_validated() -> None:
     s = ParameterStore()
     with pytest.raises(ProtocolError):  # state alone: nothing to train
         s.initialize(tensors, {"name": "sgd", "lr": 0.1}, 1, {"w": TensorInfo("b", (3,), "float32", 0, True)})
+
+
+def test_export_joins_shards_and_chunks_into_a_state_dict() -> None:
+    from netsense.errors import ConfigError
+    from netsense.ps.checkpoint import export_state_dict
+    from netsense.ps.store.state import info_to_dict
+
+    def st(params: dict, state: dict, model: dict) -> dict:  # type: ignore[type-arg]
+        return {"version": 3, "params": params, "state": state, "model": {k: info_to_dict(i) for k, i in model.items()}, "job_id": "j"}
+
+    shard0 = st(
+        {"w#0": torch.arange(4.0)},
+        {"nbt": torch.tensor(6.0, dtype=torch.float64)},
+        {"w#0": TensorInfo("w", (2, 3), "float32", 0, False), "nbt": TensorInfo("bn.nbt", (), "int64", 0, True)},
+    )
+    shard1 = st({"w#1": torch.tensor([4.0, 5.0])}, {}, {"w#1": TensorInfo("w", (2, 3), "float32", 4, False)})
+    out = export_state_dict([shard0, shard1])
+    assert torch.equal(out["w"], torch.arange(6.0).reshape(2, 3))
+    assert out["bn.nbt"].dtype == torch.int64 and int(out["bn.nbt"]) == 6
+    with pytest.raises(ConfigError, match="missing"):
+        export_state_dict([shard0])  # a shard's checkpoint is missing
+    with pytest.raises(ConfigError, match="name map"):
+        export_state_dict([{"version": 1, "params": {"w": torch.ones(1)}}])  # from before the map
+    with pytest.raises(ConfigError, match="different jobs"):
+        export_state_dict([shard0, {**shard1, "job_id": "other"}])
