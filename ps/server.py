@@ -422,13 +422,14 @@ class WorkerSession:
                 log.warning("refused %s: %s", hello.worker_id, exc)
                 self.server.errors_sent += 1
                 raise ProtocolError("auth", str(exc)) from None
+        if hello.role != "probe":
+            self._check_job(hello)  # refused: the connection stays unauthenticated, and the handshake deadline closes it
         self.authenticated = True
         self._deadline.cancel()
         if hello.role == "probe":  # measures the path only: never a session, never in the barrier
             self.peer = f"probe {hello.worker_id!r}"
             log.info("%s authenticated", self.peer)
             return self._welcome()
-        self._check_job(hello)
         self.worker_id = hello.worker_id
         self.peer = f"worker {hello.worker_id!r}"
         previous = self.server.sessions.get(hello.worker_id)

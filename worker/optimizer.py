@@ -292,7 +292,8 @@ class NetSenseOptimizer:
         shard_slots = self._replica.shard_slots
         if early is None:
             buckets = [bucketize({s.key: payloads[s.key] for s in slots}, self.bucket_bytes) for slots in shard_slots]
-            buckets[0][0].update(self._replica.state_payloads(0))  # buffers ride with gradients (never alone: no race)
+            if not self.overlap:  # buffers ride with gradients (never alone: no race); overlap: an open item
+                buckets[0][0].update(self._replica.state_payloads(0))
             return buckets
         sent = {k for shard in early.sent for b in shard for k in b}
         return [
