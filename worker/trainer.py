@@ -53,8 +53,8 @@ class TrainSettings:
     model, gradients, residuals and codecs stay there; only encoded bytes cross to the host."""
     job_id: str = ""
     """Names the job to the PS, which refuses a worker of another job than the one it holds
-    (empty: `netsense launch` makes ``<model>-s<seed>-<random>``, `netsense worker` takes
-    $NETSENSE_JOB_ID, else ``<model>-s<seed>``)."""
+    (empty: $NETSENSE_JOB_ID, else ``<model>-s<seed>`` plus Slurm's or torchrun's run id, and for
+    `netsense launch` a random part; docs/ARCHITECTURE.md, "Job identity")."""
     resume: bool = False
     """Continue the job whose state the PS holds, even under another job id."""
 

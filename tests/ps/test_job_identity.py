@@ -107,5 +107,7 @@ def test_job_id_resolution_order() -> None:
     assert resolve_job_id("digits-cnn", 3, "mine", random_part=True, env={"NETSENSE_JOB_ID": "env"}) == "mine"
     assert resolve_job_id("digits-cnn", 3, "", random_part=True, env={"NETSENSE_JOB_ID": "env"}) == "env"
     assert resolve_job_id("digits-cnn", 3, "", random_part=False, env={}) == "digits-cnn-s3"  # every rank agrees
+    assert resolve_job_id("digits-cnn", 3, "", random_part=False, env={"SLURM_JOB_ID": "4242"}) == "digits-cnn-s3-4242"
+    assert resolve_job_id("m", 0, "", random_part=False, env={"TORCHELASTIC_RUN_ID": "none"}) == "m-s0"  # torchrun standalone
     a, b = (resolve_job_id("pkg/mod:f", 0, "", random_part=True, env={}) for _ in range(2))
     assert a != b and a.startswith("pkg_mod:f-s0-")  # launch: a new id per run
