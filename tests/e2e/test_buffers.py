@@ -31,7 +31,7 @@ def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, 6, generator=g) + rank, torch.randint(0, 3, (n,), generator=g)  # the ranks' data differ
 
 
-def _train(ps: RunningPS, models: list[torch.nn.Module], **kw: object) -> list[list[torch.Tensor]]:
+def _train(ps: RunningPS | list[RunningPS], models: list[torch.nn.Module], **kw: object) -> list[list[torch.Tensor]]:
     """Train both ranks; returns, per rank, the BatchNorm layer's input of every step."""
     errors: list[BaseException] = []
     seen: list[list[torch.Tensor]] = [[], []]
@@ -41,7 +41,7 @@ def _train(ps: RunningPS, models: list[torch.nn.Module], **kw: object) -> list[l
     def work(rank: int) -> None:
         try:
             with NetSenseOptimizer(
-                models[rank], connect=ps.connect_settings(), rank=rank, world_size=2, worker_id=f"w{rank}",
+                models[rank], connect=[p.connect_settings() for p in (ps if isinstance(ps, list) else [ps])], rank=rank, world_size=2, worker_id=f"w{rank}",
                 optimizer={"name": "sgd", "lr": 0.1}, **kw,  # type: ignore[arg-type]
             ) as opt:  # fmt: skip
                 for step in range(STEPS):
@@ -112,3 +112,24 @@ def test_checkpoint_exports_a_plain_state_dict(ckpt_ps: RunningPS, tmp_path: Pat
     if state["version"] == STEPS:  # the last step was checkpointed: the export is the trained model
         for name, value in models[0].state_dict().items():
             assert torch.equal(value, fresh.state_dict()[name]), name
+
+
+def test_buffers_agree_with_two_shards_and_export_joins_them(certs, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    shards = [
+        start_ps(certs, ServerSettings(port=0, checkpoint_dir=str(tmp_path / "ckpt" / f"shard-{i}"), checkpoint_every_steps=1))
+        for i in range(2)
+    ]
+    try:
+        models = [_model(), _model()]
+        _train(shards, models)
+        for ps in shards:
+            ps.net.run(ps.server.flush_checkpoint())
+        assert set(shards[0].server.store.state_keys) == {"1.running_mean", "1.running_var", "1.num_batches_tracked"}
+        assert not shards[1].server.store.state_keys  # every buffer on shard 0
+    finally:
+        for ps in shards:
+            stop_ps(ps)
+    assert torch.equal(models[0][1].running_var, models[1][1].running_var)
+    out = tmp_path / "model.pt"
+    assert main(["export", "--checkpoint-dir", str(tmp_path / "ckpt"), "--out", str(out)]) == 0
+    _model().load_state_dict(torch.load(out, weights_only=True))  # both shards' keys, strict
