@@ -270,4 +270,7 @@ class ParameterStore:
         checkpoint_state.restore(self._core, self._encoder, state)
         self._encoder.state = self._core.state
         self._mode.reset()
-        log.info("store restored at version %d (%d keys, %d live workers)", self.version, len(self.params), len(self.live))
+        log.info(
+            "store restored at version %d (%d keys, %d state keys, %d live workers, job %r)",
+            self.version, len(self.params), len(self.state_keys), len(self.live), self.job_id,
+        )  # fmt: skip

@@ -72,3 +72,14 @@ def test_params_write_state_whole_in_delta_messages_too() -> None:
     with pytest.raises(ProtocolError) as err:  # a PS must send state lossless
         r.apply(Params(5, False, {"bn.running_mean": make_codec("fp16").encode(torch.ones(6))}, base_version=4), 0)
     assert err.value.code == "bad-payload"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_state_on_the_gpu_goes_to_the_host_once_and_comes_back_there() -> None:
+    net = _Net().cuda()
+    r = Replica(net, 1 << 22, 1)
+    payloads = r.state_payloads(0)
+    assert isinstance(payloads["bn.running_var"].parts[0], bytes)
+    r.versions[0] = 0
+    r.apply(Params(1, False, {"bn.running_var": FP32.encode(torch.full((6,), 3.0))}, base_version=0), 0)
+    assert net.bn.running_var.is_cuda and torch.equal(net.bn.running_var.cpu(), torch.full((6,), 3.0))
