@@ -111,3 +111,35 @@ def test_job_id_resolution_order() -> None:
     assert resolve_job_id("m", 0, "", random_part=False, env={"TORCHELASTIC_RUN_ID": "none"}) == "m-s0"  # torchrun standalone
     a, b = (resolve_job_id("pkg/mod:f", 0, "", random_part=True, env={}) for _ in range(2))
     assert a != b and a.startswith("pkg_mod:f-s0-")  # launch: a new id per run
+
+
+@pytest.mark.slow  # two launches, ~75 s on 2 busy cores
+def test_launch_resume_continues_the_checkpointed_job(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from netsense.ps import checkpoint
+
+    ckpt = tmp_path / "ckpt"
+    cfg = tmp_path / "job.toml"
+    cfg.write_text(f'[server]\ncheckpoint_dir = "{ckpt}"\ncheckpoint_every_steps = 1\n[train]\neval_every = 0\n')
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env.pop("NETSENSE_JOB_ID", None)
+
+    def launch(steps: int, *extra: str) -> dict:  # type: ignore[type-arg]
+        out = subprocess.run(
+            [sys.executable, "-m", "netsense", "launch", "--no-progress", "--config", str(cfg), "--steps", str(steps),
+             "--run-dir", str(tmp_path / f"run{steps}"), *extra],
+            capture_output=True, text=True, timeout=300, env=env,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout[out.stdout.index("{") :])
+
+    launch(3)
+    first, _ = checkpoint.load_latest(ckpt)
+    assert first["job_id"].startswith("digits-cnn-s0-")  # launch's id: model, seed and a random part
+    launch(5, "--resume")  # a new random id, but it asks to resume: the PS restores and continues
+    last, _ = checkpoint.load_latest(ckpt)
+    assert last["version"] == 5 and last["job_id"] == first["job_id"]
