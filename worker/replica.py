@@ -37,6 +37,9 @@ class Replica:
         """Each shard's keys, in layout order."""
         self.state: list[KeySlot] = state_layout(model, chunk_elems)
         """State keys (buffers, frozen parameters): on shard 0, pushed and pulled whole."""
+        self.state_on_ps = [False] * shards
+        """Whether each shard's last full PARAMS held its state keys: a PS initialized by an older
+        rank 0 (or checkpoint) has none, and would refuse them in a push as unknown keys."""
         self.versions: list[int] = [-1] * shards
         """Version of each shard's keys in this replica."""
         self.version = -1
@@ -55,11 +58,15 @@ class Replica:
         """Rank 0's current values of `shard`'s keys, lossless: what initializes an empty PS."""
         fp32 = make_codec("fp32")
         out = {s.key: fp32.encode(s.view(s.param.detach())) for s in self.shard_slots[shard]}
-        out.update(self.state_payloads(shard))
+        out.update(self._state_payloads(shard))
         return out
 
     def state_payloads(self, shard: int) -> dict[str, Payload]:
-        """This worker's current values of `shard`'s state keys, lossless (pushed every step)."""
+        """This worker's current values of `shard`'s state keys, lossless, pushed every step; none
+        to a PS that does not hold them (`state_on_ps`)."""
+        return self._state_payloads(shard) if self.state_on_ps[shard] else {}
+
+    def _state_payloads(self, shard: int) -> dict[str, Payload]:
         fp32 = make_codec("fp32")
         return {s.key: fp32.encode(wire_value(s)) for s in self.shard_state(shard)}
 
@@ -93,6 +100,8 @@ class Replica:
                 target.copy_(value)
             else:
                 target.add_(value.to(target.dtype))
+        if params.full:
+            self.state_on_ps[shard] = bool(state) and len(params.tensors) == len(slots) + len(state)
         for slot in state:  # state keys come whole, in full and delta messages alike
             payload = params.tensors.get(slot.key)
             if payload is None:

@@ -48,6 +48,8 @@ def test_state_travels_whole_and_lossless_on_shard_0() -> None:
     net.bn.num_batches_tracked.fill_(7)
     r = Replica(net, 1 << 22, 2)
     assert r.shard_state(1) == [] and len(r.shard_state(0)) == 4
+    assert r.state_payloads(0) == {}  # until a full PARAMS shows that the PS holds them
+    r.apply(Params(0, True, r.seed(0)), 0)
     payloads = r.state_payloads(0)
     nbt = payloads["bn.num_batches_tracked"]
     assert nbt.codec == "fp32" and nbt.dtype == "float64" and float(FP32.decode(nbt)) == 7.0  # integers as float64
@@ -83,3 +85,13 @@ def test_state_on_the_gpu_goes_to_the_host_once_and_comes_back_there() -> None:
     r.versions[0] = 0
     r.apply(Params(1, False, {"bn.running_var": FP32.encode(torch.full((6,), 3.0))}, base_version=0), 0)
     assert net.bn.running_var.is_cuda and torch.equal(net.bn.running_var.cpu(), torch.full((6,), 3.0))
+
+
+def test_no_state_is_pushed_to_a_ps_that_does_not_hold_it() -> None:
+    net = _Net()
+    r = Replica(net, 1 << 22, 1)
+    params_only = {k: p for k, p in r.seed(0).items() if k in {s.key for s in r.slots}}
+    r.apply(Params(2, True, params_only), 0)  # a PS initialized by an older rank 0: no state keys
+    assert r.state_payloads(0) == {}  # pushing them would be refused as unknown keys
+    r.apply(Params(3, True, r.seed(0)), 0)
+    assert set(r.state_payloads(0)) == {s.key for s in r.state}
