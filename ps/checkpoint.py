@@ -9,6 +9,11 @@ File format: ``MAGIC``, the SHA-256 of the body, then the body (``torch.save`` o
 lists, numbers, strings and tensors). Loading checks the digest before unpickling anything and
 unpickles with ``weights_only=True``, so a truncated, bit-flipped or hostile file is refused and
 the next older checkpoint is used.
+
+Because of that header a checkpoint is NOT a file `torch.load` reads, whatever its ``.pt`` name
+(kept for the tools that already look for it): `export_state_dict` (``netsense export``) turns one
+checkpoint per shard into the plain ``state_dict`` that ``model.load_state_dict(torch.load(path))``
+takes, from the key -> state_dict name map rank 0 sent with INIT.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import math
 import os
 import re
 from pathlib import Path
@@ -109,3 +115,59 @@ def _fsync_dir(d: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
+    "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
+    "bool": torch.bool,
+}  # fmt: skip
+
+
+def shard_dirs(directory: str | Path) -> list[Path]:
+    """The checkpoint folders of a job: `directory` itself, or its ``shard-i`` folders (`launch
+    --servers S`), in shard order."""
+    d = Path(directory)
+    shards = sorted((p for p in d.glob("shard-*") if p.is_dir() and p.name[6:].isdigit()), key=lambda p: int(p.name[6:]))
+    return shards if shards and not list_checkpoints(d) else [d]
+
+
+def export_state_dict(states: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """The model's plain ``state_dict`` from the checkpoint states of every shard of one job:
+    parameters and buffers under their module names, in their own shapes and dtypes.
+
+    Raises `ConfigError` when a state lacks the name map (a PS from before it, or an INIT from an
+    older worker), when the shards are of different jobs, or when an entry is not covered exactly."""
+    jobs = {str(st.get("job_id", "")) for st in states}
+    if len(jobs) > 1:
+        raise ConfigError(f"the checkpoints are of different jobs: {sorted(jobs)}")
+    flat: dict[str, tuple[torch.Tensor, torch.Tensor, list[int]]] = {}  # name -> (values, covered, shape)
+    for st in states:
+        model = dict(st.get("model", {}))
+        if not model:
+            raise ConfigError(
+                f"checkpoint of version {st['version']} has no key -> state_dict name map "
+                "(written by a PS or a rank 0 from before `netsense export`); it cannot be exported"
+            )
+        values = {**dict(st["params"]), **dict(st.get("state", {}))}
+        for key, info in model.items():
+            if key not in values:
+                raise ConfigError(f"checkpoint names key {key!r} but holds no value for it")
+            name, shape, offset = str(info["name"]), [int(x) for x in info["shape"]], int(info["offset"])
+            dtype = _DTYPES[str(info["dtype"])]
+            if name not in flat:
+                n = math.prod(shape)
+                flat[name] = (torch.zeros(n, dtype=dtype), torch.zeros(n, dtype=torch.bool), shape)
+            data, covered, _ = flat[name]
+            part = values[key].reshape(-1)
+            span = slice(offset, offset + part.numel())
+            if offset + part.numel() > data.numel() or bool(covered[span].any()):
+                raise ConfigError(f"key {key!r} overlaps another or does not fit in {name!r} of shape {shape}")
+            data[span] = part if dtype.is_floating_point else part.round().to(dtype)
+            covered[span] = True
+    out: dict[str, torch.Tensor] = {}
+    for name, (data, covered, shape) in flat.items():
+        if not bool(covered.all()):
+            raise ConfigError(f"{name!r}: {int((~covered).sum())} elements missing (is a shard's checkpoint missing?)")
+        out[name] = data.reshape(shape)
+    return out

@@ -119,6 +119,7 @@ class PSServer:
         self.errors_sent = 0
         self.connections: set[WorkerSession] = set()
         self.refused_connections = 0
+        self.resumed: set[str] = set()  # workers told "resuming job X at version V" (once each)
         self.checkpoints_written = 0
         self.last_checkpoint: str | None = None
         self._ckpt_version = -1
@@ -340,7 +341,7 @@ class WorkerSession:
         if isinstance(msg, Init):
             if self._hello is None or self._hello.rank != 0:
                 raise ProtocolError("init", "only rank 0 may initialize the parameters")
-            store.initialize(msg.tensors, msg.optimizer, msg.world_size)
+            store.initialize(msg.tensors, msg.optimizer, msg.world_size, msg.model, self._hello.job_id)
             for wid in self.server.sessions:  # everyone already connected is in the first barrier
                 store.join(wid)
             await self.server.applied(StepApplied(store.version, (), 0))
@@ -421,6 +422,8 @@ class WorkerSession:
                 log.warning("refused %s: %s", hello.worker_id, exc)
                 self.server.errors_sent += 1
                 raise ProtocolError("auth", str(exc)) from None
+        if hello.role != "probe":
+            self._check_job(hello)  # refused: the connection stays unauthenticated, and the handshake deadline closes it
         self.authenticated = True
         self._deadline.cancel()
         if hello.role == "probe":  # measures the path only: never a session, never in the barrier
@@ -439,9 +442,32 @@ class WorkerSession:
         log.info("%s (rank %d) authenticated", self.peer, hello.rank)
         return self._welcome()
 
+    def _check_job(self, hello: Hello) -> None:
+        """Refuse a worker of another job than the one whose state this PS holds, unless it asks to
+        resume (docs/ARCHITECTURE.md, "Job identity"); say so when a job resumes."""
+        store, held = self.server.store, self.server.store.job_id
+        if not store.initialized or not hello.job_id:
+            return  # the job is named at INIT; a worker from before job ids cannot be told apart
+        if not held:
+            store.adopt_job(hello.job_id)  # state from before job ids: it is this job's now
+            held = hello.job_id
+        if hello.job_id != held and not hello.resume:
+            self.server.errors_sent += 1
+            log.warning("refused worker %r of job %r: this PS holds job %r at version %d", hello.worker_id, hello.job_id, held, store.version)
+            raise ProtocolError(
+                "job",
+                f"this PS holds job {held!r} at version {store.version}, not job {hello.job_id!r}: start a fresh PS "
+                f"(without its old checkpoint) for a new job, or pass --resume to continue job {held!r}",
+            )
+        if store.version > 0 and hello.worker_id not in self.server.resumed:
+            self.server.resumed.add(hello.worker_id)
+            via = f" (worker of job {hello.job_id!r} asked to resume)" if hello.job_id != held else ""
+            log.warning("resuming job %s at version %d: worker %r%s", held, store.version, hello.worker_id, via)
+
     def _welcome(self) -> Welcome:
         store = self.server.store
-        return Welcome(store.version, store.initialized, len(store.live), -1 if store.staleness is None else store.staleness)
+        staleness = -1 if store.staleness is None else store.staleness
+        return Welcome(store.version, store.initialized, len(store.live), staleness, store.job_id if store.initialized else "")
 
     def on_bad_message(self, exc: ProtocolError) -> None:
         self.server.errors_sent += 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from netsense.errors import AuthError, PeerError, ProtocolError
+from netsense.errors import AuthError, ConfigError, PeerError, ProtocolError
 
 from .auth import auth_mac, new_nonce
 from .wire import Auth, Challenge, Hello, Message, Welcome
@@ -36,12 +36,15 @@ async def authenticate(
     timeout_s: float | None,
     refused: str,
     role: str = "worker",
+    job_id: str = "",
+    resume: bool = False,
 ) -> Welcome:
     """Prove `client_id` to the PS on `conn` and return its WELCOME.
 
     `secret` None sends an all-zero MAC, which only an --insecure PS accepts. A PS that refuses
-    (ERROR ``auth``) raises `AuthError` with `refused` before its reason; `timeout_s` bounds each
-    of the two requests."""
+    (ERROR ``auth``) raises `AuthError` with `refused` before its reason; one that holds another
+    job (ERROR ``job``: `job_id` differs and `resume` is not set) a `ConfigError`, which no retry
+    can mend; `timeout_s` bounds each of the two requests."""
 
     async def request(msg: Any, expect: type[M]) -> M:
         try:
@@ -49,11 +52,13 @@ async def authenticate(
         except PeerError as exc:
             if exc.code == "auth":
                 raise AuthError(f"{refused}: {exc.reason}") from None
+            if exc.code == "job":
+                raise ConfigError(f"{refused}: {exc.reason}") from None
             raise
         return expect_reply(reply, expect)
 
     nonce = new_nonce()
-    challenge = await request(Hello(client_id, rank, nonce, role=role), Challenge)
+    challenge = await request(Hello(client_id, rank, nonce, role=role, job_id=job_id, resume=resume), Challenge)
     mac = (
         bytes(32)
         if secret is None

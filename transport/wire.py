@@ -77,6 +77,11 @@ class Hello(Message):
     role: str = "worker"
     """``worker`` joins the training barrier; ``probe`` (`netsense probe --ps`) only measures the path
     with PROBE messages and is never counted as a worker."""
+    job_id: str = ""
+    """The job this worker belongs to (`JOB_ID_RE`; empty: unknown, a peer from before job ids). A PS
+    that holds another job's state refuses it (`error(job)`) unless `resume` is set."""
+    resume: bool = False
+    """Continue the job whose state the PS holds, whatever its id (docs/ARCHITECTURE.md, "Job identity")."""
 
 
 HELLO_ROLES = ("worker", "probe")
@@ -115,6 +120,30 @@ class Welcome(Message):
     staleness: int = -1
     """-1: the PS is synchronous (BSP); s >= 0: asynchronous, a worker may run s versions ahead of
     the slowest (SSP), so pulls return full parameters at whatever version is current."""
+    job_id: str = ""
+    """The job whose state the PS holds (empty: none yet, or unknown)."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one key lives in the model's `state_dict` (INIT's `model` map; `netsense export`)."""
+
+    name: str
+    """The `state_dict` entry the key belongs to."""
+    shape: tuple[int, ...]
+    """Shape of the whole entry (a chunk key covers part of it)."""
+    dtype: str
+    """The entry's dtype (`STATE_DTYPES`), which may differ from the wire's (integers travel as float64)."""
+    offset: int
+    """First flat element of the entry that the key covers."""
+    buffer: bool
+    """A state key (buffer, frozen parameter): averaged from pushed values, never optimized."""
+
+
+STATE_DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
+"""Dtypes a `TensorInfo` may name."""
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9_.\-:]{0,128}$")
+"""Job ids: up to 128 characters of ``[A-Za-z0-9_.-:]`` (empty: unknown)."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +157,9 @@ class Init(Message):
     """Optimizer settings the PS should use (name, lr, ...); validated by the store."""
     world_size: int = 1
     """Workers the first step waits for (until the barrier timeout), so none misses step 0."""
+    model: dict[str, TensorInfo] = field(default_factory=dict)
+    """Key -> its place in the model's `state_dict`, for every key of `tensors` (empty: a worker from
+    before the map; then the PS has no state keys and cannot export)."""
 
 
 @dataclass(frozen=True)
@@ -237,12 +269,21 @@ def _payload_to_wire(p: Payload) -> dict[str, Any]:
     return {"c": p.codec, "s": list(p.shape), "d": p.dtype, "p": list(p.parts), "m": list(p.meta)}
 
 
+_OMIT_DEFAULT = {"hello": ("job_id", "resume"), "welcome": ("job_id",), "init": ("model",)}
+"""Optional fields left out at their default, so a message without them is byte-identical to an older peer's."""
+
+
 def _body(msg: Message) -> dict[str, Any]:
     body: dict[str, Any] = {"v": PROTOCOL_VERSION, "t": msg.TYPE}
-    for name in msg.__dataclass_fields__:
+    omit = _OMIT_DEFAULT.get(msg.TYPE, ())
+    for name, f in msg.__dataclass_fields__.items():
         value = getattr(msg, name)
+        if name in omit and value == (f.default_factory() if callable(f.default_factory) else f.default):
+            continue
         if name in ("tensors", "grads"):
             value = {k: _payload_to_wire(p) for k, p in value.items()}
+        elif name == "model":
+            value = {k: {"n": i.name, "s": list(i.shape), "d": i.dtype, "o": i.offset, "b": i.buffer} for k, i in value.items()}
         body[name] = value
     return body
 
@@ -501,17 +542,58 @@ def _pull_keys(body: dict[str, Any]) -> tuple[str, ...]:
     return tuple(v)
 
 
+def _job_id(body: dict[str, Any]) -> str:
+    v = body.get("job_id", "")  # absent: a peer from before job ids
+    if not isinstance(v, str) or not JOB_ID_RE.match(v):
+        raise _fail("malformed", f"field 'job_id' must be <= 128 chars of [A-Za-z0-9_.-:], got {v!r:.140}")
+    return v
+
+
+def _model(body: dict[str, Any], tensors: dict[str, Payload], limits: Limits) -> dict[str, TensorInfo]:
+    """INIT's key -> state_dict map: every key of `tensors` exactly once, each inside its entry."""
+    raw = body.get("model", {})
+    if not isinstance(raw, dict):
+        raise _fail("malformed", "field 'model' must be a map of key -> tensor info")
+    if raw and set(raw) != set(tensors):
+        raise _fail("key", "field 'model' must describe exactly the keys of 'tensors'")
+    out: dict[str, TensorInfo] = {}
+    for key, info in raw.items():
+        if not isinstance(info, dict) or set(info) != {"n", "s", "d", "o", "b"}:
+            raise _fail("malformed", f"model info of {key!r} must be a map with keys n,s,d,o,b")
+        name, shape, dtype, offset, buffer = info["n"], info["s"], info["d"], info["o"], info["b"]
+        if not isinstance(name, str) or not _KEY_RE.match(name):
+            raise _fail("key", f"model info of {key!r}: bad state_dict name {name!r:.210}")
+        if not isinstance(shape, list) or len(shape) > limits.max_dims or not all(
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d < (1 << 40) for d in shape
+        ):
+            raise _fail("shape", f"model info of {key!r}: shape {shape!r:.100} must be <= {limits.max_dims} non-negative ints")
+        if dtype not in STATE_DTYPES or not isinstance(buffer, bool):
+            raise _fail("dtype", f"model info of {key!r}: dtype {dtype!r:.40} not one of {STATE_DTYPES}, or 'b' not a bool")
+        numel = math.prod(tensors[key].shape)
+        if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset <= math.prod(shape) - numel:
+            raise _fail("shape", f"model info of {key!r}: {numel} elements at offset {offset!r:.30} do not fit in {shape}")
+        out[key] = TensorInfo(name, tuple(shape), dtype, offset, buffer)
+    return out
+
+
+def _init(b: dict[str, Any], lim: Limits) -> Init:
+    tensors = _tensors(b, "tensors", lim)
+    return Init(tensors, _opt_map(b, "optimizer"), _int(b, "world_size", 1, 1 << 20), _model(b, tensors, lim))
+
+
 _PARSERS: dict[str, Any] = {
     "hello": lambda b, lim: Hello(
-        _str(b, "worker_id", 128), _int(b, "rank", 0, 1 << 20), _bin(b, "client_nonce", 32), _role(b)
+        _str(b, "worker_id", 128), _int(b, "rank", 0, 1 << 20), _bin(b, "client_nonce", 32), _role(b),
+        _job_id(b), _bool(b, "resume") if "resume" in b else False,
     ),
     "challenge": lambda b, lim: Challenge(_bin(b, "server_nonce", 32)),
     "auth": lambda b, lim: Auth(_bin(b, "mac", 32)),
     "welcome": lambda b, lim: Welcome(
         _int(b, "version", 0), _bool(b, "initialized"), _int(b, "live_workers", 0),
         _int(b, "staleness", -1, 1 << 20) if "staleness" in b else -1,  # absent: a PS from before async mode
+        _job_id(b),
     ),
-    "init": lambda b, lim: Init(_tensors(b, "tensors", lim), _opt_map(b, "optimizer"), _int(b, "world_size", 1, 1 << 20)),
+    "init": _init,
     "push": _push,
     "pull": lambda b, lim: Pull(_int(b, "have_version", -1), _int(b, "wait_for", 0), _pull_keys(b)),
     "params": lambda b, lim: Params(

@@ -18,7 +18,7 @@ from netsense.errors import AuthError, ProtocolError
 from netsense.transport.channel import ClientConnection, open_connection
 from netsense.transport.handshake import authenticate
 from netsense.transport.sensing.aioquic_private import StreamSendState, stream_send_state, stream_unsent, transport_of
-from netsense.transport.wire import Ack, Bye, Init, Limits, Params, Pull, Push, Welcome
+from netsense.transport.wire import Ack, Bye, Init, Limits, Params, Pull, Push, TensorInfo, Welcome
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,10 @@ class Identity:
     """Rank; 0 provides the initial parameters."""
     secret: bytes | None
     """Shared secret for the HMAC challenge; None only against an --insecure PS."""
+    job_id: str = ""
+    """The job (docs/ARCHITECTURE.md, "Job identity"); a PS holding another job's state refuses it."""
+    resume: bool = False
+    """Continue whatever job the PS holds, even under another id."""
 
 
 @dataclass
@@ -132,8 +136,12 @@ class PSClient:
         ident = self.identity
         self.welcome = await authenticate(
             self.conn, client_id=ident.worker_id, rank=ident.rank, secret=ident.secret,
-            timeout_s=self.timeout, refused=f"PS refused worker {ident.worker_id!r}",
-        )
+            timeout_s=self.timeout, refused=f"PS {self.host}:{self.port} refused worker {ident.worker_id!r}",
+            job_id=ident.job_id, resume=ident.resume,
+        )  # fmt: skip
+        w = self.welcome
+        if w.initialized and w.version > 0 and w.job_id:
+            log.warning("resuming job %s at version %d (PS %s:%d)", w.job_id, w.version, self.host, self.port)
         self._keepalive = asyncio.ensure_future(self._keep_alive(self.conn))
         return self.welcome
 
@@ -161,9 +169,11 @@ class PSClient:
             raise ProtocolError("type", f"expected {expect.__name__.upper()}, got {type(reply).__name__.upper()}")
         return reply
 
-    async def init(self, tensors: dict[str, Payload], optimizer: dict[str, Any], world_size: int = 1) -> int:
-        """Rank 0: hand the PS its initial parameters; returns the PS version."""
-        return (await self._request(Init(tensors, optimizer, world_size), Ack)).version
+    async def init(
+        self, tensors: dict[str, Payload], optimizer: dict[str, Any], world_size: int = 1, model: dict[str, TensorInfo] | None = None
+    ) -> int:
+        """Rank 0: hand the PS its initial parameters (and `model`, their state_dict names); returns the PS version."""
+        return (await self._request(Init(tensors, optimizer, world_size, model or {}), Ack)).version
 
     async def push(
         self,

@@ -57,6 +57,10 @@ class ConnectSettings:
     """First wait between reconnect attempts; doubles per attempt (with jitter) up to the cap."""
     reconnect_backoff_max_s: float = 5.0
     """Cap of the wait between reconnect attempts."""
+    job_id: str = ""
+    """The job this worker belongs to (docs/ARCHITECTURE.md, "Job identity"); sent in HELLO."""
+    resume: bool = False
+    """Continue the job the PS holds even if its id differs (``--resume``)."""
 
 
 def make_client(settings: ConnectSettings, worker_id: str, rank: int) -> PSClient:
@@ -65,7 +69,7 @@ def make_client(settings: ConnectSettings, worker_id: str, rank: int) -> PSClien
         settings.host,
         settings.port,
         _client_config(settings),
-        Identity(worker_id, rank, _secret(settings)),
+        Identity(worker_id, rank, _secret(settings), settings.job_id, settings.resume),
         socket_buffer_bytes=settings.transport.socket_buffer_bytes,
     )
 

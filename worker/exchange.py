@@ -178,7 +178,7 @@ class Exchange:
 
     async def _seed(self, shard: int) -> None:
         """Rank 0 seeds a shard with its keys of the current replica."""
-        await self.clients[shard].init(self.replica.seed(shard), self._optimizer, self.world_size)
+        await self.clients[shard].init(self.replica.seed(shard), self._optimizer, self.world_size, self.replica.model_info(shard))
 
     async def _read_link(self) -> LinkState:
         assert all(c.conn is not None for c in self.clients), "not connected"

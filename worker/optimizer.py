@@ -383,7 +383,10 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         with them), then the rest."""
         shard_slots = self._replica.shard_slots
         if early is None:
-            return [bucketize({s.key: payloads[s.key] for s in slots}, self.bucket_bytes) for slots in shard_slots]
+            buckets = [bucketize({s.key: payloads[s.key] for s in slots}, self.bucket_bytes) for slots in shard_slots]
+            if not self.overlap:  # buffers ride with gradients (never alone: no race); overlap: an open item
+                buckets[0][0].update(self._replica.state_payloads(0))
+            return buckets
         sent = {k for shard in early.sent for b in shard for k in b}
         return [
             early.sent[i] + bucketize({s.key: payloads[s.key] for s in slots if s.key not in sent}, self.bucket_bytes)
@@ -415,7 +418,10 @@ class NetSenseOptimizer(torch.optim.Optimizer):
             return None
         new, t = withdrawal.decision, time.perf_counter()
         try:
-            buckets = [{key: self._encoder.encode(key, sources[key], new.spec)[0] for key in b} for b in withdrawal.buckets]
+            buckets = [
+                {key: self._encoder.encode(key, sources[key], new.spec)[0] if key in sources else p for key, p in b.items()}
+                for b in withdrawal.buckets
+            ]  # state keys (buffers) are not gradients: they keep their lossless payload
         except BaseException as exc:
             self._exchange.settle(withdrawal, exc)
             raise

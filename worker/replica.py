@@ -4,6 +4,10 @@ It knows which shard owns each key (`assign_shards`: size-balanced and determini
 worker agrees), each shard's version, and how a PARAMS message is written into the model. Both
 threads write it, never at once: the network thread applies the pulls of a (re)connect while the
 training thread waits for it, the training thread applies each step's PARAMS.
+
+The model's buffers (and frozen parameters) are state keys (`state`, all on shard 0): every step
+pushes their values whole, the PS averages them, and PARAMS brings them back whole, so every
+worker holds the same running statistics (docs/ARCHITECTURE.md, "Model buffers").
 """
 
 from __future__ import annotations
@@ -15,9 +19,9 @@ import torch
 from netsense.compression import Payload, make_codec
 from netsense.errors import ConfigError, ProtocolError
 from netsense.transport.sharding import assign_shards
-from netsense.transport.wire import Params
+from netsense.transport.wire import Params, TensorInfo
 
-from .layout import KeySlot, key_layout
+from .layout import KeySlot, key_layout, state_info, state_layout, wire_value
 
 
 class Replica:
@@ -31,6 +35,11 @@ class Replica:
         """Key -> index of the PS shard that owns it (the same on every worker)."""
         self.shard_slots: list[list[KeySlot]] = [[s for s in self.slots if self.owner[s.key] == i] for i in range(shards)]
         """Each shard's keys, in layout order."""
+        self.state: list[KeySlot] = state_layout(model, chunk_elems)
+        """State keys (buffers, frozen parameters): on shard 0, pushed and pulled whole."""
+        self.state_on_ps = [False] * shards
+        """Whether each shard's last full PARAMS held its state keys: a PS initialized by an older
+        rank 0 (or checkpoint) has none, and would refuse them in a push as unknown keys."""
         self.versions: list[int] = [-1] * shards
         """Version of each shard's keys in this replica."""
         self.version = -1
@@ -41,10 +50,29 @@ class Replica:
         total = sum(s.numel for s in self.slots)
         return [sum(s.numel for s in slots) / total for slots in self.shard_slots]
 
+    def shard_state(self, shard: int) -> list[KeySlot]:
+        """The state keys `shard` holds (shard 0 holds them all)."""
+        return self.state if shard == 0 else []
+
     def seed(self, shard: int) -> dict[str, Payload]:
         """Rank 0's current values of `shard`'s keys, lossless: what initializes an empty PS."""
         fp32 = make_codec("fp32")
-        return {s.key: fp32.encode(s.view(s.param.detach())) for s in self.shard_slots[shard]}
+        out = {s.key: fp32.encode(s.view(s.param.detach())) for s in self.shard_slots[shard]}
+        out.update(self._state_payloads(shard))
+        return out
+
+    def state_payloads(self, shard: int) -> dict[str, Payload]:
+        """This worker's current values of `shard`'s state keys, lossless, pushed every step; none
+        to a PS that does not hold them (`state_on_ps`)."""
+        return self._state_payloads(shard) if self.state_on_ps[shard] else {}
+
+    def _state_payloads(self, shard: int) -> dict[str, Payload]:
+        fp32 = make_codec("fp32")
+        return {s.key: fp32.encode(wire_value(s)) for s in self.shard_state(shard)}
+
+    def model_info(self, shard: int) -> dict[str, TensorInfo]:
+        """INIT's key -> state_dict name map of `shard`'s keys (what `netsense export` needs)."""
+        return state_info(self.shard_slots[shard] + self.shard_state(shard))
 
     def apply(self, params: Params, shard: int) -> float:
         """Write a PARAMS message of `shard` into the model, validated against its keys; returns
@@ -52,7 +80,8 @@ class Replica:
         slots = self.shard_slots[shard]
         if not params.full and params.base_version != self.versions[shard]:
             raise ProtocolError("version", f"delta for version {params.base_version}, replica is at {self.versions[shard]}")
-        if params.full and len(params.tensors) != len(slots):
+        state = self.shard_state(shard)
+        if params.full and len(params.tensors) not in (len(slots), len(slots) + len(state)):
             raise ProtocolError("keys", f"PS shard {shard} has {len(params.tensors)} keys, this model assigns it {len(slots)}")
         decode_s = 0.0
         for slot in slots:
@@ -71,6 +100,18 @@ class Replica:
                 target.copy_(value)
             else:
                 target.add_(value.to(target.dtype))
+        if params.full:
+            self.state_on_ps[shard] = bool(state) and len(params.tensors) == len(slots) + len(state)
+        for slot in state:  # state keys come whole, in full and delta messages alike
+            payload = params.tensors.get(slot.key)
+            if payload is None:
+                continue  # a PS without state keys, or a keyed reply of other keys
+            if tuple(payload.shape) != slot.shape:
+                raise ProtocolError("shape", f"state key {slot.key!r}: PS shape {payload.shape} != model shape {slot.shape}")
+            if payload.codec != "fp32":
+                raise ProtocolError("bad-payload", f"state key {slot.key!r} must come lossless (fp32), got {payload.codec!r}")
+            value = make_codec(payload.codec).decode(payload, device=slot.param.device)
+            slot.view(slot.param.data).copy_(value.to(slot.param.dtype))
         self.versions[shard] = params.version
         self.version = min(self.versions)
         return decode_s

@@ -59,6 +59,12 @@ class TrainSettings:
     device: str = "cpu"
     """Where a worker trains: ``cpu``, ``cuda`` (local rank r on GPU r mod count) or ``cuda:N``. The
     model, gradients, residuals and codecs stay there; only encoded bytes cross to the host."""
+    job_id: str = ""
+    """Names the job to the PS, which refuses a worker of another job than the one it holds
+    (empty: $NETSENSE_JOB_ID, else ``<model>-s<seed>`` plus Slurm's or torchrun's run id, and for
+    `netsense launch` a random part; docs/ARCHITECTURE.md, "Job identity")."""
+    resume: bool = False
+    """Continue the job whose state the PS holds, even under another job id."""
 
     def __post_init__(self) -> None:
         parse_device(self.device)  # syntax only: CUDA is checked where the worker starts

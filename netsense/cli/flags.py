@@ -51,6 +51,10 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
         "--overlap", action="store_true", default=None,
         help="push each key from a gradient hook during backward, overlapping the push with compute",
     )  # fmt: skip
+    p.add_argument("--job-id", metavar="ID", help="names the job to the PS, which refuses workers of another job "
+                   "(default: train.job_id, else $NETSENSE_JOB_ID, else MODEL-sSEED; launch adds a random part)")
+    p.add_argument("--resume", action="store_true", default=None,
+                   help="continue the job the PS holds even if its job id differs (launch: the PS shards resume their checkpoints too)")
 
 
 def add_policy_flags(p: argparse.ArgumentParser) -> None:
@@ -104,6 +108,8 @@ FLAG_FIELDS: tuple[tuple[str, str], ...] = (
     ("decision_log", "train.decision_log"),
     ("overlap", "train.overlap"),
     ("device", "train.device"),
+    ("job_id", "train.job_id"),
+    ("resume", "train.resume"),
     ("downlink_policy", "server.policy"),
     ("ladder", "server.ladder"),
     ("eval_every", "train.eval_every"),
@@ -135,7 +141,7 @@ def resolve_config(args: argparse.Namespace, fields: dict[str, str] | None = Non
     opt = dict(config.optimizer)
     changes: dict[str, Any] = {}
     for dest, field in table:
-        if a.get(dest) is None:
+        if a.get(dest) is None or (dest == "resume" and a.get("command") == "ps"):  # `ps --resume DIR` is its checkpoint's
             continue
         if field.startswith("optimizer."):
             opt[field.removeprefix("optimizer.")] = a[dest]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ from netsense.cli.flags import (
 from netsense.config import JobConfig
 from netsense.devcerts import worker_certs
 from netsense.errors import ConfigError
-from netsense.launch.env import DEFAULT_PS_PORT, from_environ
+from netsense.launch.env import DEFAULT_PS_PORT, from_environ, resolve_job_id
 from netsense.launch.jsonout import strict_json
 from netsense.metrics import MetricsServer, WorkerCollector
 from netsense.models import load_task
@@ -105,9 +106,14 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps({"rank": args.rank, **event}), flush=True)
 
     worker_id = args.worker_id or f"{socket.gethostname()}-r{args.rank}"
+    job = resolve_job_id(config.model, config.train.seed, config.train.job_id, random_part=False)
+    shards = [
+        dataclasses.replace(connect_settings(config, host, port, args.server_name), job_id=job, resume=config.train.resume)
+        for host, port in addresses
+    ]
     with NetSenseOptimizer(
         model,
-        connect=[connect_settings(config, host, port, args.server_name) for host, port in addresses],
+        connect=shards,
         rank=args.rank,
         world_size=world,
         worker_id=worker_id,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -80,3 +81,22 @@ def from_environ(env: Mapping[str, str] | None = None) -> LaunchEnv:
             ps_host or (first_slurm_host(nodelist) if nodelist else None), ps_port,
         )  # fmt: skip
     return LaunchEnv("none", ps_host=ps_host, ps_port=ps_port)
+
+
+JOB_ID_ENV = "NETSENSE_JOB_ID"
+
+
+def resolve_job_id(model: str, seed: int, configured: str = "", *, random_part: bool, env: Mapping[str, str] | None = None) -> str:
+    """The job's id (docs/ARCHITECTURE.md, "Job identity"): `configured` (``--job-id`` or
+    `train.job_id`), else $NETSENSE_JOB_ID, else ``<model>-s<seed>`` plus the run's id where all
+    workers share one (Slurm's job id, torchrun's rendezvous id) and, for `launch`, a random part;
+    workers started one by one cannot agree on a random id, so theirs is deterministic."""
+    env = os.environ if env is None else env
+    if configured:
+        return configured
+    if env.get(JOB_ID_ENV):
+        return env[JOB_ID_ENV]
+    run = env.get("SLURM_JOB_ID") or env.get("TORCHELASTIC_RUN_ID", "none")
+    base = f"{model}-s{seed}" + (f"-{run}" if run != "none" else "")
+    base = re.sub(r"[^A-Za-z0-9_.\-:]", "_", base)[:110]
+    return f"{base}-{secrets.token_hex(4)}" if random_part else base

@@ -24,6 +24,7 @@ from typing import IO, Any, TypeVar
 from netsense.config import JobConfig, override, to_dict
 from netsense.devcerts import check_cert_dates, ensure_certs
 from netsense.errors import ProcessFailed
+from netsense.launch.env import resolve_job_id
 from netsense.launch.jsonout import strict_json
 from netsense.transport.tls import LOOPBACK_MAX_DATAGRAM_SIZE, TransportSettings
 from netsense.worker.device import resolve_device
@@ -114,6 +115,10 @@ class Launcher:
         (self.run_dir / "launch.json").write_text(
             json.dumps({"link": self.link, "trace": self.trace, "workers": config.workers, "servers": config.servers})
         )  # what `netsense plot RUN_DIR` needs to draw the link's true rate
+        # One id for the whole job, so a long-lived PS tells this run from an earlier one.
+        job = resolve_job_id(config.model, config.train.seed, config.train.job_id, random_part=True)
+        config = override(config, train__job_id=job)
+        self.config = config
         cfg_path = self.run_dir / "config.json"
         cfg_path.write_text(json.dumps(to_dict(override(config, server__host="127.0.0.1", server__port=0)), indent=2))
         try:
@@ -130,6 +135,8 @@ class Launcher:
             ckpt = self.config.server.checkpoint_dir
             if ckpt and servers > 1:
                 args += ["--checkpoint-dir", str(Path(ckpt) / f"shard-{i}")]  # each shard checkpoints alone
+            if ckpt and self.config.train.resume:
+                args += ["--resume"]  # the shards restart from their checkpoints; the workers ask to resume
             shards.append(self._spawn(self._cmd(*args)))
         ports = [self._wait_ready(ps) for ps in shards]
         emulators = []

@@ -4,6 +4,9 @@ A push is validated whole before anything changes (`check_push`), so a refused p
 trace; its gradients then wait in `pending` until the mode applies them with the real torch.optim
 (`optimizer_step` for a whole step, `apply_keys` for keys a pipelined step applies ahead), with the
 step's hyper-parameters from the pushes (`check_step_fields`) and, if set, global-norm clipping.
+State keys (the model's buffers, named in INIT's `model` map) are kept apart in `state`: a push
+carries their values, and each applied step sets them to the sample-weighted mean of its workers'
+values (integers: the largest), never through the optimizer (docs/ARCHITECTURE.md, "Model buffers").
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from netsense.compression import DTYPES, Codec, Payload, make_codec
 from netsense.compression.base import DTYPE_NAMES, empty_dense
 from netsense.errors import CompressionError, ProtocolError
 from netsense.transport.hparams import check_allowed
-from netsense.transport.wire import Params, Push
+from netsense.transport.wire import Params, Push, TensorInfo
 
 from ..optim import Hyper, OptimizerSettings, as_hyper
 
@@ -29,6 +32,8 @@ class Pending:
 
     samples: int
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    state: dict[str, torch.Tensor] = field(default_factory=dict)
+    """State keys' values (buffers) the worker pushed with this step."""
     step: int = 0
     """Version the gradients were computed on (async mode: any version up to the current one)."""
     skipped: bool = False
@@ -96,6 +101,12 @@ class StoreCore:
         counts them (ssp.py), but checkpoints carry them whatever the mode."""
         self.applied_steps = 0
         self.start_quorum = 1
+        self.state: dict[str, torch.Tensor] = {}
+        """State keys (buffers, frozen parameters) -> value, in its wire dtype."""
+        self.model: dict[str, TensorInfo] = {}
+        """Key -> its place in the model's state_dict (INIT's `model`; empty from an older worker)."""
+        self.job_id = ""
+        """The job this state belongs to (rank 0's HELLO at INIT; empty: unknown)."""
         self._decoders: dict[str, Codec] = {}
         self._grad_buffers: dict[str, torch.Tensor] = {}  # key -> reused gradient sum (`_weighted_grad`)
 
@@ -103,19 +114,31 @@ class StoreCore:
     def initialized(self) -> bool:
         return bool(self.params)
 
-    def initialize(self, tensors: dict[str, Payload], optimizer: dict[str, object], world_size: int) -> None:
-        """Take rank 0's initial parameters and build the optimizer over them."""
+    def initialize(
+        self, tensors: dict[str, Payload], optimizer: dict[str, object], world_size: int,
+        model: dict[str, TensorInfo] | None = None, job_id: str = "",
+    ) -> None:  # fmt: skip
+        """Take rank 0's initial parameters (and state keys) and build the optimizer over them."""
         self.start_quorum = world_size
         settings = OptimizerSettings.from_dict(dict(optimizer))
+        model = dict(model or {})
         if not tensors:
             raise ProtocolError("malformed", "INIT carries no tensors")
-        params = {}
+        params, state = {}, {}
         for key, payload in tensors.items():
             t = self.decode(key, payload)
             if not torch.isfinite(t).all():
                 raise ProtocolError("non-finite", f"initial value of {key!r} has NaN/Inf")
-            params[key] = t.to(torch.float32).clone()
-        self.params = params
+            info = model.get(key)
+            if info is not None and info.buffer:
+                if payload.codec != "fp32":
+                    raise ProtocolError("bad-payload", f"state key {key!r} must be sent lossless (fp32), got {payload.codec!r}")
+                state[key] = t.clone()
+            else:
+                params[key] = t.to(torch.float32).clone()
+        if not params:
+            raise ProtocolError("malformed", "INIT carries no trainable parameters")
+        self.params, self.state, self.model, self.job_id = params, state, model, job_id
         self.optimizer_settings = settings
         self.optimizer = settings.build(list(self.params.values()))
 
@@ -143,6 +166,9 @@ class StoreCore:
             )
         decoded = {}
         for key, payload in msg.grads.items():
+            if key in self.state:
+                decoded[key] = self._check_state(key, payload, pending)
+                continue
             if key not in self.params:
                 raise ProtocolError("key", f"unknown key {key!r}")
             if pending is not None and key in pending.grads:
@@ -176,13 +202,27 @@ class StoreCore:
                         "hparams", f"key {key!r}: hyper-parameters {dict(hyper)} differ from {other!r}'s {dict(theirs)} in step {msg.step}"
                     )
 
+    def _check_state(self, key: str, payload: Payload, pending: Pending | None) -> torch.Tensor:
+        """A pushed state key's value: lossless, the stored dtype, finite, once per step."""
+        if pending is not None and key in pending.state:
+            raise ProtocolError("duplicate", f"state key {key!r} already pushed for this step")
+        if payload.codec != "fp32":
+            raise ProtocolError("bad-payload", f"state key {key!r} must be pushed lossless (fp32), got {payload.codec!r}")
+        value = self.decode(key, payload)
+        if value.dtype != self.state[key].dtype:
+            raise ProtocolError("dtype", f"state key {key!r}: dtype {payload.dtype} != {self.state[key].dtype}")
+        if not all_finite(value):
+            raise ProtocolError("non-finite", f"state key {key!r} has NaN/Inf; rejected")
+        return value
+
     def record(self, worker_id: str, msg: Push, grads: dict[str, torch.Tensor], skip: Container[str] = ()) -> None:
         """Add a validated push to the worker's pending step; keys in `skip` (applied ahead) are
         dropped: a re-push after a rejoin."""
         pending = self.pending.get(worker_id)
         if pending is None:
             pending = self.pending[worker_id] = Pending(msg.samples, step=msg.step, skipped=msg.skip)
-        pending.grads.update((k, g) for k, g in grads.items() if k not in skip)
+        pending.grads.update((k, g) for k, g in grads.items() if k not in skip and k not in self.state)
+        pending.state.update((k, g) for k, g in grads.items() if k in self.state)
         pending.hparams.update(key_hparams(msg))
 
     def complete(self, worker_id: str, ahead: int = 0) -> bool:
@@ -213,7 +253,23 @@ class StoreCore:
             param.grad = self._weighted_grad(key, [(self.pending[w].grads[key], self.pending[w].samples / total) for w in workers])
         self.optimizer_settings.clip(list(self.params.values()))
         self._step(list(self.params), workers)
+        self.merge_state(workers)
         return total
+
+    def merge_state(self, workers: list[str] | tuple[str, ...]) -> None:
+        """Set each state key to the sample-weighted mean of what `workers` pushed (integer and bool
+        keys: the largest, so counters stay whole); a key nobody pushed keeps its value."""
+        for key, value in self.state.items():
+            terms = [(self.pending[w].state[key], self.pending[w].samples) for w in workers if key in self.pending[w].state]
+            if not terms:
+                continue
+            info = self.model.get(key)
+            if info is not None and not info.dtype.startswith(("float", "bfloat")):
+                value.copy_(torch.stack([t for t, _ in terms]).amax(dim=0))
+                continue
+            total = sum(n for _, n in terms)
+            mean = sum(t.to(torch.float64) * (n / total) for t, n in terms)
+            value.copy_(mean)
 
     def apply_keys(self, workers: tuple[str, ...], keys: list[str]) -> None:
         """Optimizer step of `keys` alone: parameters without a grad are skipped by torch.optim,
@@ -273,8 +329,9 @@ class StoreCore:
         """A peer's payload as a tensor; any fault in it is the peer's (`ProtocolError`)."""
         if payload.dtype not in DTYPES:
             raise ProtocolError("dtype", f"key {key!r}: dtype {payload.dtype!r} not allowed")
-        if self.initialized and payload.shape != tuple(self.params[key].shape):
-            raise ProtocolError("shape", f"key {key!r}: shape {payload.shape} != {tuple(self.params[key].shape)}")
+        known = self.params.get(key, self.state.get(key))
+        if self.initialized and known is not None and payload.shape != tuple(known.shape):
+            raise ProtocolError("shape", f"key {key!r}: shape {payload.shape} != {tuple(known.shape)}")
         try:
             return self._decoder(payload.codec).decode(payload)
         except CompressionError as exc:

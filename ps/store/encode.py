@@ -3,7 +3,8 @@
 After each update the encoder encodes ``delta = params - shadow`` once, adds the decoded delta to
 `shadow`, and hands the same payloads to every worker, so every replica equals `shadow` bit for
 bit (docs/ARCHITECTURE.md, "One synchronous step"). With a lossless downlink codec it sends the
-parameters themselves. Not to be confused with ps/downlink.py, the policy that picks the codec
+parameters themselves. State keys (buffers, `state`) travel whole and lossless in every whole
+update, full or delta (the worker writes them, never adds them). Not to be confused with ps/downlink.py, the policy that picks the codec
 (`choose`) per update.
 """
 
@@ -37,6 +38,8 @@ class UpdateEncoder:
         self._codecs: dict[str, Codec] = {}  # key -> encoder instance (stateful codecs keep per-key state)
         self._chosen_codecs: dict[tuple[str, str], Codec] = {}  # (key, spec) -> encoder
         self._fp32 = make_codec("fp32")
+        self.state: dict[str, torch.Tensor] = {}
+        """The store's state keys (the same dict as `StoreCore.state`)."""
 
     def reset(self, params: dict[str, torch.Tensor]) -> None:
         """Replicas start as the initial parameters; stateful encoders start empty."""
@@ -83,7 +86,11 @@ class UpdateEncoder:
             payload = codec.encode(param - self.shadow[key])
             self.shadow[key] += codec.decode(payload).to(param.dtype)
             tensors[key] = payload
+        tensors.update(self._state_payloads())
         return Params(version, False, tensors, base_version=base)
+
+    def _state_payloads(self) -> dict[str, Payload]:
+        return {k: self._fp32.encode(v) for k, v in self.state.items()}  # copies the bytes: a cached update stays put
 
     def encode_key(self, key: str, param: torch.Tensor, spec: str) -> tuple[Payload, torch.Tensor]:
         """One key's downlink payload and the shadow value it leaves (as `encode_update`), for a
@@ -107,7 +114,7 @@ class UpdateEncoder:
 
     def lossless(self, version: int, tensors: dict[str, torch.Tensor]) -> Params:
         """`tensors` whole, in fp32."""
-        return Params(version, True, {k: self._fp32.encode(v) for k, v in tensors.items()})
+        return Params(version, True, {**{k: self._fp32.encode(v) for k, v in tensors.items()}, **self._state_payloads()})
 
     def full_params(self, version: int) -> Params:
         """The replica every worker must hold (the shadow), lossless."""

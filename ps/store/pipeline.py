@@ -128,6 +128,7 @@ class PipelinedStep:
         total = sum(core.pending[w].samples for w in core.contributing(workers))
         full = self._spec in LOSSLESS
         base = core.version
+        core.merge_state(workers)
         core.advance()
         self._encoder.shadow.update(self._next_shadow)
         tensors = {k: self.applied[k] for k in core.params}

@@ -4,6 +4,9 @@
 Plain containers of copied tensors, so a snapshot taken on the PS loop can be serialised on another
 thread while training goes on. Pending pushes are not part of it: workers re-push after they
 reconnect. Stateful downlink encoders restart empty; workers pull the full shadow after a restart.
+The state keys (buffers), the key -> state_dict name map and the job id are in it too, so a
+checkpoint can be exported as a plain `state_dict` (ps/checkpoint.py, `export_state_dict`) and a
+restarted PS still knows its job.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from netsense.errors import ProtocolError
+from netsense.transport.wire import TensorInfo
 
 from ..optim import OptimizerSettings
 from .core import StoreCore
@@ -34,6 +38,9 @@ def snapshot(core: StoreCore, encoder: UpdateEncoder) -> dict[str, object]:
         "live": sorted(core.live),
         "clocks": dict(core.clocks),
         "downlink_codec": encoder.spec,
+        "state": {k: v.clone() for k, v in core.state.items()},
+        "model": {k: info_to_dict(i) for k, i in core.model.items()},
+        "job_id": core.job_id,
     }
 
 
@@ -53,9 +60,21 @@ def restore(core: StoreCore, encoder: UpdateEncoder, state: dict[str, object]) -
     core.live = set(state["live"])  # type: ignore[call-overload]
     core.clocks = {str(k): int(v) for k, v in dict(state.get("clocks", {})).items()}  # type: ignore[call-overload]
     encoder.spec = str(state.get("downlink_codec", encoder.spec))
+    core.state = {str(k): v.clone() for k, v in dict(state.get("state", {})).items()}  # type: ignore[call-overload]
+    core.model = {str(k): info_from_dict(dict(v)) for k, v in dict(state.get("model", {})).items()}  # type: ignore[call-overload]
+    core.job_id = str(state.get("job_id", ""))
     encoder.restart_codecs(params)
     core.pending.clear()
     encoder.last_update = None
+
+
+def info_to_dict(info: TensorInfo) -> dict[str, object]:
+    """A `TensorInfo` as plain values (checkpoints are read with ``weights_only=True``)."""
+    return {"name": info.name, "shape": list(info.shape), "dtype": info.dtype, "offset": info.offset, "buffer": info.buffer}
+
+
+def info_from_dict(d: dict[str, object]) -> TensorInfo:
+    return TensorInfo(str(d["name"]), tuple(int(x) for x in d["shape"]), str(d["dtype"]), int(d["offset"]), bool(d["buffer"]))  # type: ignore[attr-defined, call-overload]
 
 
 def clone_tree(value: object) -> object:

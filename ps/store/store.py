@@ -16,7 +16,7 @@ import torch
 
 from netsense.compression import Payload
 from netsense.errors import ProtocolError
-from netsense.transport.wire import Params, Push
+from netsense.transport.wire import Params, Push, TensorInfo
 
 from ..optim import OptimizerSettings
 from . import state as checkpoint_state
@@ -65,6 +65,25 @@ class ParameterStore:
         return self._encoder.shadow
 
     @property
+    def state_keys(self) -> dict[str, torch.Tensor]:
+        """State keys (buffers, frozen parameters) -> value: averaged from pushes, never optimized."""
+        return self._core.state
+
+    @property
+    def model(self) -> dict[str, TensorInfo]:
+        """Key -> its place in the model's state_dict (empty when rank 0 did not send the map)."""
+        return self._core.model
+
+    @property
+    def job_id(self) -> str:
+        """The job whose state this is (empty: unknown)."""
+        return self._core.job_id
+
+    def adopt_job(self, job_id: str) -> None:
+        """Name the job of a state that had none (a checkpoint or a worker from before job ids)."""
+        self._core.job_id = job_id
+
+    @property
     def optimizer_settings(self) -> OptimizerSettings | None:
         return self._core.optimizer_settings
 
@@ -102,16 +121,21 @@ class ParameterStore:
     def initialized(self) -> bool:
         return self._core.initialized
 
-    def initialize(self, tensors: dict[str, Payload], optimizer: dict[str, object], world_size: int = 1) -> None:
+    def initialize(
+        self, tensors: dict[str, Payload], optimizer: dict[str, object], world_size: int = 1,
+        model: dict[str, TensorInfo] | None = None, job_id: str = "",
+    ) -> None:  # fmt: skip
         """Take rank 0's initial parameters; ignored (not an error) if already initialized.
 
         The first update waits for `world_size` workers (or the barrier timeout): otherwise a
-        worker that connects a moment after rank 0 would silently miss step 0.
+        worker that connects a moment after rank 0 would silently miss step 0. `model` names the
+        keys in the model's state_dict and marks the state keys (buffers); `job_id` is the job.
         """
         if self.initialized:
             return
-        self._core.initialize(tensors, optimizer, world_size)
+        self._core.initialize(tensors, optimizer, world_size, model, job_id)
         self._encoder.reset(self._core.params)
+        self._encoder.state = self._core.state
         assert self.optimizer_settings is not None
         log.info("store initialized: %d keys, %d elements, optimizer %s", len(self.params), self.numel, self.optimizer_settings.name)
 
@@ -244,5 +268,9 @@ class ParameterStore:
         if self.initialized:
             raise ProtocolError("initialized", "restore needs a fresh store")
         checkpoint_state.restore(self._core, self._encoder, state)
+        self._encoder.state = self._core.state
         self._mode.reset()
-        log.info("store restored at version %d (%d keys, %d live workers)", self.version, len(self.params), len(self.live))
+        log.info(
+            "store restored at version %d (%d keys, %d state keys, %d live workers, job %r)",
+            self.version, len(self.params), len(self.state_keys), len(self.live), self.job_id,
+        )  # fmt: skip
