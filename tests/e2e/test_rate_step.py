@@ -1,4 +1,4 @@
-"""`netsense` under a mid-training rate step (DESIGN.md §5): 100 -> 20 -> 100 Mbit/s on the uplink.
+"""`netsense` under a mid-training rate step (docs/POLICIES.md, "Redeciding a slow push"): 100 -> 20 -> 100 Mbit/s on the uplink.
 
 In-process PS, a `LinkEmulator` and 2 worker threads training a synthetic 1M-parameter MLP
 (4 MB of fp32 gradients) with a fixed compute time, so the link decides the step time. The emulator's
