@@ -1,6 +1,6 @@
 """Codec micro-benchmark: encode/decode time of every codec family against one memory pass.
 
-DESIGN.md §6 asks that encode cost be a small fraction of step time, measured against one memory
+docs/ARCHITECTURE.md ("Codecs") asks that encode cost be a small fraction of step time, measured against one memory
 pass; `clone_s` is that pass, timed in the same run so that machine load affects both alike.
 """
 

@@ -50,3 +50,16 @@ def test_every_module_is_named_under_its_folder() -> None:
 def test_the_map_parser_sees_a_missing_module() -> None:
     text = "**Where things live.**\n```\nps/    server, optim\n       store\n```\n"
     assert module_map(text) == {"ps": "server, optim store"}
+
+
+def test_no_file_cites_documents_outside_the_repo() -> None:
+    """A user's clone has only the repo: design notes the code needs live in docs/ (the names are
+    built here so that this file does not cite them itself)."""
+    outside = re.compile("|".join(re.escape(n) for n in ("DESIGN" + ".md", "TRANSPORT-FACTS" + ".md", "../" + "shared")))
+    cites = []
+    for path in ROOT.rglob("*"):
+        if path.suffix in (".py", ".md", ".toml", ".sh", ".cfg") and not {".venv", ".git", "history"} & set(path.parts):
+            for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                if outside.search(line):
+                    cites.append(f"{path.relative_to(ROOT)}:{n}")
+    assert not cites, f"these cite documents that are not in the repo (put what they need in docs/): {cites}"
