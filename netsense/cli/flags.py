@@ -69,6 +69,10 @@ def add_staleness_flag(p: argparse.ArgumentParser) -> None:
 def add_transport_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-datagram-size", type=int, help="QUIC packet payload bytes (path MTU - 28; large on loopback)")
     p.add_argument("--barrier-timeout", type=float, help="seconds the PS waits for a slow worker before dropping it from a step")
+    p.add_argument(
+        "--idle-timeout", type=float, metavar="S",
+        help="QUIC idle timeout, seconds (> 0): a silent peer counts as dead after this (default 10; workers ping every S/3)",
+    )  # fmt: skip
 
 
 def add_job_flags(p: argparse.ArgumentParser, *, train: bool = False, staleness: bool = False, metrics: bool = False) -> None:
@@ -114,6 +118,7 @@ def resolve_config(args: argparse.Namespace) -> JobConfig:
         server__barrier_timeout_s=a.get("barrier_timeout"),
         server__staleness=a.get("staleness"),
         transport__max_datagram_size=a.get("max_datagram_size"),
+        transport__idle_timeout_s=a.get("idle_timeout"),
         security__certs_dir=a.get("certs"),
         security__insecure=a.get("insecure"),
     )
