@@ -17,6 +17,7 @@ from aioquic.quic.configuration import QuicConfiguration
 from netsense.errors import AuthError, ConfigError, ProtocolError
 from netsense.transport.auth import new_nonce, verify_mac
 from netsense.transport.channel import ServerConnection, server_port, start_server
+from netsense.transport.logsafe import LogLimiter, printable, quoted, suppressed_note
 from netsense.transport.sensing.aioquic_private import peer_host
 from netsense.transport.wire import (
     Ack,
@@ -75,9 +76,19 @@ class ServerSettings:
     handshake_timeout_s: float = 10.0
     """Close a connection that has not authenticated within this long."""
     max_unauthenticated: int = 64
-    """Most connections that may be mid-handshake at once; more are closed on arrival."""
+    """Most connections that may be mid-handshake at once; a new one past it closes the OLDEST
+    unauthenticated connection instead, so strangers cannot keep a real worker out."""
+    max_unauthenticated_per_host: int = 16
+    """Most connections from one peer IP address that may be mid-handshake at once; more are closed
+    on arrival. Well below `max_unauthenticated`, so one address cannot fill the global cap."""
     max_connections_per_host: int = 32
     """Most connections from one peer IP address at once."""
+    preauth_window_bytes: int = 64 * 1024
+    """QUIC flow-control window (connection and stream) of a connection until it authenticates; it
+    may use half of it (HELLO and AUTH take ~200 bytes), more closes it. Then the full windows."""
+    refusal_log_interval_s: float = 10.0
+    """At most one log line per peer address per this long for refused connections and failed
+    handshakes; the next line says how many were suppressed."""
     staleness: int | None = None
     """None: synchronous training (BSP barrier). s >= 0: asynchronous, each push applied on arrival,
     a worker at most s versions ahead of the slowest live one (SSP); pulls send full fp32 params,
@@ -85,6 +96,8 @@ class ServerSettings:
     has the slowest workers dropped (they re-enter with their next push)."""
 
     def __post_init__(self) -> None:
+        if self.preauth_window_bytes < 4096:
+            raise ConfigError(f"server.preauth_window_bytes must be >= 4096 (a HELLO must fit), got {self.preauth_window_bytes}")
         if self.staleness is not None and self.staleness < 0:
             raise ConfigError(f"server.staleness must be >= 0 (or unset for synchronous training), got {self.staleness}")
 
@@ -120,6 +133,8 @@ class PSServer:
         self.connections: set[WorkerSession] = set()
         self.refused_connections = 0
         self.resumed: set[str] = set()  # workers told "resuming job X at version V" (once each)
+        self.refusal_log = LogLimiter(settings.refusal_log_interval_s)
+        """Rate limit of refusal lines, per peer address."""
         self.checkpoints_written = 0
         self.last_checkpoint: str | None = None
         self._ckpt_version = -1
@@ -137,6 +152,7 @@ class PSServer:
             lambda conn: WorkerSession(self, conn),
             limits=self.limits,
             socket_buffer_bytes=socket_buffer_bytes,
+            preauth_window_bytes=self.settings.preauth_window_bytes,
         )
         self.port = server_port(self._server)
         self._watchdog = asyncio.get_running_loop().create_task(self._barrier_watchdog())
@@ -289,6 +305,7 @@ class WorkerSession:
         self.authenticated = False
         self.host: str | None = None
         self.closed = False
+        self.opened_at = time.monotonic()
         server.connections.add(self)
         loop = asyncio.get_event_loop()
         # aioquic creates the protocol before it feeds the first datagram, so the peer address
@@ -297,15 +314,26 @@ class WorkerSession:
         self._deadline = loop.call_later(server.settings.handshake_timeout_s, self._handshake_expired)
 
     def _admit(self) -> None:
-        """Bound connections per peer address and connections still mid-handshake."""
+        """Bound connections per peer address and connections still mid-handshake.
+
+        Per address, a new connection past a cap is closed: only that address suffers. Past the
+        global cap on handshakes the OLDEST unauthenticated connection is closed instead, so a
+        flood from many addresses cannot lock a worker out: its connection is the newest, and a
+        real handshake takes milliseconds, not the time it takes to open 64 more connections."""
+        if self.closed:
+            return
         self.host = peer_host(self.conn.quic)
         s, live = self.server.settings, [c for c in self.server.connections if not c.closed and c is not self]
-        pending = sum(1 for c in live if not c.authenticated)
+        pending = sorted((c for c in live if not c.authenticated), key=lambda c: c.opened_at)
         same_host = sum(1 for c in live if c.host == self.host)
-        if pending >= s.max_unauthenticated:
-            self.refuse(f"more than {s.max_unauthenticated} connections are mid-handshake")
-        elif self.host is not None and same_host >= s.max_connections_per_host:
+        same_host_pending = sum(1 for c in pending if c.host == self.host)
+        if self.host is not None and same_host >= s.max_connections_per_host:
             self.refuse(f"more than {s.max_connections_per_host} connections from {self.host}")
+        elif self.host is not None and same_host_pending >= s.max_unauthenticated_per_host:
+            self.refuse(f"more than {s.max_unauthenticated_per_host} connections from {self.host} are mid-handshake")
+        else:
+            for old in pending[: max(0, len(pending) + 1 - s.max_unauthenticated)]:
+                old.refuse(f"more than {s.max_unauthenticated} connections are mid-handshake; the oldest is closed")
 
     def _handshake_expired(self) -> None:
         if not self.authenticated and not self.closed:
@@ -313,10 +341,19 @@ class WorkerSession:
 
     def refuse(self, reason: str) -> None:
         """Close this connection now (a bound was hit); the peer sees `reason`."""
-        log.warning("closing connection from %s: %s", self.host or self.peer, reason)
+        if self.closed:
+            return
+        self.log_refusal("closing connection from %s: %s", self.host or self.peer, reason)
         self.server.refused_connections += 1
         self._forget()
         self.conn.close(error_code=0x1, reason_phrase=reason[:200])
+
+    def log_refusal(self, fmt: str, *args: object) -> None:
+        """A WARNING about this peer, at most one per address per `refusal_log_interval_s`, with
+        every argument escaped (peer strings cannot break the line)."""
+        suppressed = self.server.refusal_log.allow(self.host)
+        if suppressed is not None:
+            log.warning(fmt + "%s", *(printable(a) for a in args), suppressed_note(suppressed))
 
     def _forget(self) -> None:
         self.closed = True
@@ -404,6 +441,9 @@ class WorkerSession:
     def _on_hello(self, msg: Hello) -> Message:
         if self.authenticated:
             raise ProtocolError("auth", "already authenticated on this connection")
+        if not msg.worker_id or not msg.worker_id.isprintable():
+            self.log_refusal("refused HELLO from %s: worker id %s is empty or holds control characters", self.host, quoted(msg.worker_id))
+            raise ProtocolError("hello", "worker_id must be non-empty printable text (no control characters)")
         self._hello = msg
         self._server_nonce = new_nonce()
         return Challenge(self._server_nonce)
@@ -419,19 +459,20 @@ class WorkerSession:
                     self.server.secret, msg.mac, server_nonce=nonce, client_nonce=hello.client_nonce, worker_id=hello.worker_id
                 )
             except AuthError as exc:
-                log.warning("refused %s: %s", hello.worker_id, exc)
+                self.log_refusal("refused %s from %s: %s", quoted(hello.worker_id), self.host, exc)
                 self.server.errors_sent += 1
                 raise ProtocolError("auth", str(exc)) from None
         if hello.role != "probe":
             self._check_job(hello)  # refused: the connection stays unauthenticated, and the handshake deadline closes it
         self.authenticated = True
         self._deadline.cancel()
+        self.conn.open_window()
         if hello.role == "probe":  # measures the path only: never a session, never in the barrier
-            self.peer = f"probe {hello.worker_id!r}"
+            self.peer = f"probe {quoted(hello.worker_id)}"
             log.info("%s authenticated", self.peer)
             return self._welcome()
         self.worker_id = hello.worker_id
-        self.peer = f"worker {hello.worker_id!r}"
+        self.peer = f"worker {quoted(hello.worker_id)}"
         previous = self.server.sessions.get(hello.worker_id)
         if previous is not None and previous is not self:
             log.info("%s reconnected; replacing its old connection", self.peer)
@@ -473,7 +514,7 @@ class WorkerSession:
         self.server.errors_sent += 1
 
     def on_close(self, reason: str) -> None:
-        log.info("%s disconnected: %s", self.peer, reason)
+        log.info("%s disconnected: %s", self.peer, printable(reason))
         self._forget()
         self._leave(reason)
 

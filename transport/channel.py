@@ -13,6 +13,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -27,10 +28,14 @@ from netsense.errors import NetSenseError, PeerError, PeerTimeout, ProtocolError
 from .sensing.aioquic_private import (
     connection_of,
     is_closing,
+    raise_receive_window,
+    raise_stream_window,
+    received_stream_bytes,
     stream_send_state,
     transport_of,
     use_monotonic_clock,
 )
+from .logsafe import LogLimiter, printable, suppressed_note
 from .wire import Error, Limits, Message, decode_message, encode_chunks
 
 log = logging.getLogger(__name__)
@@ -191,15 +196,63 @@ Handler = Callable[["ServerConnection", Message], Awaitable[Message | bytes | No
 
 
 class ServerConnection(MessageProtocol):
-    """Server side of one peer: decode, dispatch to the handler, answer on the same stream."""
+    """Server side of one peer: decode, dispatch to the handler, answer on the same stream.
+
+    With `preauth_budget` set, a connection starts with the small receive window the server's
+    configuration grants and may use at most `preauth_budget` bytes of it until the handler calls
+    `open_window` (the PS does once the peer authenticated): a stranger cannot make the server
+    hold megabytes per connection."""
 
     handler_factory: Callable[[ServerConnection], Any] | None = None
+    preauth_budget: int | None = None
+    """Stream bytes a connection may send before `open_window`; None: no gate."""
+    full_window: tuple[int, int] = (0, 0)
+    """(max_data, max_stream_data) granted by `open_window`."""
+    bad_message_log_interval_s: float = 10.0
+    """At most one 'dropped bad message' line per connection per this long."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._gate = self.preauth_budget
+        self._grow_streams = False  # after open_window: each new stream's window is raised too
+        self._bad_log = LogLimiter(self.bad_message_log_interval_s)
         self.session: Any = self.handler_factory(self) if self.handler_factory else None
         self._tasks: set[asyncio.Task[None]] = set()
         self.max_concurrent = 256
+
+    @property
+    def window_open(self) -> bool:
+        """True once `open_window` ran (or when there is no pre-authentication gate)."""
+        return self._gate is None
+
+    def open_window(self) -> None:
+        """Grant the full flow-control windows (MAX_DATA / MAX_STREAM_DATA go out now)."""
+        if self._gate is None:
+            return
+        self._gate = None
+        self._grow_streams = True
+        raise_receive_window(self._connection, *self.full_window)
+        self.transmit()
+
+    def _on_data(self, event: StreamDataReceived) -> None:
+        if self._grow_streams and event.stream_id not in self._buffers and event.stream_id not in self._refused:
+            # A new stream starts at the small window the handshake announced; grant it the full one.
+            raise_stream_window(self._connection, event.stream_id, self.full_window[1])
+        super()._on_data(event)
+
+    def transmit(self) -> None:
+        # aioquic calls this after every datagram it processed, before it would send a window
+        # update: a gated connection over its budget is closed here, so it never earns more credit.
+        gate = self._gate
+        if gate is not None and received_stream_bytes(self._connection) > gate:
+            self._gate = None
+            reason = f"sent more than {gate} bytes before authenticating"
+            if self.session is not None and hasattr(self.session, "refuse"):
+                self.session.refuse(reason)
+            else:
+                self.close(error_code=0x1, reason_phrase=reason)
+            return
+        super().transmit()
 
     def message_received(self, stream_id: int, msg: Message) -> None:
         if len(self._tasks) >= self.max_concurrent:
@@ -233,7 +286,10 @@ class ServerConnection(MessageProtocol):
         self.transmit()
 
     def message_failed(self, stream_id: int, exc: ProtocolError) -> None:
-        log.warning("dropped bad message from %s: %s", self.session and getattr(self.session, "peer", "?"), exc)
+        suppressed = self._bad_log.allow(None)
+        if suppressed is not None:
+            peer = getattr(self.session, "peer", "?") if self.session is not None else "?"
+            log.warning("dropped bad message from %s: %s%s", printable(peer), printable(exc), suppressed_note(suppressed))
         if self.session is not None and hasattr(self.session, "on_bad_message"):
             self.session.on_bad_message(exc)
         self.send_message(stream_id, Error(exc.code, exc.reason))
@@ -253,13 +309,23 @@ async def start_server(
     *,
     limits: Limits = Limits(),
     socket_buffer_bytes: int = 8 * 1024 * 1024,
+    preauth_window_bytes: int | None = None,
 ) -> QuicServer:
-    """Listen for QUIC connections; each gets a session from `handler_factory(connection)`."""
-    protocol = type(
-        "BoundServerConnection",
-        (ServerConnection,),
-        {"handler_factory": staticmethod(handler_factory), "limits": limits, "socket_buffer_bytes": socket_buffer_bytes},
-    )
+    """Listen for QUIC connections; each gets a session from `handler_factory(connection)`.
+
+    `preauth_window_bytes` set: connections start with receive windows of that size (instead of
+    the configuration's) and a budget of half of it, until the session calls `open_window`."""
+    attrs: dict[str, Any] = {"handler_factory": staticmethod(handler_factory), "limits": limits, "socket_buffer_bytes": socket_buffer_bytes}
+    if preauth_window_bytes is not None:
+        attrs["full_window"] = (configuration.max_data, configuration.max_stream_data)
+        # Half the window: aioquic doubles a window once half of it is used; the gate closes first.
+        attrs["preauth_budget"] = preauth_window_bytes // 2
+        configuration = replace(
+            configuration,
+            max_data=min(configuration.max_data, preauth_window_bytes),
+            max_stream_data=min(configuration.max_stream_data, preauth_window_bytes),
+        )
+    protocol = type("BoundServerConnection", (ServerConnection,), attrs)
     server = await serve(host, port, configuration=configuration, create_protocol=protocol)
     tune_socket(transport_of(server), socket_buffer_bytes)
     return server

@@ -63,13 +63,19 @@ class TransportSettings:
     """Connection flow-control window (aioquic's 1 MiB default throttles tensors)."""
     max_stream_data: int = 64 * 1024 * 1024
     """Per-stream flow-control window."""
-    idle_timeout_s: float = 60.0
-    """Close a connection after this long without packets."""
+    idle_timeout_s: float = 10.0
+    """Close a connection after this long without packets; workers PING every third of it, so
+    this is how long a dead PS (or a cut link) goes unnoticed. Raise it on links that black out
+    for longer than this and should not count as dead."""
     socket_buffer_bytes: int = 8 * 1024 * 1024
     """SO_RCVBUF/SO_SNDBUF; every loss seen on loopback was a receive-buffer overflow."""
     congestion_control: str = SENSING_CC
     """aioquic congestion-control algorithm name; the default (Reno with delivery-rate sensing)
     is what the network signal and the adaptive policies read."""
+
+    def __post_init__(self) -> None:
+        if not self.idle_timeout_s > 0:  # also refuses NaN
+            raise ConfigError(f"transport.idle_timeout_s must be > 0 seconds, got {self.idle_timeout_s}")
 
 
 def _name(cn: str) -> x509.Name:

@@ -78,6 +78,10 @@ def add_staleness_flag(p: argparse.ArgumentParser) -> None:
 def add_transport_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-datagram-size", type=int, help="QUIC packet payload bytes (path MTU - 28; large on loopback)")
     p.add_argument("--barrier-timeout", type=float, help="seconds the PS waits for a slow worker before dropping it from a step")
+    p.add_argument(
+        "--idle-timeout", type=float, metavar="S",
+        help="QUIC idle timeout, seconds (> 0): a silent peer counts as dead after this (default 10; workers ping every S/3)",
+    )  # fmt: skip
 
 
 def add_job_flags(
@@ -117,6 +121,7 @@ FLAG_FIELDS: tuple[tuple[str, str], ...] = (
     ("barrier_timeout", "server.barrier_timeout_s"),
     ("staleness", "server.staleness"),
     ("max_datagram_size", "transport.max_datagram_size"),
+    ("idle_timeout", "transport.idle_timeout_s"),
     ("certs", "security.certs_dir"),
     ("insecure", "security.insecure"),
     ("lr", "optimizer.lr"),

@@ -79,3 +79,41 @@ def test_eight_workers_rss_flat_zero_errors_exactly_once(certs, tmp_path: Path) 
     assert rss_end <= rss_start * 1.10, (rss_start, rss_end)
     print(f"load: {WORKERS} workers, {wall:.0f} s, {stopped['version']} steps ({stopped['version'] / wall:.1f}/s), "
           f"PS RSS {rss_start / 1024:.1f} -> {rss_end / 1024:.1f} MiB ({100 * (rss_end / rss_start - 1):+.1f}%)")  # fmt: skip
+
+
+def test_strangers_sending_before_auth_do_not_grow_the_ps(certs, tmp_path: Path) -> None:
+    """Issue #17's experiment: 3 connections each sending 60 MiB before any AUTH raised a `netsense
+    ps` process's RSS from 378 to 527 MB (the full 64 MiB window each), not returned 20 s later.
+    Now each gets a 64 KiB window until AUTH and is closed after 32 KiB."""
+    import asyncio
+
+    from netsense.transport.channel import open_connection
+    from netsense.transport.tls import TransportSettings, client_configuration
+
+    ps, port = start_ps(tmp_path, Path(certs.ca).parent)
+    time.sleep(1.0)
+    before = _rss_kib(ps.p.pid)
+
+    async def one() -> str | None:
+        config = client_configuration(TransportSettings(), ca=certs.ca, server_name="127.0.0.1")
+        async with open_connection("127.0.0.1", port, config) as conn:
+            sid = conn.quic.get_next_available_stream_id()
+            for _ in range(60):
+                conn.quic.send_stream_data(sid, b"\0" * (1 << 20))
+            conn.transmit()
+            deadline = time.monotonic() + 20
+            while conn.closed_reason is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            return conn.closed_reason
+
+    async def three() -> list[str | None]:
+        return list(await asyncio.gather(*(one() for _ in range(3))))
+
+    reasons = asyncio.run(three())
+    peak = _rss_kib(ps.p.pid)
+    time.sleep(5.0)
+    after = _rss_kib(ps.p.pid)
+    stop_ps(ps)
+    print(f"pre-auth 3 x 60 MiB: PS RSS {before / 1024:.0f} MB -> {peak / 1024:.0f} MB, {after / 1024:.0f} MB 5 s later; {reasons}")
+    assert all(r is not None and "before authenticating" in r for r in reasons), reasons
+    assert peak - before < 32 * 1024, (before, peak)  # was +149 MB; 3 x 64 KiB windows are nothing

@@ -53,24 +53,27 @@ def test_worker_sigkill_mid_step_then_restart_and_rejoin(certs, tmp_path: Path) 
 
 def test_ps_sigkill_resume_from_checkpoint_workers_reconnect(certs, tmp_path: Path) -> None:
     c = Path(certs.ca).parent
-    cfg = tmp_path / "job.toml"
-    # A short QUIC idle timeout lets workers notice a silently dead PS in 3 s instead of 60.
-    cfg.write_text("[transport]\nidle_timeout_s = 3.0\n")
+    # Default transport settings: workers notice the silently dead PS by the QUIC idle timeout
+    # (10 s; it was 60 s, and workers then trained again only 60.2 s after the kill).
     ckpt = tmp_path / "ckpt"
-    ps, port = start_ps(tmp_path, c, "--config", str(cfg), "--checkpoint-dir", str(ckpt), "--checkpoint-every", "10")
-    train = ("--config", str(cfg), "--steps", str(STEPS), "--eval-every", "0")
+    ps, port = start_ps(tmp_path, c, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "10")
+    train = ("--steps", str(STEPS), "--eval-every", "0")
     ws = [start_worker(tmp_path, c, port, r, 2, *train) for r in range(2)]
     ws[0].next_event(_step(35), 240)
     ps.kill()
     killed = time.monotonic()
     at_kill = max(e["step"] for e in ws[0].drain() if e.get("event") == "step")
-    ps2, port2 = start_ps(tmp_path, c, "--config", str(cfg), "--resume", str(ckpt), "--port", str(port), name="ps-resumed")
+    ps2, port2 = start_ps(tmp_path, c, "--resume", str(ckpt), "--port", str(port), name="ps-resumed")
     resumed_line = ps2.next_event(lambda e: e.get("event") == "ready", 5)
     assert port2 == port
     restored = int(resumed_line["version"])
     assert at_kill - 10 <= restored <= at_kill + 1  # at most N=10 steps lost
     ws[0].next_event(lambda e: e.get("event") == "step" and e["step"] > restored and e is not None, 120)
     recovered_s = time.monotonic() - killed
+    # Not a speed figure (that is docs/BENCHMARKS.md's): with the old 60 s idle timeout this was
+    # >= 60 s whatever the load; the 10 s default plus a loaded restart stays well below.
+    assert recovered_s < 45, recovered_s
+    print(f"PS SIGKILL: workers training again {recovered_s:.1f} s after the kill", flush=True)
     assert all(w.wait(300) == 0 for w in ws), ws[0].log()[-2000:]
     stopped = stop_ps(ps2)
     assert stopped["version"] == STEPS and stopped["applied_steps"] == STEPS

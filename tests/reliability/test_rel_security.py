@@ -4,17 +4,21 @@ floods, oversize messages, replayed handshakes, secrets kept out of logs, --inse
 from __future__ import annotations
 
 import asyncio
+import logging
+import socket
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from aioquic.quic.connection import QuicConnection
 
 from netsense.errors import AuthError, PeerError, PeerTimeout
 from netsense.ps.server import ServerSettings
 from netsense.transport.auth import auth_mac, new_nonce
-from netsense.transport.channel import open_connection
+from netsense.transport.channel import ClientConnection, open_connection
 from netsense.transport.tls import TransportSettings, client_configuration
 from netsense.transport.wire import Auth, Challenge, Hello, Limits, Pull, Push
 from netsense.worker.client import Identity, PSClient
@@ -62,7 +66,9 @@ def test_connections_per_host_and_unauthenticated_are_bounded(certs) -> None:
     ps.stop()
     ps = start_ps(certs, ServerSettings(port=0, max_unauthenticated=2))
     reasons = asyncio.run(_hold_raw(certs, ps.port, 4, 0.5))
-    assert reasons[:2] == [None] * 2 and all(r is not None for r in reasons[2:]), reasons
+    # Past the global cap the OLDEST unauthenticated connections are closed, not the newcomers
+    # (issue #17: a flood must not keep a real worker out); still exactly two are closed.
+    assert all(r is not None and "mid-handshake" in r for r in reasons[:2]) and reasons[2:] == [None] * 2, reasons
     assert ps.server.refused_connections == 2
     # a legitimate worker still gets in once the flood is gone
     opt = NetSenseOptimizer(torch.nn.Linear(2, 2), connect=connect(certs, ps.port), worker_id="ok")
@@ -184,3 +190,189 @@ def _is_hex(s: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+# --- issue #17: strangers before authentication ---------------------------------------------------
+
+
+async def _raw_from(source: str, port: int, certs) -> tuple[Any, Any]:  # type: ignore[no-untyped-def]
+    """A QUIC connection to the PS from local address `source` (127.0.0.x) that never authenticates;
+    (transport, protocol) once connected. Raises ConnectionError if the PS closes it first."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind((source, 0))
+    quic = QuicConnection(configuration=_config(certs))
+    transport, proto = await loop.create_datagram_endpoint(lambda: ClientConnection(quic), sock=sock)
+    try:
+        proto.connect(("127.0.0.1", port))
+        await asyncio.wait_for(proto.wait_connected(), 5)
+    except BaseException:
+        transport.close()
+        raise
+    return transport, proto
+
+
+async def _flood(certs, port: int, sources: tuple[str, ...], per_source: int, stop: asyncio.Event) -> int:  # type: ignore[no-untyped-def]
+    """Hold `per_source` unauthenticated connections from each source, each reopened as it closes;
+    returns how many connections were opened."""
+    opened = 0
+
+    async def hold(source: str) -> None:
+        nonlocal opened
+        while not stop.is_set():
+            opened += 1
+            try:
+                transport, proto = await _raw_from(source, port, certs)
+            except (ConnectionError, asyncio.TimeoutError):
+                await asyncio.sleep(0.01)
+                continue
+            while not stop.is_set() and proto.closed_reason is None:
+                await asyncio.sleep(0.02)
+            proto.close()
+            transport.close()
+
+    async with asyncio.TaskGroup() as tg:
+        for source in sources:
+            for _ in range(per_source):
+                tg.create_task(hold(source))
+    return opened
+
+
+@pytest.mark.parametrize("per_host", [None, 40], ids=["defaults", "eviction-only"])
+def test_a_flood_from_two_addresses_does_not_keep_a_worker_out(certs, caplog, per_host: int | None) -> None:
+    """The issue's experiment: 33 + 33 never-authenticating connections from 127.0.0.2 and
+    127.0.0.3, reopened as they close, kept a worker out ("more than 64 connections are
+    mid-handshake"). Now the per-address handshake cap (16) holds them to 32; with that cap
+    lifted (40), the global cap closes the oldest handshake, never the worker's new one. Either
+    way the worker authenticates within its connect deadline, and the refusals log a few lines."""
+    settings = ServerSettings(port=0) if per_host is None else ServerSettings(port=0, max_unauthenticated_per_host=per_host)
+    ps = start_ps(certs, settings)
+    took: dict[str, float] = {}
+
+    async def go() -> int:
+        stop = asyncio.Event()
+        flood = asyncio.ensure_future(_flood(certs, ps.port, ("127.0.0.2", "127.0.0.3"), 33, stop))
+        await asyncio.sleep(2.0)  # the flood at full strength
+        pending = sum(1 for c in ps.server.connections if not c.authenticated)
+        t0 = time.monotonic()
+        opt = await asyncio.to_thread(NetSenseOptimizer, torch.nn.Linear(2, 2), connect=connect(certs, ps.port), worker_id="real")
+        took["connect_s"] = time.monotonic() - t0
+        await asyncio.to_thread(opt.close)
+        stop.set()
+        opened = await flood
+        print(f"flood {settings.max_unauthenticated_per_host}/host: {pending} mid-handshake, {opened} opened, "
+              f"{ps.server.refused_connections} refused; worker in after {took['connect_s']:.2f} s")
+        return pending
+
+    with caplog.at_level(logging.WARNING, logger="netsense.ps.server"):
+        pending = asyncio.run(go())
+    assert pending <= settings.max_unauthenticated
+    assert took["connect_s"] < connect(certs, ps.port).connect_timeout_s
+    assert ps.server.refused_connections > 0
+    # one line per address per refusal_log_interval_s (10 s): the run lasts well under that
+    refusals = [r for r in caplog.records if "closing connection" in r.getMessage()]
+    assert 1 <= len(refusals) <= 4, [r.getMessage() for r in refusals]
+    ps.stop()
+
+
+def test_bytes_before_authentication_are_bounded(certs) -> None:
+    """The issue's experiment: 3 connections each sending 60 MiB before any AUTH were buffered
+    against the full 64 MiB window (RSS 378 -> 527 MB). Now each is closed once it used half the
+    64 KiB pre-authentication window, and a worker afterwards still gets the full window."""
+    ps = start_ps(certs, ServerSettings(port=0))
+    window = ServerSettings().preauth_window_bytes
+    received: list[int] = []
+
+    async def one() -> str | None:
+        async with open_connection("127.0.0.1", ps.port, _config(certs)) as conn:
+            session = next(c for c in ps.server.connections if not c.authenticated)
+            sid = conn.quic.get_next_available_stream_id()
+            for _ in range(60):
+                conn.quic.send_stream_data(sid, b"\0" * (1 << 20))
+            conn.transmit()
+            for _ in range(200):
+                if conn.closed_reason is not None:
+                    break
+                await asyncio.sleep(0.05)
+            received.append(session.conn.bytes_in)
+            return conn.closed_reason
+
+    async def three() -> list[str | None]:
+        return list(await asyncio.gather(*(one() for _ in range(3))))
+
+    reasons = asyncio.run(three())
+    assert all(r is not None and "before authenticating" in r for r in reasons), reasons
+    assert len(received) == 3 and all(n <= window for n in received), received
+    # an authenticated worker is not held to the small window: 1 MiB of parameters go through
+    opt = NetSenseOptimizer(torch.nn.Linear(512, 512), connect=connect(certs, ps.port), worker_id="w0")
+    assert ps.server.sessions["w0"].conn.window_open
+    opt.zero_grad()
+    opt.model(torch.randn(4, 512)).sum().backward()
+    assert opt.step(samples=4).version == 1
+    opt.close()
+    ps.stop()
+
+
+FORGED = "w0' (rank 0) authenticated\n2026-01-01 00:00:00 INFO netsense.ps.server: worker 'admin"
+
+
+def test_peer_strings_cannot_forge_log_lines(certs, caplog) -> None:
+    """A HELLO whose worker_id holds a newline wrote a forged line (`... INFO worker 'w0' (rank 0)
+    authenticated`): such an id is refused with a clear error, and no log line of the PS holds a
+    raw newline or control character from the peer, whatever it sent."""
+    ps = start_ps(certs, ServerSettings(port=0))
+    secret = certs.secret.read_bytes().strip()
+
+    async def go() -> list[object]:
+        out: list[object] = []
+        async with open_connection("127.0.0.1", ps.port, _config(certs)) as conn:
+            for wid in (FORGED, "w\x1b[2Jx", "\u2028w"):
+                try:
+                    out.append(await conn.request(Hello(wid, 0, new_nonce()), 5))
+                except PeerError as exc:
+                    out.append(exc.code)
+        async with open_connection("127.0.0.1", ps.port, _config(certs)) as conn:  # printable, but a wrong MAC
+            hello = Hello("w0 authenticated\\nfake", 0, new_nonce())
+            ch = await conn.request(hello, 5)
+            assert isinstance(ch, Challenge)
+            try:
+                await conn.request(Auth(auth_mac(b"wrong" * 8, server_nonce=ch.server_nonce, client_nonce=hello.client_nonce, worker_id=hello.worker_id)), 5)
+            except PeerError as exc:
+                out.append(exc.code)
+        return out
+
+    with caplog.at_level(logging.DEBUG):
+        assert asyncio.run(go()) == ["hello", "hello", "hello", "auth"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("control characters" in m for m in lines), lines
+    for m in lines:
+        assert "\n" not in m and "\x1b" not in m and "\u2028" not in m, m
+    assert not any("authenticated" in m and "admin" in m and "refused" not in m for m in lines), lines
+    assert not ps.server.sessions
+    ps.stop()
+
+
+def test_malformed_streams_log_one_line_per_connection(certs, caplog) -> None:
+    """2000 malformed streams logged 2000 WARNING lines; now one line per connection per 10 s
+    (with a count of the rest), while every one of them is still answered with ERROR."""
+    ps = start_ps(certs, ServerSettings(port=0))
+
+    async def go() -> list[object]:
+        client = PSClient("127.0.0.1", ps.port, _config(certs), Identity("noisy", 1, certs.secret.read_bytes().strip()))
+        await client.connect()
+        out: list[object] = []
+        for _ in range(100):
+            try:
+                out.append(await client.conn.request(b"\xff\x00garbage\n forged line", 5))
+            except PeerError as exc:
+                out.append(exc.code)
+        await client.close()
+        return out
+
+    with caplog.at_level(logging.WARNING):
+        replies = asyncio.run(go())
+    assert len(replies) == 100 and all(isinstance(r, str) for r in replies), replies[:3]
+    dropped = [r.getMessage() for r in caplog.records if "dropped bad message" in r.getMessage()]
+    assert len(dropped) == 1, dropped
+    assert ps.server.errors_sent >= 100
+    ps.stop()

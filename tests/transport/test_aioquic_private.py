@@ -39,7 +39,7 @@ PACKAGES = ("compression", "transport", "ps", "worker", "netsense")
 PRIVATE_MODULE = REPO / "transport" / "sensing" / "aioquic_private.py"
 PRIVATE_READ = re.compile(
     r"""(?:\.|["'])(_quic|_loss|_cc|_pacer|_network_paths|_streams|_close_event|_pacing_at"""
-    r"""|_max_datagram_size|_pto_count|_rtt_\w+|_transport)\b"""
+    r"""|_max_datagram_size|_pto_count|_rtt_\w+|_local_max_\w+|_transport)\b"""
 )
 """An attribute read (``x._loss``) or a getattr name (``"_loss"``) of aioquic's private state
 (``_transport`` of a protocol or server too; ``_loop`` is left out: the emulator has its own)."""
@@ -133,6 +133,26 @@ def test_stream_send_state_and_abandon_only_before_the_fin_left() -> None:
     assert not abandon_stream(p.client, open_stream)  # no final size yet: not a request
     with pytest.raises(QuicInternalsError, match="_buffer_fin"):
         aioquic_private._resolve(SimpleNamespace(sender=SimpleNamespace(_buffer_start=0, highest_offset=0)), aioquic_private.STREAM_SEND_PATHS[2])
+
+
+def test_receive_windows_are_raised_for_open_and_new_streams() -> None:
+    """The PS's pre-authentication gate: the connection window and a stream's window grow on
+    request (and only grow), and the peer learns the new limits (MAX_DATA / MAX_STREAM_DATA)."""
+    p = Pair()
+    stream = p.client.get_next_available_stream_id()
+    p.client.send_stream_data(stream, b"x" * 1000)
+    p.exchange(rounds=3)
+    used = aioquic_private.received_stream_bytes(p.server)
+    assert used == 1000
+    before = p.server._local_max_data.value
+    aioquic_private.raise_receive_window(p.server, before * 4, 1 << 30)
+    aioquic_private.raise_receive_window(p.server, 1, 1)  # never shrinks
+    assert p.server._local_max_data.value == before * 4
+    assert aioquic_private._resolve(p.server._streams[stream], aioquic_private.STREAM_WINDOW_PATH) == 1 << 30
+    p.exchange(rounds=3)
+    assert p.client._remote_max_data == before * 4
+    assert p.client._streams[stream].max_stream_data_remote == 1 << 30
+    aioquic_private.raise_stream_window(p.server, stream + 400, 1 << 30)  # unknown stream: nothing
 
 
 def test_recovery_state_has_plausible_values(pair: Pair) -> None:

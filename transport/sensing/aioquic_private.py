@@ -50,6 +50,9 @@ PRIVATE_PATHS: tuple[str, ...] = (
     "_pacing_at",
     "_streams",
     "_close_event",
+    "_local_max_data",
+    "_local_max_data.used",
+    "_local_max_data.value",
 )
 """Every private attribute path of `QuicConnection` this module reads (checked by `check_internals`)."""
 
@@ -117,6 +120,43 @@ def smoothed_rtt(quic: Any) -> float | None:
     """aioquic's smoothed RTT of `quic`, seconds, as it stands (0.0 before the first sample), for
     metrics; None where there is no recovery state to read."""
     return getattr(getattr(quic, "_loss", None), "_rtt_smoothed", None)
+
+
+# -- receive flow control -----------------------------------------------------------------
+
+
+def received_stream_bytes(quic: QuicConnection) -> int:
+    """Stream bytes the peer has used of our connection window: the highest offset of each stream,
+    summed, so bytes held out of order count too (the PS bounds what a stranger may send)."""
+    return int(quic._local_max_data.used)
+
+
+STREAM_WINDOW_PATH = "max_stream_data_local"
+"""Private path on one aioquic `QuicStream`: the stream receive window we grant."""
+
+
+def raise_receive_window(quic: QuicConnection, max_data: int, max_stream_data: int) -> None:
+    """Grow our connection window and every open stream's window to at least these sizes; the
+    next transmit sends MAX_DATA / MAX_STREAM_DATA. (aioquic grows a window by itself only once
+    half of it is used, which the PS's pre-authentication budget never lets a stranger reach.)
+
+    Streams the peer opens later still start at the initial window the handshake announced (the
+    peer holds to that until told otherwise): raise each with `raise_stream_window`."""
+    limit = quic._local_max_data
+    limit.value = max(int(limit.value), max_data)
+    for stream_id in list(_resolve(quic, "_streams")):
+        raise_stream_window(quic, stream_id, max_stream_data)
+
+
+def raise_stream_window(quic: QuicConnection, stream_id: int, max_stream_data: int) -> None:
+    """Grow one stream's receive window to at least `max_stream_data` (MAX_STREAM_DATA goes out
+    with the next transmit); nothing for a stream aioquic does not hold or one we only send on."""
+    stream = _resolve(quic, "_streams").get(stream_id)
+    if stream is None:
+        return
+    window = int(_resolve(stream, STREAM_WINDOW_PATH))
+    if 0 < window < max_stream_data:  # 0: a stream we opened to send only
+        stream.max_stream_data_local = max_stream_data
 
 
 # -- stream send progress -------------------------------------------------------------------
