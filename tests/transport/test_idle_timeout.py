@@ -31,7 +31,7 @@ def test_idle_timeout_must_be_positive(bad: float) -> None:
 def test_idle_timeout_flag_on_every_job_command(command: str) -> None:
     args = build_parser().parse_args([command, "--idle-timeout", "2.5"])
     assert resolve_config(args).transport.idle_timeout_s == 2.5
-    with pytest.raises(ConfigError, match="idle_timeout_s must be > 0"):
+    with pytest.raises(ConfigError, match="idle-timeout must be > 0"):
         resolve_config(build_parser().parse_args([command, "--idle-timeout", "0"]))
 
 
