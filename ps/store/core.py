@@ -1,8 +1,10 @@
 """What every mode of the store shares: parameters, optimizer, live workers and pending pushes.
 
 A push is validated whole before anything changes (`check_push`), so a refused push leaves no
-trace; its gradients then wait in `pending` until the mode applies them with the real torch.optim
-(`optimizer_step` for a whole step, `apply_keys` for keys a pipelined step applies ahead).
+trace; its gradients, cast to the parameters' dtype and checked finite there, then wait in
+`pending` until the mode applies them with the real torch.optim (`optimizer_step` for a whole step,
+`apply_keys` for keys a pipelined step applies ahead), through the `StepGuard` (guard.py), which
+refuses a step that would make parameters or optimizer state NaN/Inf.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from netsense.errors import CompressionError, ProtocolError
 from netsense.transport.wire import Params, Push
 
 from ..optim import OptimizerSettings
+from .guard import StepGuard
 
 
 @dataclass
@@ -73,6 +76,11 @@ class Mode(Protocol):
         """Forget any step in progress (a restore)."""
         ...
 
+    def abandon(self, worker_id: str) -> None:
+        """An update that `worker_id`'s call triggered was refused (`UpdateRefused`; parameters and
+        state are as before it): drop the pushes it would have applied."""
+        ...
+
 
 class StoreCore:
     """The state both modes act on. Plain attributes: the modes, the encoder's caller and the
@@ -92,6 +100,7 @@ class StoreCore:
         self.start_quorum = 1
         self._decoders: dict[str, Codec] = {}
         self._grad_buffers: dict[str, torch.Tensor] = {}  # key -> reused gradient sum (`_weighted_grad`)
+        self.guard = StepGuard()
 
     @property
     def initialized(self) -> bool:
@@ -105,10 +114,10 @@ class StoreCore:
             raise ProtocolError("malformed", "INIT carries no tensors")
         params = {}
         for key, payload in tensors.items():
-            t = self.decode(key, payload)
+            t = self.decode(key, payload).to(torch.float32)  # checked in the dtype it is kept in: 1e300 is Inf there
             if not torch.isfinite(t).all():
-                raise ProtocolError("non-finite", f"initial value of {key!r} has NaN/Inf")
-            params[key] = t.to(torch.float32).clone()
+                raise ProtocolError("non-finite", f"initial value of {key!r} has NaN/Inf (as float32)")
+            params[key] = t.clone()
         self.params = params
         self.optimizer_settings = settings
         self.optimizer = settings.build(list(self.params.values()))
@@ -141,11 +150,14 @@ class StoreCore:
                 raise ProtocolError("key", f"unknown key {key!r}")
             if pending is not None and key in pending.grads:
                 raise ProtocolError("duplicate", f"key {key!r} already pushed for step {msg.step}")
+            param = self.params[key]
             grad = self.decode(key, payload)
-            if grad.shape != self.params[key].shape:
-                raise ProtocolError("shape", f"key {key!r}: shape {tuple(grad.shape)} != {tuple(self.params[key].shape)}")
+            if grad.shape != param.shape:
+                raise ProtocolError("shape", f"key {key!r}: shape {tuple(grad.shape)} != {tuple(param.shape)}")
+            # Checked in the dtype it is applied in: float64 1e300 is finite, and Inf once cast.
+            grad = grad.to(param.dtype)
             if not all_finite(grad):
-                raise ProtocolError("non-finite", f"gradient of {key!r} has NaN/Inf; rejected")
+                raise ProtocolError("non-finite", f"gradient of {key!r} has NaN/Inf (as {DTYPE_NAMES[param.dtype]}); rejected")
             decoded[key] = grad
         return decoded
 
@@ -170,14 +182,17 @@ class StoreCore:
         self.applied_steps += 1
 
     def optimizer_step(self, workers: list[str]) -> int:
-        """One optimizer step on the sample-weighted mean of `workers`' gradients; their samples."""
+        """One optimizer step on the sample-weighted mean of `workers`' gradients; their samples.
+        Raises `UpdateRefused` (parameters and state unchanged) if the step would poison them."""
         total = sum(self.pending[w].samples for w in workers)
         assert self.optimizer is not None
         for key, param in self.params.items():
             param.grad = self._weighted_grad(key, [(self.pending[w].grads[key], self.pending[w].samples / total) for w in workers])
-        self.optimizer.step()
-        for param in self.params.values():
-            param.grad = None
+        try:
+            self.guard.step(self.optimizer, self.params, self.params)
+        finally:
+            for param in self.params.values():
+                param.grad = None
         return total
 
     def apply_keys(self, workers: tuple[str, ...], keys: list[str]) -> None:
@@ -188,9 +203,11 @@ class StoreCore:
         for key in keys:
             terms = [(self.pending[w].grads.pop(key), self.pending[w].samples / total) for w in workers]
             self.params[key].grad = self._weighted_grad(key, terms)
-        self.optimizer.step()
-        for key in keys:
-            self.params[key].grad = None
+        try:  # the step is not whole yet: a refusal of a later key undoes these too (`guard.commit`)
+            self.guard.step(self.optimizer, self.params, keys, keep=True)
+        finally:
+            for key in keys:
+                self.params[key].grad = None
 
     def _weighted_grad(self, key: str, terms: list[tuple[torch.Tensor, float]]) -> torch.Tensor:
         """sum(weight * grad) in this key's gradient buffer, kept from step to step: the first term
