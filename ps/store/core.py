@@ -119,6 +119,7 @@ class StoreCore:
                 raise ProtocolError("non-finite", f"initial value of {key!r} has NaN/Inf (as float32)")
             params[key] = t.clone()
         self.params = params
+        self.guard.forget()
         self.optimizer_settings = settings
         self.optimizer = settings.build(list(self.params.values()))
 

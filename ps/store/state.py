@@ -49,6 +49,7 @@ def restore(core: StoreCore, encoder: UpdateEncoder, state: dict[str, object]) -
     core.optimizer_settings = settings
     core.optimizer = settings.build(list(params.values()))
     core.optimizer.load_state_dict(state["optimizer_state"])  # type: ignore[arg-type]
+    core.guard.forget()
     try:  # a checkpoint is never the way poison gets in (an older PS could write one)
         check_update(core.optimizer, [*params.values(), *encoder.shadow.values()])
     except UpdateRefused:

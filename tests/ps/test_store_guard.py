@@ -12,7 +12,7 @@ import torch
 from netsense.compression import make_codec
 from netsense.errors import ProtocolError
 from netsense.ps.store import ParameterStore
-from netsense.ps.store.guard import StepGuard, UpdateRefused, amax_abs, check_update, step_bound
+from netsense.ps.store.guard import StepGuard, UpdateRefused, amax_abs, amax_each, check_update
 from netsense.transport.wire import Push
 
 FP32 = make_codec("fp32")
@@ -249,11 +249,35 @@ def test_amax_abs_sees_nan_and_inf_and_empty_tensors() -> None:
     assert amax_abs([torch.tensor([-math.inf])]) == math.inf
 
 
+def test_amax_each_is_one_value_per_tensor() -> None:
+    assert amax_each([torch.tensor([2.0, -5.0]), torch.zeros(0), torch.tensor([math.nan])]) == [5.0, 0.0, math.inf]
+
+
 def test_unknown_optimizer_is_always_checked() -> None:
     p = torch.ones(3, requires_grad=True)
     opt = torch.optim.RMSprop([p], lr=0.1)
     p.grad = torch.full((3,), 0.1)
-    assert step_bound(opt, [p]) == math.inf
     guard = StepGuard()
     guard.step(opt, {"p": p}, ["p"])
     assert guard.guarded_steps == 1 and torch.isfinite(p).all()
+
+
+@pytest.mark.parametrize(
+    "opt",
+    [SGD, SGD | {"nesterov": True, "weight_decay": 0.3}, {"name": "sgd", "lr": 0.5, "momentum": 0.0, "weight_decay": 0.1},
+     {"name": "adam", "lr": 0.1, "weight_decay": 0.2}, {"name": "adamw", "lr": 0.3, "weight_decay": 0.5}],
+)  # fmt: skip
+def test_carried_bounds_stay_above_the_true_magnitudes_and_are_measured_once(opt: dict) -> None:
+    """The bounds the guard carries from step to step (instead of reading parameters and state)
+    are upper bounds of what torch actually computes, step after step."""
+    s = _store(opt, workers=("a",))
+    gen = torch.Generator().manual_seed(0)
+    guard = s._core.guard
+    for step in range(30):
+        scale = 10.0 ** float(torch.randint(-3, 4, (), generator=gen))
+        _push(s, "a", step, {k: torch.randn(v.shape, generator=gen) * scale for k, v in s.params.items()})
+        for key, param in s.params.items():
+            bound_p, bound_state = guard._bounds[key]
+            state = [v for n, v in s._core.optimizer.state[param].items() if n != "step"]  # type: ignore[union-attr]
+            assert amax_abs([param]) <= bound_p and all(amax_abs([t]) <= b for t, b in zip(state, bound_state)), (step, key)
+    assert guard.measured == len(s.params) and guard.guarded_steps == 0  # measured at the first step only
