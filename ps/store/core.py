@@ -155,8 +155,11 @@ class StoreCore:
             grad = self.decode(key, payload)
             if grad.shape != param.shape:
                 raise ProtocolError("shape", f"key {key!r}: shape {tuple(grad.shape)} != {tuple(param.shape)}")
-            # Checked in the dtype it is applied in: float64 1e300 is finite, and Inf once cast.
-            grad = grad.to(param.dtype)
+            # Checked in the dtype it is applied in: float64 1e300 is finite, and Inf once cast. A
+            # narrower dtype (float16 into float32) cannot overflow there and stays as it came (half
+            # the pending memory; `_weighted_grad` casts it).
+            if torch.finfo(grad.dtype).max > torch.finfo(param.dtype).max:
+                grad = grad.to(param.dtype)
             if not all_finite(grad):
                 raise ProtocolError("non-finite", f"gradient of {key!r} has NaN/Inf (as {DTYPE_NAMES[param.dtype]}); rejected")
             decoded[key] = grad
