@@ -1,16 +1,17 @@
 """`StepGuard`: an optimizer step that would make a parameter or optimizer state NaN/Inf is refused
 whole, leaving both bit for bit as they were (docs/RELIABILITY.md, "Poisoned updates").
 
-Finite gradients are not enough: two pushes of 3e38 sum to Inf, and momentum or Adam's squared
-average can overflow from finite inputs. Checking the result afterwards needs a copy to go back to,
-and a copy of parameters + state every step costs more than the step. So the guard first bounds
-the step from the largest magnitudes of gradients, parameters and state (`torch.aminmax`, one read
-pass, no temporaries) with the optimizer's own formulas: if even the bound stays far below the
-dtype's largest value, nothing can overflow and the step runs unguarded. Only when the bound does
-not prove it (huge values, an optimizer the guard does not know) does it copy, step, check
-(`check_update`) and restore on failure. Pipelined steps (keys applied ahead of the version) always
-keep their copies until the version advances, because a refusal of a later key must undo the
-earlier ones too.
+Finite gradients are not enough: two pushes of 3e38 overflow SGD momentum (0.9 * 3e38 + 3e38), and
+Adam's squared average or a large learning rate can overflow from finite inputs. Checking the
+result afterwards needs a copy to go back to, and a copy of parameters + state every step costs
+about as much as the step. So the guard proves the step finite first: it carries per key upper
+bounds of |parameter| and |state| from step to step with the optimizer's own formulas, reads only
+the step's mean gradient (`torch.aminmax`, no temporaries), and if every bound stays far below the
+dtype's largest value nothing can overflow and the step runs unguarded. A bound grown past the
+limit is measured afresh; only when even that does not prove the step (huge values, an optimizer
+the guard does not know) does it copy, step, check (`check_update`) and restore on failure.
+Pipelined steps (keys applied ahead of the version) always keep their copies until the version
+advances, because a refusal of a later key must undo the earlier ones too.
 """
 
 from __future__ import annotations
