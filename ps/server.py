@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,8 +41,14 @@ from netsense.transport.wire import (
 from . import checkpoint
 from .downlink import DownlinkController
 from .store import ParameterStore, StepApplied
+from .store.guard import UpdateRefused
 
 log = logging.getLogger(__name__)
+
+
+MIN_BARRIER_TIMEOUT_S = 0.1
+"""Below this the barrier watchdog (a tick every quarter timeout) would all but spin."""
+MAX_BARRIER_TIMEOUT_S = 1e6
 
 
 @dataclass(frozen=True)
@@ -52,7 +60,8 @@ class ServerSettings:
     port: int = 4433
     """UDP port (0 picks a free one; the chosen port is reported)."""
     barrier_timeout_s: float = 30.0
-    """After the first push of a step, workers not done within this are dropped from the step."""
+    """After the first push of a step, workers not done within this are dropped from the step
+    (0.1 to 1e6 s: the watchdog ticks at a quarter of it, so 0 would spin a core)."""
     pull_timeout_s: float = 600.0
     """Longest a PULL waits for the next version before answering ERROR."""
     downlink_codec: str = "fp32"
@@ -98,6 +107,11 @@ class ServerSettings:
     def __post_init__(self) -> None:
         if self.preauth_window_bytes < 4096:
             raise ConfigError(f"server.preauth_window_bytes must be >= 4096 (a HELLO must fit), got {self.preauth_window_bytes}")
+        t = self.barrier_timeout_s
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and MIN_BARRIER_TIMEOUT_S <= t <= MAX_BARRIER_TIMEOUT_S):
+            raise ConfigError(
+                f"server.barrier_timeout_s must be a number of seconds in [{MIN_BARRIER_TIMEOUT_S}, {MAX_BARRIER_TIMEOUT_S:g}], got {t!r}"
+            )
         if self.staleness is not None and self.staleness < 0:
             raise ConfigError(f"server.staleness must be >= 0 (or unset for synchronous training), got {self.staleness}")
 
@@ -222,21 +236,49 @@ class PSServer:
         if self._ckpt_task is not None:
             await self._ckpt_task
 
-    async def wait_version(self, version: int) -> None:
-        async with self._changed:
-            await asyncio.wait_for(
-                self._changed.wait_for(lambda: self.store.initialized and self.store.version >= version), self.settings.pull_timeout_s
-            )
+    async def _wait(self, predicate: Callable[[], bool]) -> None:
+        """Until `predicate` holds (re-checked on every `wake`), at most the pull timeout.
 
-    async def wait_keys(self, keys: tuple[str, ...], version: int) -> None:
-        """Pipelined pull: wait until `keys` are applied for `version` (or the version is reached)."""
+        The timeout runs in this task, inside the lock: `Condition.wait` re-acquires the lock
+        before a cancellation or the timeout leaves it, so the lock is always released by its
+        holder. (`asyncio.wait_for` around `Condition.wait_for` ran the wait in another task and,
+        cancelled at a PS restart, left `RuntimeError: Lock is not acquired`.)"""
         async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(lambda: self.store.keys_ready(keys, version)), self.settings.pull_timeout_s)
+            async with asyncio.timeout(self.settings.pull_timeout_s):
+                await self._changed.wait_for(predicate)
+
+    async def wait_version(self, version: int, worker_id: str | None = None) -> None:
+        """Until the store reaches `version`, or refused the update to it with `worker_id`'s push in it."""
+        store = self.store
+        await self._wait(lambda: store.initialized and (store.version >= version or self._was_refused(worker_id, version)))
+
+    async def wait_keys(self, keys: tuple[str, ...], version: int, worker_id: str | None = None) -> None:
+        """Pipelined pull: wait until `keys` are applied for `version` (or the version is reached,
+        or the update to it was refused with `worker_id`'s push in it)."""
+        await self._wait(lambda: self.store.keys_ready(keys, version) or self._was_refused(worker_id, version))
+
+    def _was_refused(self, worker_id: str | None, version: int) -> bool:
+        return worker_id is not None and self.store.refused(worker_id, version - 1) is not None
 
     async def wait_turn(self, worker_id: str) -> None:
         """Async mode: hold a worker's PULL while it is more than `staleness` ahead (SSP)."""
-        async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(lambda: self.store.may_proceed(worker_id)), self.settings.pull_timeout_s)
+        await self._wait(lambda: self.store.may_proceed(worker_id))
+
+    async def refused(self) -> None:
+        """An update was refused (the store dropped its step): the barrier clock restarts with the
+        next push, and pulls waiting for that update are answered (`check_refused`)."""
+        if not self.store.step_started:
+            self._step_started_at = None
+        await self.wake()
+
+    def check_refused(self, worker_id: str, wait_for: int) -> None:
+        """Raise `non-finite-update` if the update a PULL waits for was refused with this worker's
+        push in it: the worker must resync (full pull) and push the step again."""
+        reason = self.store.refused(worker_id, wait_for - 1)
+        if reason is not None:
+            raise UpdateRefused(
+                f"the update to version {wait_for} was refused ({reason}); pull the parameters and push step {wait_for - 1} again"
+            )
 
     def params_bytes(self, params: Params) -> bytes:
         """Encoded PARAMS, cached: the same update goes to every worker, serialize it once."""
@@ -270,11 +312,14 @@ class PSServer:
             started = self._step_started_at
             if started is None or time.monotonic() - started < self.settings.barrier_timeout_s:
                 continue
+            refusals = self.store.refused_updates
             dropped, result = self.store.drop_incomplete()
             if dropped:
                 log.warning("barrier timeout: continuing without %s", ", ".join(sorted(dropped)))
             self._step_started_at = None if result or not self.store.step_started else time.monotonic()
             await self.applied(result)
+            if self.store.refused_updates != refusals:
+                await self.refused()
 
     async def _ssp_watchdog(self) -> None:
         """Async mode: the slowest workers are dead if a worker waited on them, with their clock
@@ -394,7 +439,11 @@ class WorkerSession:
                 links = [down.link_of(s.conn.quic) for wid, s in self.server.sessions.items() if wid in store.live]
                 store.set_downlink(down.choose(store.version, links, 4 * store.numel))
             ahead = store.applied_keys
-            result = store.push(self.worker_id, msg)
+            try:
+                result = store.push(self.worker_id, msg)
+            except UpdateRefused:
+                await self.server.refused()
+                raise
             await self.server.applied(result)
             if result is None and store.applied_keys != ahead:
                 await self.server.wake()  # keys applied ahead: pipelined pulls may go
@@ -404,10 +453,12 @@ class WorkerSession:
             return await self._pull_keys(msg)
         if isinstance(msg, Pull):
             if not store.initialized or store.version < msg.wait_for:
+                self.server.check_refused(self.worker_id, msg.wait_for)
                 try:
-                    await self.server.wait_version(max(msg.wait_for, 0))
+                    await self.server.wait_version(max(msg.wait_for, 0), self.worker_id)
                 except asyncio.TimeoutError:
                     raise ProtocolError("timeout", f"version {msg.wait_for} not reached within the pull timeout") from None
+                self.server.check_refused(self.worker_id, msg.wait_for)
             if store.asynchronous:
                 try:
                     await self.server.wait_turn(self.worker_id)
@@ -425,13 +476,20 @@ class WorkerSession:
     async def _pull_keys(self, msg: Pull) -> bytes:
         """Pipelined pull: answer with `msg.keys` of the next update as soon as they are applied."""
         store = self.server.store
-        if store.want(msg.keys, msg.wait_for - 1):
-            await self.server.wake()
+        assert self.worker_id is not None
+        try:
+            if store.want(msg.keys, msg.wait_for - 1):
+                await self.server.wake()
+        except UpdateRefused:
+            await self.server.refused()
+            raise
         if not store.keys_ready(msg.keys, msg.wait_for):
+            self.server.check_refused(self.worker_id, msg.wait_for)
             try:
-                await self.server.wait_keys(msg.keys, msg.wait_for)
+                await self.server.wait_keys(msg.keys, msg.wait_for, self.worker_id)
             except asyncio.TimeoutError:
                 raise ProtocolError("timeout", f"keys of version {msg.wait_for} not applied within the pull timeout") from None
+            self.server.check_refused(self.worker_id, msg.wait_for)
         params = store.pull_keys(msg.have_version, msg.keys)
         whole = params.full and len(params.tensors) == len(store.params)  # the fallback: every key, full
         # Not reported to the downlink policy: it times one delivery of the whole update per

@@ -295,9 +295,11 @@ class Exchange:
 
     async def _resync_stale(self, exc: PeerError, pending: Sequence[asyncio.Future[Any]], step: int, shard: int) -> Params:
         """A push or pull of `step` refused: cancel what is still in flight; if the barrier moved on
-        without us (we were too slow), resync and skip this step, else re-raise."""
+        without us (we were too slow), or the PS refused the step whole because it would have
+        poisoned the model (`non-finite-update`: docs/RELIABILITY.md, "Poisoned updates"), resync
+        and skip this step, else re-raise."""
         discard(pending)
-        if exc.code != "stale":
+        if exc.code not in ("stale", "non-finite-update"):
             raise exc
         log.warning("step %d dropped by shard %d (%s); resyncing", step, shard, exc.reason)
         return await self.clients[shard].pull(-1, 0)

@@ -1,9 +1,11 @@
 """What every mode of the store shares: parameters, optimizer, live workers and pending pushes.
 
 A push is validated whole before anything changes (`check_push`), so a refused push leaves no
-trace; its gradients then wait in `pending` until the mode applies them with the real torch.optim
-(`optimizer_step` for a whole step, `apply_keys` for keys a pipelined step applies ahead), with the
-step's hyper-parameters from the pushes (`check_step_fields`) and, if set, global-norm clipping.
+trace; its gradients, cast to the parameters' dtype and checked finite there, then wait in
+`pending` until the mode applies them with the real torch.optim (`optimizer_step` for a whole step,
+`apply_keys` for keys a pipelined step applies ahead), through the `StepGuard` (guard.py), which
+refuses a step that would make parameters or optimizer state NaN/Inf,
+with the step's hyper-parameters from the pushes (`check_step_fields`) and, if set, global-norm clipping.
 State keys (the model's buffers, named in INIT's `model` map) are kept apart in `state`: a push
 carries their values, and each applied step sets them to the sample-weighted mean of its workers'
 values (integers: the largest), never through the optimizer (docs/ARCHITECTURE.md, "Model buffers").
@@ -24,6 +26,7 @@ from netsense.transport.hparams import check_allowed
 from netsense.transport.wire import Params, Push, TensorInfo
 
 from ..optim import Hyper, OptimizerSettings, as_hyper
+from .guard import StepGuard
 
 
 @dataclass
@@ -84,6 +87,11 @@ class Mode(Protocol):
         """Forget any step in progress (a restore)."""
         ...
 
+    def abandon(self, worker_id: str) -> None:
+        """An update that `worker_id`'s call triggered was refused (`UpdateRefused`; parameters and
+        state are as before it): drop the pushes it would have applied."""
+        ...
+
 
 class StoreCore:
     """The state both modes act on. Plain attributes: the modes, the encoder's caller and the
@@ -109,6 +117,7 @@ class StoreCore:
         """The job this state belongs to (rank 0's HELLO at INIT; empty: unknown)."""
         self._decoders: dict[str, Codec] = {}
         self._grad_buffers: dict[str, torch.Tensor] = {}  # key -> reused gradient sum (`_weighted_grad`)
+        self.guard = StepGuard()
 
     @property
     def initialized(self) -> bool:
@@ -126,9 +135,9 @@ class StoreCore:
             raise ProtocolError("malformed", "INIT carries no tensors")
         params, state = {}, {}
         for key, payload in tensors.items():
-            t = self.decode(key, payload)
+            t = self.decode(key, payload).to(torch.float32)  # checked in the dtype it is kept in: 1e300 is Inf there
             if not torch.isfinite(t).all():
-                raise ProtocolError("non-finite", f"initial value of {key!r} has NaN/Inf")
+                raise ProtocolError("non-finite", f"initial value of {key!r} has NaN/Inf (as float32)")
             info = model.get(key)
             if info is not None and info.buffer:
                 if payload.codec != "fp32":
@@ -139,6 +148,7 @@ class StoreCore:
         if not params:
             raise ProtocolError("malformed", "INIT carries no trainable parameters")
         self.params, self.state, self.model, self.job_id = params, state, model, job_id
+        self.guard.forget()
         self.optimizer_settings = settings
         self.optimizer = settings.build(list(self.params.values()))
 
@@ -173,11 +183,17 @@ class StoreCore:
                 raise ProtocolError("key", f"unknown key {key!r}")
             if pending is not None and key in pending.grads:
                 raise ProtocolError("duplicate", f"key {key!r} already pushed for step {msg.step}")
+            param = self.params[key]
             grad = self.decode(key, payload)
-            if grad.shape != self.params[key].shape:
-                raise ProtocolError("shape", f"key {key!r}: shape {tuple(grad.shape)} != {tuple(self.params[key].shape)}")
+            if grad.shape != param.shape:
+                raise ProtocolError("shape", f"key {key!r}: shape {tuple(grad.shape)} != {tuple(param.shape)}")
+            # Checked in the dtype it is applied in: float64 1e300 is finite, and Inf once cast. A
+            # narrower dtype (float16 into float32) cannot overflow there and stays as it came (half
+            # the pending memory; `_weighted_grad` casts it).
+            if torch.finfo(grad.dtype).max > torch.finfo(param.dtype).max:
+                grad = grad.to(param.dtype)
             if not all_finite(grad):
-                raise ProtocolError("non-finite", f"gradient of {key!r} has NaN/Inf; rejected")
+                raise ProtocolError("non-finite", f"gradient of {key!r} has NaN/Inf (as {DTYPE_NAMES[param.dtype]}); rejected")
             decoded[key] = grad
         self.check_step_fields(worker_id, msg, agree=not older_ok)
         return decoded
@@ -243,7 +259,8 @@ class StoreCore:
 
     def optimizer_step(self, workers: list[str]) -> int:
         """One optimizer step on the sample-weighted mean of `workers`' gradients (those that sent
-        one), clipped if the settings say so; their samples. Nobody's gradient: no step at all."""
+        one), clipped if the settings say so; their samples. Nobody's gradient: no step at all.
+        Raises `UpdateRefused` (parameters and state unchanged) if the step would poison them."""
         workers = self.contributing(workers)
         total = sum(self.pending[w].samples for w in workers)
         assert self.optimizer is not None and self.optimizer_settings is not None
@@ -283,27 +300,35 @@ class StoreCore:
             if terms:
                 self.params[key].grad = self._weighted_grad(key, terms)
         if contributing:
-            self._step(keys, contributing)
+            # the step is not whole yet: a refusal of a later key undoes these too (`guard.commit`)
+            self._step(keys, contributing, keep=True)
 
-    def _step(self, keys: list[str], workers: list[str]) -> None:
+    def _step(self, keys: list[str], workers: list[str], *, keep: bool = False) -> None:
         """torch.optim's step over `keys` (their grads set), with each key's hyper-parameters for
         this step: keys that share them step together (one call in the usual one-group case), and
-        per-parameter optimizers make the split exact. Clears the grads."""
+        per-parameter optimizers make the split exact. Each call goes through the `StepGuard`; with
+        several groups their copies are kept until all have stepped, so a refusal of a later group
+        undoes the earlier ones (`keep`: a pipelined step, committed when whole). Clears the grads."""
         assert self.optimizer is not None and self.optimizer_settings is not None
         by_hyper: dict[Hyper | None, list[str]] = {}
         for key in keys:
             hyper = next((self.pending[w].hparams[key] for w in workers if key in self.pending[w].hparams), None)
             by_hyper.setdefault(hyper, []).append(key)
         grads = {key: self.params[key].grad for key in keys}
-        for hyper, group in by_hyper.items():
-            if len(by_hyper) > 1:
-                members = set(group)
-                for key in keys:
-                    self.params[key].grad = grads[key] if key in members else None
-            with self.optimizer_settings.step_with(self.optimizer, hyper):
-                self.optimizer.step()
-        for key in keys:
-            self.params[key].grad = None
+        hold = keep or len(by_hyper) > 1
+        try:
+            for hyper, group in by_hyper.items():
+                if len(by_hyper) > 1:
+                    members = set(group)
+                    for key in keys:
+                        self.params[key].grad = grads[key] if key in members else None
+                with self.optimizer_settings.step_with(self.optimizer, hyper):
+                    self.guard.step(self.optimizer, self.params, group, keep=hold)
+            if hold and not keep:
+                self.guard.commit()
+        finally:
+            for key in keys:
+                self.params[key].grad = None
 
     def _weighted_grad(self, key: str, terms: list[tuple[torch.Tensor, float]]) -> torch.Tensor:
         """sum(weight * grad) in this key's gradient buffer, kept from step to step: the first term

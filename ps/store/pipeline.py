@@ -130,6 +130,7 @@ class PipelinedStep:
         base = core.version
         core.merge_state(workers)
         core.advance()
+        core.guard.commit()  # whole now: the copies kept for a refusal go
         self._encoder.shadow.update(self._next_shadow)
         tensors = {k: self.applied[k] for k in core.params}
         self._encoder.last_update = Params(core.version, full, tensors, base_version=-1 if full else base)
@@ -143,6 +144,8 @@ class PipelinedStep:
             self.members = tuple(w for w in self.members if w != worker_id) or None
 
     def reset(self) -> None:
-        """The step ended (or was abandoned): nothing runs ahead any more."""
+        """The step ended (or was abandoned): nothing runs ahead any more. (After a refusal the
+        guard has already put the keys applied ahead back.)"""
+        self._core.guard.commit()
         self.applied, self._next_shadow, self.wanted = {}, {}, set()
         self.members = self._spec = None

@@ -99,3 +99,7 @@ class SspClocks:
 
     def reset(self) -> None:
         pass  # no step state beyond the pending pushes
+
+    def abandon(self, worker_id: str) -> None:
+        """Its gradient alone made the refused update: only its push is dropped, clock unchanged."""
+        self._core.pending.pop(worker_id, None)

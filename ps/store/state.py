@@ -19,6 +19,7 @@ from netsense.transport.wire import TensorInfo
 from ..optim import OptimizerSettings
 from .core import StoreCore
 from .encode import UpdateEncoder
+from .guard import UpdateRefused, check_update
 
 FORMAT = 1
 """Version of the state layout; `restore` refuses any other."""
@@ -55,6 +56,12 @@ def restore(core: StoreCore, encoder: UpdateEncoder, state: dict[str, object]) -
     core.optimizer_settings = settings
     core.optimizer = settings.build(list(params.values()))
     core.optimizer.load_state_dict(state["optimizer_state"])  # type: ignore[arg-type]
+    core.guard.forget()
+    try:  # a checkpoint is never the way poison gets in (an older PS could write one)
+        check_update(core.optimizer, [*params.values(), *encoder.shadow.values()])
+    except UpdateRefused:
+        core.params, core.optimizer, core.optimizer_settings, encoder.shadow = {}, None, None, {}
+        raise ProtocolError("checkpoint", "parameters, shadow or optimizer state hold NaN/Inf; not restored") from None
     core.version = int(state["version"])  # type: ignore[call-overload]
     core.applied_steps = int(state["applied_steps"])  # type: ignore[call-overload]
     core.live = set(state["live"])  # type: ignore[call-overload]

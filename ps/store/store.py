@@ -5,6 +5,11 @@ sockets, no event loop, no clock. The store is the one public face of this packa
 shared core (core.py), one mode that decides when pending gradients apply (sync.py or ssp.py), the
 pipelined part of a sync step (pipeline.py) and the downlink encoder (encode.py), and routes each
 call to them; its checkpoint state is state.py's.
+
+An update that would make parameters or optimizer state NaN/Inf is refused whole (guard.py): the
+call that triggered it raises `UpdateRefused` (code ``non-finite-update``) if it came from a
+push or a keyed pull, the step's pushes are dropped, and `refused` tells each of their workers'
+pulls to resync (docs/RELIABILITY.md, "Poisoned updates").
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from ..optim import OptimizerSettings
 from . import state as checkpoint_state
 from .core import Mode, StepApplied, StoreCore
 from .encode import UpdateEncoder
+from .guard import UpdateRefused
 from .pipeline import PipelinedStep
 from .ssp import SspClocks
 from .sync import SyncBarrier
@@ -48,6 +54,11 @@ class ParameterStore:
         else:
             self._mode = SspClocks(self._core, self._encoder, staleness)
         self.rejected_messages = 0
+        self.refused_updates = 0
+        """Updates refused because they would have poisoned the model (`UpdateRefused`)."""
+        self._refused: tuple[int, set[str], str] | None = None
+        """(version, workers whose pushes it dropped and that have not pushed since, reason) of the
+        last refused update, while the store is still at that version."""
 
     # --- the state, read-only (the parts own it) ------------------------------------------
 
@@ -173,14 +184,24 @@ class ParameterStore:
         return self._mode.blocked
 
     def leave(self, worker_id: str) -> StepApplied | None:
-        """Remove a worker and discard its partial step; may complete the barrier for the rest."""
-        return self._mode.leave(worker_id)
+        """Remove a worker and discard its partial step; may complete the barrier for the rest
+        (a refused update is then logged and counted, not raised: no push of this caller made it)."""
+        try:
+            return self._mode.leave(worker_id)
+        except UpdateRefused as exc:
+            self._refuse(worker_id, exc)
+            return None
 
     def drop_incomplete(self) -> tuple[list[str], StepApplied | None]:
         """Barrier timeout: remove live workers that have not finished the current step.
 
         Async mode: remove the slowest live workers, if they hold back another one (SSP wait)."""
-        return self._mode.drop_incomplete()
+        before = set(self.live)
+        try:
+            return self._mode.drop_incomplete()
+        except UpdateRefused as exc:
+            self._refuse("", exc)
+            return sorted(before - self.live), None
 
     @property
     def step_started(self) -> bool:
@@ -193,7 +214,31 @@ class ParameterStore:
         """Validate and record one PUSH; apply the update if it completes the barrier."""
         grads = self._core.check_push(worker_id, msg, older_ok=self.asynchronous)
         # Validation passed for every key: only now does anything change.
-        return self._mode.record(worker_id, msg, grads)
+        if self._refused is not None:
+            self._refused[1].discard(worker_id)  # it pushes again: it has resynced
+        try:
+            return self._mode.record(worker_id, msg, grads)
+        except UpdateRefused as exc:
+            self._refuse(worker_id, exc)
+            raise
+
+    def refused(self, worker_id: str, step: int) -> str | None:
+        """Why the update from version `step` was refused, if it dropped `worker_id`'s pushes and
+        the worker has not pushed since: its pull for ``step + 1`` must not wait for an update that
+        will not come (answer ``non-finite-update``; the worker resyncs with a full pull)."""
+        r = self._refused
+        if r is None or r[0] != step or self.version != step or worker_id not in r[1]:
+            return None
+        return r[2]
+
+    def _refuse(self, worker_id: str, exc: UpdateRefused) -> None:
+        """A refused update: drop what it would have applied and remember whose pushes those were."""
+        before = set(self._core.pending)
+        self._mode.abandon(worker_id)
+        dropped = (before - set(self._core.pending) | {worker_id}) - {""}
+        self.refused_updates += 1
+        self._refused = (self.version, dropped, exc.reason)
+        log.warning("update from version %d refused (pushes of %s dropped): %s", self.version, ", ".join(sorted(dropped)), exc.reason)
 
     # --- pipelined steps (keyed pulls) ----------------------------------------------------
 
@@ -213,7 +258,11 @@ class ParameterStore:
             raise ProtocolError("key", f"unknown keys {unknown[:3]!r} in a keyed PULL")
         if self._pipeline is None:
             raise ProtocolError("keys", "a keyed PULL needs a synchronous PS; this one is asynchronous (staleness set)")
-        return self._pipeline.want(keys, step)
+        try:
+            return self._pipeline.want(keys, step)
+        except UpdateRefused as exc:
+            self._refuse("", exc)
+            raise
 
     def keys_ready(self, keys: Iterable[str], version: int) -> bool:
         """True once a keyed pull for `keys` at `version` can be answered."""

@@ -82,6 +82,12 @@ class SyncBarrier:
     def reset(self) -> None:
         self._pipeline.reset()
 
+    def abandon(self, worker_id: str) -> None:
+        """The step was refused whole: every push of it is dropped (the workers re-push after a
+        full pull); the live set stays, so the barrier waits for all of them again."""
+        self._core.pending.clear()
+        self._pipeline.reset()
+
     def _discard(self, worker_id: str) -> None:
         """Out of the live set and out of the current step."""
         self._core.live.discard(worker_id)

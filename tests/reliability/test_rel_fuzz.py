@@ -88,6 +88,8 @@ _tensor_payload = st.one_of(
     st.builds(lambda v: FP32.encode(torch.full((3,), v)), st.floats(allow_nan=True, allow_infinity=True, width=32)),
     st.builds(lambda n: FP32.encode(torch.zeros(n)), st.integers(0, 7)),
     st.builds(lambda v: make_codec("fp16").encode(torch.full((2, 3), v)), st.floats(allow_nan=True, width=16)),
+    # float64 values past float32's range: finite on the wire, Inf in the parameters' dtype
+    st.builds(lambda v: FP32.encode(torch.full((3,), v, dtype=torch.float64)), st.sampled_from([1e300, -1e39, 3e38, 1.0])),
 )
 
 
@@ -108,6 +110,7 @@ def test_store_push_adversarial(step: int, samples: int, total: int, grads: dict
         assert exc.code in {"stale", "keys", "key", "duplicate", "shape", "non-finite", "malformed", "dtype", "bad-payload"}
     if valid:
         assert all(torch.isfinite(g).all() for g in STORE._core.pending[worker].grads.values())
+        assert all(torch.isfinite(g.to(STORE.params[k].dtype)).all() for k, g in STORE._core.pending[worker].grads.items())
     # drop whatever was recorded so the next example starts from the same step, never applying
     STORE._core.pending.clear()
     STORE.live.clear()
