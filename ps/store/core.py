@@ -135,16 +135,20 @@ class StoreCore:
             raise ProtocolError("malformed", "INIT carries no tensors")
         params, state = {}, {}
         for key, payload in tensors.items():
-            t = self.decode(key, payload).to(torch.float32)  # checked in the dtype it is kept in: 1e300 is Inf there
-            if not torch.isfinite(t).all():
-                raise ProtocolError("non-finite", f"initial value of {key!r} has NaN/Inf (as float32)")
             info = model.get(key)
-            if info is not None and info.buffer:
+            buffer = info is not None and info.buffer
+            # Checked in the dtype it is kept in (1e300 is Inf in float32): parameters are float32,
+            # state keys keep their own dtype (integer buffers travel as float64).
+            t = self.decode(key, payload)
+            t = t if buffer else t.to(torch.float32)
+            if not torch.isfinite(t).all():
+                raise ProtocolError("non-finite", f"initial value of {key!r} has NaN/Inf (as {t.dtype})")
+            if buffer:
                 if payload.codec != "fp32":
                     raise ProtocolError("bad-payload", f"state key {key!r} must be sent lossless (fp32), got {payload.codec!r}")
                 state[key] = t.clone()
             else:
-                params[key] = t.to(torch.float32).clone()
+                params[key] = t.clone()
         if not params:
             raise ProtocolError("malformed", "INIT carries no trainable parameters")
         self.params, self.state, self.model, self.job_id = params, state, model, job_id
