@@ -97,6 +97,8 @@ class GradientEncoder:
     def track_progress(self, level: int | None, spec: str) -> None:
         """Feed the policy the progress efficiency q of the level just sent (error feedback's sums)
         and, when it asks, of candidate levels measured on g + r, the next step's likely input."""
+        if self.uplink.policy.wants_gradient_norm:
+            self.uplink.observe_gradient(self.gradient_norm())
         self.observe_progress(level, spec)
         candidates = self.uplink.progress_candidates()
         if not candidates:
@@ -109,6 +111,15 @@ class GradientEncoder:
             r = self.feedback.residual(slot.key) if self.feedback is not None else None
             tensors.append(g + r if r is not None and r.shape == g.shape else g)
         self.uplink.measure_progress(candidates, tensors)
+
+    def gradient_norm(self) -> float:
+        """L2 norm of this step's local gradient (before error feedback), for the policies that read it."""
+        total = 0.0
+        for slot in self.slots:
+            if slot.param.grad is not None:
+                g = slot.view(slot.param.grad).float().reshape(-1)
+                total += float(torch.dot(g, g))
+        return total**0.5
 
     def observe_progress(self, level: int | None, spec: str) -> None:
         """The q of the level just sent, from error feedback's sums (lossy levels only)."""

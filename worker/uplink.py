@@ -204,6 +204,10 @@ class UplinkController:
         if level is not None and progress is not None:
             self.policy.observe_progress(level=level, progress=progress)
 
+    def observe_gradient(self, norm: float) -> None:
+        """The norm of this step's local gradient, for a policy that reads it (accordion)."""
+        self.policy.observe_gradient(step=self._step, norm=norm)
+
     def mark_end(self) -> None:
         """The step finished (also when it was dropped): compute time counts from now."""
         self._last_end = time.perf_counter()

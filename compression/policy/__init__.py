@@ -10,13 +10,14 @@ every one of them.
 Where things are: the policy's input `link.LinkState`, the level ladder `ladder`, the request, the
 decision and the step-time model `decision`, the decision log `decisionlog`, measured costs
 `costs`, the per-level progress estimate `progress`, the per-direction bookkeeping the uplink and
-downlink share `loop`; one module per policy (`fixed`, `dc2`, `paper`, `netsense`), the netsense
+downlink share `loop`; one module per policy (`fixed`, `dc2`, `paper`, `accordion`, `netsense`), the netsense
 policy's parts in `netsense_settings`, `law`, `probes` and `bandwidth`.
 """
 
 from __future__ import annotations
 
 # Each policy module registers its policies on import.
+from .accordion import AccordionPolicy, AccordionSettings
 from .base import Policy
 from .dc2 import Dc2Policy, Dc2Settings
 from .decision import ChooseRequest, Decision, Prediction, SendReport, predict
@@ -27,6 +28,8 @@ from .paper import PaperPolicy, PaperPolicySettings
 from .registry import PolicyFactory, build_policy, make_policy, policy_names, register_policy
 
 __all__ = [
+    "AccordionPolicy",
+    "AccordionSettings",
     "ChooseRequest",
     "Dc2Policy",
     "Dc2Settings",

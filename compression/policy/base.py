@@ -49,6 +49,14 @@ class Policy(ABC):
         critical path) and report with `observe_progress`. Default: none."""
         return []
 
+    wants_gradient_norm: bool = False
+    """Whether the caller should compute each step's gradient norm for `observe_gradient` (a pass
+    over the gradient, so only for the policies that read it)."""
+
+    def observe_gradient(self, *, step: int, norm: float) -> None:
+        """The L2 norm of step `step`'s local gradient, before compression and error feedback.
+        Default: ignored (only read where `wants_gradient_norm`)."""
+
     def observe_costs(
         self, *, level: int, dense_bytes: int, encode_s: float | None = None, decode_s: float | None = None
     ) -> None:
