@@ -263,7 +263,9 @@ async def test_reading_before_any_traffic_gives_empty_estimates() -> None:
     try:
         async with connect("127.0.0.1", port, configuration=client_cfg) as client:
             signal = read_signal(connection_of(client))
-            assert signal.lost_packets == 0 and signal.pto_count == 0
+            # No loss on loopback; a PTO may fire (a timer, not a loss) when a loaded host delays
+            # the handshake's ack: seen once in CI with two busy loops beside it.
+            assert signal.lost_packets == 0 and signal.pto_count <= 2
             assert signal.min_rtt is not None and signal.min_rtt > 0  # the handshake was timed
             if signal.bandwidth is None:
                 assert signal.to_link_state().bandwidth_Bps == signal.fallback_bandwidth
