@@ -11,26 +11,9 @@ from netsense.errors import ProtocolError
 from netsense.ps.store import ParameterStore
 from netsense.ps.store.core import all_finite
 from netsense.transport.wire import Push
+from storehelp import init_params as _init, push_grads as _push, store  # noqa: F401 (a fixture)
 
 FP32 = make_codec("fp32")
-
-
-def _init(store: ParameterStore, params: dict[str, torch.Tensor], optimizer: dict | None = None) -> None:
-    store.initialize({k: FP32.encode(v) for k, v in params.items()}, optimizer or {"name": "sgd", "lr": 0.1, "momentum": 0.9})
-
-
-def _push(store: ParameterStore, worker: str, step: int, grads: dict[str, torch.Tensor], samples: int = 4, total: int | None = None):
-    msg = Push(step, samples, total or len(store.params), {k: FP32.encode(v) for k, v in grads.items()})
-    return store.push(worker, msg)
-
-
-@pytest.fixture
-def store() -> ParameterStore:
-    s = ParameterStore()
-    _init(s, {"w": torch.ones(2, 3), "b": torch.zeros(3)})
-    s.join("a")
-    s.join("b")
-    return s
 
 
 def test_weighted_average_equals_one_big_batch() -> None:

@@ -6,18 +6,9 @@ import torch
 
 from netsense.compression import make_codec
 from netsense.ps.store import ParameterStore
-from netsense.transport.wire import Push
+from storehelp import init_params as _init, push_grads as _push
 
 FP32 = make_codec("fp32")
-
-
-def _init(store: ParameterStore, params: dict[str, torch.Tensor], optimizer: dict | None = None) -> None:
-    store.initialize({k: FP32.encode(v) for k, v in params.items()}, optimizer or {"name": "sgd", "lr": 0.1, "momentum": 0.9})
-
-
-def _push(store: ParameterStore, worker: str, step: int, grads: dict[str, torch.Tensor], samples: int = 4, total: int | None = None):
-    msg = Push(step, samples, total or len(store.params), {k: FP32.encode(v) for k, v in grads.items()})
-    return store.push(worker, msg)
 
 
 def test_lossy_downlink_shadow_is_what_workers_rebuild() -> None:

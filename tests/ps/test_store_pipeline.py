@@ -8,29 +8,11 @@ import torch
 
 from netsense.compression import make_codec
 from netsense.ps.store import ParameterStore
-from netsense.transport.wire import Params, Push
+from netsense.transport.wire import Params
+from storehelp import two_worker_store as _store, step_grads as _grads, push_keys as _push
 
 FP32 = make_codec("fp32")
 KEYS = ("a", "b", "c")
-
-
-def _store(downlink: str = "fp16", optimizer: dict | None = None, workers: tuple[str, ...] = ("w0", "w1")) -> ParameterStore:
-    torch.manual_seed(0)
-    s = ParameterStore(downlink_codec=downlink)
-    params = {"a": torch.randn(4, 3), "b": torch.randn(5), "c": torch.randn(2, 2)}
-    s.initialize({k: FP32.encode(v) for k, v in params.items()}, optimizer or {"name": "sgd", "lr": 0.1, "momentum": 0.9})
-    for w in workers:
-        s.join(w)
-    return s
-
-
-def _grads(step: int, worker: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(10 * step + worker)
-    return {"a": torch.randn(4, 3, generator=g), "b": torch.randn(5, generator=g), "c": torch.randn(2, 2, generator=g)}
-
-
-def _push(s: ParameterStore, worker: str, step: int, grads: dict[str, torch.Tensor], keys: tuple[str, ...], samples: int = 4):
-    return s.push(worker, Push(step, samples, len(s.params), {k: FP32.encode(grads[k]) for k in keys}))
 
 
 def _decode(p: Params) -> dict[str, torch.Tensor]:
