@@ -231,9 +231,20 @@ class PSServer:
         self.last_checkpoint = str(path)
         log.info("checkpoint %s (version %d) in %.3f s", path, state["version"], time.perf_counter() - t0)
 
-    async def flush_checkpoint(self) -> None:
-        """Wait for a checkpoint write in flight (clean shutdown, tests)."""
+    async def flush_checkpoint(self, final: bool = True) -> None:
+        """Wait for a checkpoint write in flight; with `final`, then write the newest version.
+
+        A step that lands while a write is running is skipped (the next step tries again), so
+        without the final write a clean stop could leave the last steps out of the checkpoint."""
         if self._ckpt_task is not None:
+            await self._ckpt_task
+        s, store = self.settings, self.store
+        if not final or s.checkpoint_dir is None or not store.initialized or store.applied_keys:
+            return
+        if store.version != self._ckpt_version:
+            state = store.state()
+            self._ckpt_version, self._ckpt_at = store.version, time.monotonic()
+            self._ckpt_task = asyncio.get_running_loop().run_in_executor(None, self._write_checkpoint, state)
             await self._ckpt_task
 
     async def _wait(self, predicate: Callable[[], bool]) -> None:

@@ -82,3 +82,25 @@ def test_barrier_timeout_out_of_range_is_a_config_error(value: float) -> None:
 def test_barrier_timeout_in_range_is_accepted() -> None:
     for value in (0.1, 1, 30.0, 1e6):
         assert ServerSettings(barrier_timeout_s=value).barrier_timeout_s == value
+
+
+async def test_clean_stop_checkpoints_the_version_a_running_write_made_it_skip(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A step landing while the previous write runs is skipped; before, a stop then left it out."""
+    import threading
+
+    from netsense.ps import checkpoint
+
+    server = PSServer(ServerSettings(port=0, checkpoint_dir=str(tmp_path), checkpoint_every_steps=1), secret=b"x" * 32)
+    server.store.initialize({"w": FP32.encode(torch.ones(2))}, {"name": "sgd", "lr": 0.1})
+    server.store.join("a")
+    gate = threading.Event()
+    write = server._write_checkpoint
+    server._write_checkpoint = lambda state: (gate.wait(10), write(state))  # type: ignore[method-assign, func-returns-value]
+    for step in range(2):  # version 1's write is held; version 2 lands while it runs
+        await server.applied(server.store.push("a", Push(step, 1, 1, {"w": FP32.encode(torch.ones(2))})))
+    assert server.store.version == 2
+    gate.set()
+    await server.flush_checkpoint(final=False)
+    assert checkpoint.load_latest(tmp_path)[0]["version"] == 1  # what a crash now would keep
+    await server.flush_checkpoint()
+    assert checkpoint.load_latest(tmp_path)[0]["version"] == 2 and server.checkpoints_written == 2

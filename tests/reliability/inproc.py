@@ -55,9 +55,10 @@ class PS:
 
         return self.net.run(_run())
 
-    def stop(self) -> None:
+    def stop(self, crash: bool = False) -> None:
+        """A clean stop writes the newest version; `crash` keeps only what was already due."""
         self.call(self.server.close)
-        self.net.run(self.server.flush_checkpoint())
+        self.net.run(self.server.flush_checkpoint(final=not crash))
         self.net.close()
 
 

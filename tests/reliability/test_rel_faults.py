@@ -53,10 +53,10 @@ def test_ps_restart_from_checkpoint_matches_an_uninterrupted_run(certs, tmp_path
             # at 5, 8 steps lost). Rank 0 waits for each write here, so version 10 always finds
             # none in flight: the restore point is the checkpoint schedule's, not the disk's speed.
             running = box["ps"]
-            running.net.run(running.server.flush_checkpoint())  # type: ignore[attr-defined]
+            running.net.run(running.server.flush_checkpoint(final=False))  # type: ignore[attr-defined]
         if w.rank == 0 and version == 13 and "lost" not in box:
             old = box["ps"]
-            old.stop()  # type: ignore[attr-defined]
+            old.stop(crash=True)  # type: ignore[attr-defined]
             state, _ = checkpoint.load_latest(tmp_path)
             box["lost"] = 13 - int(state["version"])
             box["ps"] = start_ps(certs, replace(settings, port=port), state)
