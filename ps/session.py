@@ -1,0 +1,280 @@
+"""One worker connection on the PS: the HELLO/CHALLENGE/AUTH handshake, the admission bounds, and
+the requests of an authenticated worker mapped to `PSServer` and store calls.
+
+Per-connection state lives here; what every connection shares (the store, the barrier clock, the
+caches, checkpoints) is the `PSServer`'s, so a session only asks it to wait, wake or encode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from netsense.errors import AuthError, ProtocolError
+from netsense.transport.auth import new_nonce, verify_mac
+from netsense.transport.logsafe import printable, quoted, suppressed_note
+from netsense.transport.sensing.aioquic_private import peer_host
+from netsense.transport.wire import Ack, Auth, Bye, Challenge, Hello, Init, Message, Probe, Pull, Push, Welcome
+
+from .store import StepApplied
+from .store.guard import UpdateRefused
+
+if TYPE_CHECKING:
+    from netsense.transport.channel import ServerConnection
+
+    from .server import PSServer
+
+log = logging.getLogger(__name__)
+
+
+class WorkerSession:
+    """One connection's state: the handshake, then requests from an authenticated worker."""
+
+    def __init__(self, server: PSServer, conn: ServerConnection) -> None:
+        self.server = server
+        self.conn = conn
+        self.worker_id: str | None = None
+        self.peer = "unauthenticated peer"
+        self._hello: Hello | None = None
+        self._server_nonce: bytes | None = None
+        self.authenticated = False
+        self.host: str | None = None
+        self.closed = False
+        self.opened_at = time.monotonic()
+        server.connections.add(self)
+        loop = asyncio.get_event_loop()
+        # aioquic creates the protocol before it feeds the first datagram, so the peer address
+        # is known one loop iteration later.
+        loop.call_soon(self._admit)
+        self._deadline = loop.call_later(server.settings.handshake_timeout_s, self._handshake_expired)
+
+    def _admit(self) -> None:
+        """Bound connections per peer address and connections still mid-handshake.
+
+        Per address, a new connection past a cap is closed: only that address suffers. Past the
+        global cap on handshakes the OLDEST unauthenticated connection is closed instead, so a
+        flood from many addresses cannot lock a worker out: its connection is the newest, and a
+        real handshake takes milliseconds, not the time it takes to open 64 more connections."""
+        if self.closed:
+            return
+        self.host = peer_host(self.conn.quic)
+        s, live = self.server.settings, [c for c in self.server.connections if not c.closed and c is not self]
+        pending = sorted((c for c in live if not c.authenticated), key=lambda c: c.opened_at)
+        same_host = sum(1 for c in live if c.host == self.host)
+        same_host_pending = sum(1 for c in pending if c.host == self.host)
+        if self.host is not None and same_host >= s.max_connections_per_host:
+            self.refuse(f"more than {s.max_connections_per_host} connections from {self.host}")
+        elif self.host is not None and same_host_pending >= s.max_unauthenticated_per_host:
+            self.refuse(f"more than {s.max_unauthenticated_per_host} connections from {self.host} are mid-handshake")
+        else:
+            for old in pending[: max(0, len(pending) + 1 - s.max_unauthenticated)]:
+                old.refuse(f"more than {s.max_unauthenticated} connections are mid-handshake; the oldest is closed")
+
+    def _handshake_expired(self) -> None:
+        if not self.authenticated and not self.closed:
+            self.refuse(f"not authenticated within {self.server.settings.handshake_timeout_s} s")
+
+    def refuse(self, reason: str) -> None:
+        """Close this connection now (a bound was hit); the peer sees `reason`."""
+        if self.closed:
+            return
+        self.log_refusal("closing connection from %s: %s", self.host or self.peer, reason)
+        self.server.refused_connections += 1
+        self._forget()
+        self.conn.close(error_code=0x1, reason_phrase=reason[:200])
+
+    def log_refusal(self, fmt: str, *args: object) -> None:
+        """A WARNING about this peer, at most one per address per `refusal_log_interval_s`, with
+        every argument escaped (peer strings cannot break the line)."""
+        suppressed = self.server.refusal_log.allow(self.host)
+        if suppressed is not None:
+            log.warning(fmt + "%s", *(printable(a) for a in args), suppressed_note(suppressed))
+
+    def _forget(self) -> None:
+        self.closed = True
+        self._deadline.cancel()
+        self.server.connections.discard(self)
+
+    async def handle(self, msg: Message) -> Message | bytes | None:
+        if isinstance(msg, Hello):
+            return self._on_hello(msg)
+        if isinstance(msg, Auth):
+            return await self._on_auth(msg)
+        if not self.authenticated:
+            raise ProtocolError("auth", f"{type(msg).__name__.upper()} before authentication; send HELLO first")
+        if isinstance(msg, Probe):
+            return Ack(self.server.store.version)  # path measurement: the bytes are dropped
+        if self._hello is not None and self._hello.role == "probe":
+            if isinstance(msg, Bye):
+                return Ack(self.server.store.version)
+            raise ProtocolError("role", f"{type(msg).__name__.upper()} on a probe connection: it may send only PROBE and BYE")
+        store = self.server.store
+        assert self.worker_id is not None
+        if isinstance(msg, Init):
+            if self._hello is None or self._hello.rank != 0:
+                raise ProtocolError("init", "only rank 0 may initialize the parameters")
+            store.initialize(msg.tensors, msg.optimizer, msg.world_size, msg.model, self._hello.job_id)
+            for wid in self.server.sessions:  # everyone already connected is in the first barrier
+                store.join(wid)
+            await self.server.applied(StepApplied(store.version, (), 0))
+            return Ack(store.version)
+        if isinstance(msg, Push):
+            self.server.note_push()
+            down = self.server.downlink
+            if down is not None and store.initialized and down.due(store.version):
+                down.before_step(
+                    store.version, params=store.params, shadow=store.shadow, last_encode=store.last_encode,
+                    payload_bytes=4 * store.numel,
+                )
+                links = [down.link_of(s.conn.quic) for wid, s in self.server.sessions.items() if wid in store.live]
+                store.set_downlink(down.choose(store.version, links, 4 * store.numel))
+            ahead = store.applied_keys
+            try:
+                result = store.push(self.worker_id, msg)
+            except UpdateRefused:
+                await self.server.refused()
+                raise
+            await self.server.applied(result)
+            if result is None and store.applied_keys != ahead:
+                await self.server.wake()  # keys applied ahead: pipelined pulls may go
+            # The version this push made (async mode: the worker derives its staleness from it).
+            return Ack(result.version if result is not None else store.version)
+        if isinstance(msg, Pull) and msg.keys:
+            return await self._pull_keys(msg)
+        if isinstance(msg, Pull):
+            if not store.initialized or store.version < msg.wait_for:
+                self.server.check_refused(self.worker_id, msg.wait_for)
+                try:
+                    await self.server.wait_version(max(msg.wait_for, 0), self.worker_id)
+                except asyncio.TimeoutError:
+                    raise ProtocolError("timeout", f"version {msg.wait_for} not reached within the pull timeout") from None
+                self.server.check_refused(self.worker_id, msg.wait_for)
+            if store.asynchronous:
+                try:
+                    await self.server.wait_turn(self.worker_id)
+                except asyncio.TimeoutError:
+                    raise ProtocolError("timeout", f"more than {store.staleness} versions ahead for the whole pull timeout") from None
+            data = self.server.params_bytes(store.pull(msg.have_version))
+            if self.server.downlink is not None:
+                self.server.downlink.sent(self.conn.quic, store.version, len(data))
+            return data
+        if isinstance(msg, Bye):
+            self._leave(f"bye: {msg.reason}")
+            return Ack(store.version)
+        raise ProtocolError("type", f"{type(msg).__name__.upper()} is not a request the PS accepts")
+
+    async def _pull_keys(self, msg: Pull) -> bytes:
+        """Pipelined pull: answer with `msg.keys` of the next update as soon as they are applied."""
+        store = self.server.store
+        assert self.worker_id is not None
+        try:
+            if store.want(msg.keys, msg.wait_for - 1):
+                await self.server.wake()
+        except UpdateRefused:
+            await self.server.refused()
+            raise
+        if not store.keys_ready(msg.keys, msg.wait_for):
+            self.server.check_refused(self.worker_id, msg.wait_for)
+            try:
+                await self.server.wait_keys(msg.keys, msg.wait_for, self.worker_id)
+            except asyncio.TimeoutError:
+                raise ProtocolError("timeout", f"keys of version {msg.wait_for} not applied within the pull timeout") from None
+            self.server.check_refused(self.worker_id, msg.wait_for)
+        params = store.pull_keys(msg.have_version, msg.keys)
+        whole = params.full and len(params.tensors) == len(store.params)  # the fallback: every key, full
+        # Not reported to the downlink policy: it times one delivery of the whole update per
+        # worker, and per-bucket replies queued behind each other would read as a slow link.
+        return self.server.params_bytes(params) if whole else self.server.keyed_params_bytes(params, msg.keys)
+
+    def _on_hello(self, msg: Hello) -> Message:
+        if self.authenticated:
+            raise ProtocolError("auth", "already authenticated on this connection")
+        if not msg.worker_id or not msg.worker_id.isprintable():
+            self.log_refusal("refused HELLO from %s: worker id %s is empty or holds control characters", self.host, quoted(msg.worker_id))
+            raise ProtocolError("hello", "worker_id must be non-empty printable text (no control characters)")
+        self._hello = msg
+        self._server_nonce = new_nonce()
+        return Challenge(self._server_nonce)
+
+    async def _on_auth(self, msg: Auth) -> Message:
+        hello, nonce = self._hello, self._server_nonce
+        if hello is None or nonce is None or self.authenticated:
+            raise ProtocolError("auth", "AUTH without a pending challenge")
+        self._server_nonce = None  # one attempt per challenge: no online guessing on one nonce
+        if self.server.secret is not None:
+            try:
+                verify_mac(
+                    self.server.secret, msg.mac, server_nonce=nonce, client_nonce=hello.client_nonce, worker_id=hello.worker_id
+                )
+            except AuthError as exc:
+                self.log_refusal("refused %s from %s: %s", quoted(hello.worker_id), self.host, exc)
+                self.server.errors_sent += 1
+                raise ProtocolError("auth", str(exc)) from None
+        if hello.role != "probe":
+            self._check_job(hello)  # refused: the connection stays unauthenticated, and the handshake deadline closes it
+        self.authenticated = True
+        self._deadline.cancel()
+        self.conn.open_window()
+        if hello.role == "probe":  # measures the path only: never a session, never in the barrier
+            self.peer = f"probe {quoted(hello.worker_id)}"
+            log.info("%s authenticated", self.peer)
+            return self._welcome()
+        self.worker_id = hello.worker_id
+        self.peer = f"worker {quoted(hello.worker_id)}"
+        previous = self.server.sessions.get(hello.worker_id)
+        if previous is not None and previous is not self:
+            log.info("%s reconnected; replacing its old connection", self.peer)
+        self.server.sessions[hello.worker_id] = self
+        store = self.server.store
+        if store.initialized:
+            store.join(hello.worker_id)
+        log.info("%s (rank %d) authenticated", self.peer, hello.rank)
+        return self._welcome()
+
+    def _check_job(self, hello: Hello) -> None:
+        """Refuse a worker of another job than the one whose state this PS holds, unless it asks to
+        resume (docs/ARCHITECTURE.md, "Job identity"); say so when a job resumes."""
+        store, held = self.server.store, self.server.store.job_id
+        if not store.initialized or not hello.job_id:
+            return  # the job is named at INIT; a worker from before job ids cannot be told apart
+        if not held:
+            store.adopt_job(hello.job_id)  # state from before job ids: it is this job's now
+            held = hello.job_id
+        if hello.job_id != held and not hello.resume:
+            self.server.errors_sent += 1
+            log.warning("refused worker %r of job %r: this PS holds job %r at version %d", hello.worker_id, hello.job_id, held, store.version)
+            raise ProtocolError(
+                "job",
+                f"this PS holds job {held!r} at version {store.version}, not job {hello.job_id!r}: start a fresh PS "
+                f"(without its old checkpoint) for a new job, or pass --resume to continue job {held!r}",
+            )
+        if store.version > 0 and hello.worker_id not in self.server.resumed:
+            self.server.resumed.add(hello.worker_id)
+            via = f" (worker of job {hello.job_id!r} asked to resume)" if hello.job_id != held else ""
+            log.warning("resuming job %s at version %d: worker %r%s", held, store.version, hello.worker_id, via)
+
+    def _welcome(self) -> Welcome:
+        store = self.server.store
+        staleness = -1 if store.staleness is None else store.staleness
+        return Welcome(store.version, store.initialized, len(store.live), staleness, store.job_id if store.initialized else "")
+
+    def on_bad_message(self, exc: ProtocolError) -> None:
+        self.server.errors_sent += 1
+
+    def on_close(self, reason: str) -> None:
+        log.info("%s disconnected: %s", self.peer, printable(reason))
+        self._forget()
+        self._leave(reason)
+
+    def _leave(self, reason: str) -> None:
+        wid = self.worker_id
+        if wid is None or self.server.sessions.get(wid) is not self:
+            return  # a newer connection of the same worker owns its membership
+        del self.server.sessions[wid]
+        result = self.server.store.leave(wid)
+        if result is not None:
+            asyncio.get_event_loop().create_task(self.server.applied(result))
+        else:  # async: the slowest clock may have moved; sync: keys may be applied ahead now
+            asyncio.get_event_loop().create_task(self.server.wake())
