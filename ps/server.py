@@ -20,7 +20,7 @@ from typing import Any
 from aioquic.quic.configuration import QuicConfiguration
 
 from netsense.errors import ConfigError
-from netsense.transport.channel import server_port, start_server
+from netsense.transport.listener import server_port, start_server
 from netsense.transport.logsafe import LogLimiter
 from netsense.transport.wire import Limits, Params, encode_message
 

@@ -22,7 +22,7 @@ from .store import StepApplied
 from .store.guard import UpdateRefused
 
 if TYPE_CHECKING:
-    from netsense.transport.channel import ServerConnection
+    from netsense.transport.listener import ServerConnection
 
     from .server import PSServer
 

@@ -2,7 +2,7 @@
 
 Workers and `netsense probe --ps` authenticate the same way (the MAC of `auth.py` over the server's
 and the client's nonce and the client's id); only their role and what they do afterwards differ,
-so the exchange is written once, here. The server side is `ps/server.py`.
+so the exchange is written once, here. The server side is `ps/session.py` (`WorkerSession`).
 """
 
 from __future__ import annotations

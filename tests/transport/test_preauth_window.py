@@ -14,7 +14,8 @@ from typing import Any
 from aioquic.quic.configuration import QuicConfiguration
 
 from quic_certs import self_signed
-from netsense.transport.channel import ServerConnection, open_connection, server_port, start_server
+from netsense.transport.channel import open_connection
+from netsense.transport.listener import ServerConnection, server_port, start_server
 from netsense.transport.sensing.aioquic_private import received_stream_bytes
 from netsense.transport.wire import Ack, Hello, Message, Probe
 
