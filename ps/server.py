@@ -20,7 +20,7 @@ from typing import Any
 from aioquic.quic.configuration import QuicConfiguration
 
 from netsense.errors import ConfigError
-from netsense.transport.listener import server_port, start_server
+from netsense.transport.listener import Listener, start_server
 from netsense.transport.logsafe import LogLimiter
 from netsense.transport.wire import Limits, Params, encode_message
 
@@ -127,7 +127,7 @@ class PSServer:
         self._blocked: tuple[int | None, float] = (None, 0.0)  # async: (slowest clock, since when) while a worker waits on it
         self._params_cache: tuple[tuple[int, bool, int], bytes] | None = None
         self._keyed_cache: dict[tuple[int, bool, int, tuple[str, ...]], bytes] = {}  # pipelined pulls of one update
-        self._server: Any = None
+        self._server: Listener | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self.port = 0
         self.errors_sent = 0
@@ -155,19 +155,30 @@ class PSServer:
             socket_buffer_bytes=socket_buffer_bytes,
             preauth_window_bytes=self.settings.preauth_window_bytes,
         )
-        self.port = server_port(self._server)
+        self.port = self._server.port
         self._watchdog = asyncio.get_running_loop().create_task(self._barrier_watchdog())
         log.info("PS listening on %s:%d", self.settings.host, self.port)
         return self.port
 
     def close(self) -> None:
-        """Stop listening and close every connection."""
+        """Stop listening, close every connection and cancel the requests being served (`stop`
+        also waits for them to finish)."""
         if self._watchdog is not None:
             self._watchdog.cancel()
         if self.downlink is not None:
             self.downlink.close()
         if self._server is not None:
             self._server.close()
+
+    async def stop(self) -> None:
+        """`close`, then wait until the watchdog and every cancelled request have finished, so no
+        task is left pending for a loop that stops next (a PULL still waiting was destroyed
+        pending)."""
+        self.close()
+        if self._server is not None:
+            await self._server.stop()
+        if self._watchdog is not None:
+            await asyncio.gather(self._watchdog, return_exceptions=True)
 
     # --- shared state transitions -----------------------------------------------------------
 

@@ -60,7 +60,7 @@ def start_ps(certs: CertPaths, settings: ServerSettings | None = None, insecure:
 
 def stop_ps(ps: RunningPS) -> None:
     ps.net.run(asyncio.sleep(0.05))
-    ps.call(ps.server.close)
+    ps.net.run(ps.server.stop())
     ps.net.run(asyncio.sleep(0.05))
     ps.net.close()
 

@@ -51,6 +51,8 @@ class ServerConnection(MessageProtocol):
     """(max_data, max_stream_data) granted by `open_window`."""
     bad_message_log_interval_s: float = 10.0
     """At most one 'dropped bad message' line per connection per this long."""
+    accepted: set[ServerConnection] | None = None
+    """The listener's live connections (`start_server` sets it), so its stop reaches their requests."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -60,6 +62,8 @@ class ServerConnection(MessageProtocol):
         self.session: Any = self.handler_factory(self) if self.handler_factory else None
         self._tasks: set[asyncio.Task[None]] = set()
         self.max_concurrent = 256
+        if self.accepted is not None:
+            self.accepted.add(self)
 
     @property
     def window_open(self) -> bool:
@@ -135,9 +139,17 @@ class ServerConnection(MessageProtocol):
             self.session.on_bad_message(exc)
         self.send_message(stream_id, Error(exc.code, exc.reason))
 
-    def terminated(self, reason: str) -> None:
-        for task in list(self._tasks):
+    def cancel_requests(self) -> list[asyncio.Task[None]]:
+        """Cancel every request still being served; returns their tasks, for the caller to await."""
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
+        return tasks
+
+    def terminated(self, reason: str) -> None:
+        self.cancel_requests()
+        if self.accepted is not None:
+            self.accepted.discard(self)
         if self.session is not None and hasattr(self.session, "on_close"):
             self.session.on_close(reason)
 
@@ -151,12 +163,14 @@ async def start_server(
     limits: Limits = Limits(),
     socket_buffer_bytes: int = 8 * 1024 * 1024,
     preauth_window_bytes: int | None = None,
-) -> QuicServer:
+) -> Listener:
     """Listen for QUIC connections; each gets a session from `handler_factory(connection)`.
 
     `preauth_window_bytes` set: connections start with receive windows of that size (instead of
     the configuration's) and a budget of half of it, until the session calls `open_window`."""
+    accepted: set[ServerConnection] = set()
     attrs: dict[str, Any] = {"handler_factory": staticmethod(handler_factory), "limits": limits, "socket_buffer_bytes": socket_buffer_bytes}
+    attrs["accepted"] = accepted
     if preauth_window_bytes is not None:
         attrs["full_window"] = (configuration.max_data, configuration.max_stream_data)
         # Half the window: aioquic doubles a window once half of it is used; the gate closes first.
@@ -169,9 +183,40 @@ async def start_server(
     protocol = type("BoundServerConnection", (ServerConnection,), attrs)
     server = await serve(host, port, configuration=configuration, create_protocol=protocol)
     tune_socket(transport_of(server), socket_buffer_bytes)
-    return server
+    return Listener(server, accepted)
 
 
-def server_port(server: QuicServer) -> int:
+class Listener:
+    """A listening QUIC server and the connections it accepted.
+
+    `close` alone leaves the cancelled requests to finish on the loop's next iterations; a loop
+    stopped before then destroyed them pending ("Task was destroyed but it is pending!"), so a
+    clean stop awaits them (`stop`)."""
+
+    def __init__(self, quic: QuicServer, accepted: set[ServerConnection]) -> None:
+        self.quic = quic
+        self.accepted = accepted
+        """Connections not yet terminated (each adds and removes itself)."""
+        self._stopping: list[asyncio.Task[None]] | None = None
+
+    @property
+    def port(self) -> int:
+        """The UDP port it listens on (useful with port 0)."""
+        return server_port(self)
+
+    def close(self) -> None:
+        """Stop listening, close every connection and cancel the requests they are serving."""
+        if self._stopping is not None:
+            return
+        self._stopping = [task for conn in list(self.accepted) for task in conn.cancel_requests()]
+        self.quic.close()
+
+    async def stop(self) -> None:
+        """`close`, then wait until every cancelled request has finished."""
+        self.close()
+        await asyncio.gather(*(self._stopping or ()), return_exceptions=True)
+
+
+def server_port(server: Listener) -> int:
     """The UDP port a server listens on (useful with port 0)."""
-    return transport_of(server).get_extra_info("sockname")[1]
+    return transport_of(server.quic).get_extra_info("sockname")[1]

@@ -156,7 +156,7 @@ async def _pair_runs(numel: int, repeats: int, settings: TransportSettings, cert
                 runs["raw_quic"].append(await _timed(lambda: raw.transfer(data)))
     finally:
         await client.close()
-        ps.close()
+        await ps.stop()
         sink.close()
     return runs
 

@@ -104,7 +104,7 @@ async def _serve(  # type: ignore[no-untyped-def]
     print(json.dumps(ready), flush=True)
     await stop.wait()
     log.info("stopping at version %d", server.store.version)
-    server.close()
+    await server.stop()
     if metrics is not None:
         metrics.close()
     await server.flush_checkpoint()

@@ -115,7 +115,7 @@ def run_rate_step(certs: CertPaths, logs: Path, phases_s: tuple[float, float, fl
 
 
 async def _close(server: PSServer) -> None:
-    server.close()
+    await server.stop()
 
 
 def fits(rec: dict[str, Any], ladder: Ladder, mbit: float, eps: float) -> bool:

@@ -57,7 +57,7 @@ class PS:
 
     def stop(self, crash: bool = False) -> None:
         """A clean stop writes the newest version; `crash` keeps only what was already due."""
-        self.call(self.server.close)
+        self.net.run(self.server.stop())
         self.net.run(self.server.flush_checkpoint(final=not crash))
         self.net.close()
 
