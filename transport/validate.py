@@ -16,24 +16,8 @@ from netsense.errors import ProtocolError
 
 from .hparams import MAX_GROUPS, check_group
 from .messages import (
-    HELLO_ROLES,
-    JOB_ID_RE,
-    MAX_PULL_KEYS,
-    STATE_DTYPES,
-    Ack,
-    Auth,
-    Bye,
-    Challenge,
-    Error,
-    Hello,
-    Init,
-    Limits,
-    Params,
-    Probe,
-    Pull,
-    Push,
-    TensorInfo,
-    Welcome,
+    HELLO_ROLES, JOB_ID_RE, MAX_PULL_KEYS, STATE_DTYPES, Ack, Auth, Bye, Challenge, Error, Hello, Init, Limits, Params, Probe,
+    Pull, Push, TensorInfo, Welcome,
 )
 
 _KEY_RE = re.compile(r"^[A-Za-z0-9_.\-/#:]{1,200}$")
