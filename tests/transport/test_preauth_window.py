@@ -1,4 +1,4 @@
-"""transport/channel.py's pre-authentication gate: a small receive window and a byte budget until
+"""transport/listener.py's pre-authentication gate: a small receive window and a byte budget until
 the session opens the window, then the configuration's full windows.
 
 A stranger that streams megabytes before authenticating is closed after half the small window; the

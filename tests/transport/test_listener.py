@@ -1,0 +1,59 @@
+"""transport/listener.py's stop: every request still being served is cancelled and has finished
+when `Listener.stop` returns, and the listener forgets a connection once it terminated."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+
+import pytest
+from aioquic.quic.configuration import QuicConfiguration
+
+from quic_certs import self_signed
+from netsense.errors import PeerTimeout
+from netsense.transport.channel import open_connection
+from netsense.transport.listener import Listener, ServerConnection, start_server
+from netsense.transport.wire import Ack, Message
+
+
+class Waiting:
+    """Never answers: stands in for a PULL waiting for a version that does not come."""
+
+    def __init__(self, conn: ServerConnection, started: asyncio.Event, ended: list[str]) -> None:
+        self.started, self.ended = started, ended
+
+    async def handle(self, msg: Message) -> Message:
+        self.started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.ended.append("cancelled")
+            raise
+        return Ack(0)
+
+
+async def _listen(started: asyncio.Event, ended: list[str]) -> Listener:
+    cert, key = self_signed()
+    cfg = QuicConfiguration(is_client=False)
+    cfg.certificate, cfg.private_key = cert, key
+    return await start_server("127.0.0.1", 0, cfg, lambda c: Waiting(c, started, ended))
+
+
+async def test_stop_cancels_and_awaits_the_requests_being_served() -> None:
+    started, ended = asyncio.Event(), []
+    listener = await _listen(started, ended)
+    async with open_connection("127.0.0.1", listener.port, QuicConfiguration(is_client=True, verify_mode=ssl.CERT_NONE)) as conn:
+        request = asyncio.ensure_future(conn.request(Ack(0), 30))
+        await asyncio.wait_for(started.wait(), 10)
+        (server_conn,) = listener.accepted
+        assert len(server_conn._tasks) == 1
+        await listener.stop()
+        assert ended == ["cancelled"] and not server_conn._tasks
+        await listener.stop()  # idempotent
+        with pytest.raises(PeerTimeout):  # the client learns the connection closed
+            await asyncio.wait_for(request, 10)
+    for _ in range(100):  # the server side terminates after its closing period
+        if not listener.accepted:
+            break
+        await asyncio.sleep(0.05)
+    assert not listener.accepted
