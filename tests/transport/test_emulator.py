@@ -54,6 +54,17 @@ def test_bottleneck_serialises_at_the_rate_then_delays() -> None:
     assert stats.max_queue_delay_s == pytest.approx(0.004)
 
 
+def test_bottleneck_counts_releases_a_starved_shell_made_late() -> None:
+    link = Bottleneck(_link("rate=10mbit,queue=1mb"), now=0.0, rng=random.Random(0))
+    for i in range(6):
+        link.offer(0.0, 1250, i)  # due at 1..6 ms
+    assert link.pop_due(0.0015, horizon=0.0) == [0]  # 0.5 ms late: timer jitter, not counted
+    assert link.pop_due(0.0065, horizon=0.0) == [1, 2, 3, 4, 5]  # 4.5, 3.5, 2.5 ms late: counted
+    stats = link.stats(0.0065)
+    assert (stats.released_late, stats.packets_forwarded) == (3, 6)
+    assert stats.max_release_late_s == pytest.approx(0.0045) and stats.late_fraction == pytest.approx(0.5)
+
+
 def test_bottleneck_drop_tail_and_queue_delay() -> None:
     link = Bottleneck(_link("rate=8mbit,queue=10kb"), now=0.0, rng=random.Random(0))
     accepted = sum(link.offer(0.0, 1000, i) for i in range(20))

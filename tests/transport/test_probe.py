@@ -25,6 +25,11 @@ def _check_sustained(result: ProbeResult, rate_mbit: float) -> None:
     print(result)
     if result.goodput_mbit < 0.8 * rate_mbit:
         pytest.skip(f"relay could not carry {rate_mbit} Mbit/s here: goodput {result.goodput_mbit:.1f}")
+    # A starved relay releases its backlog in bursts above the rate, which a delivery-rate estimate
+    # reads as bandwidth (CI at load 13: +18-21 %); then the CPU, not the link, made the samples.
+    late = result.emulator_late_fraction
+    if late is not None and late > 0.02:
+        pytest.skip(f"relay released {late:.1%} of datagrams > 2 ms late: the CPU shaped the link")
 
 
 @pytest.mark.slow

@@ -17,6 +17,11 @@ from .linkspec import LinkSpec
 TICK_S = 0.001
 """Timer granularity: a tick releases what is due within this, and no timer is armed closer."""
 
+LATE_S = 0.002
+"""A release this much after its due time counts as late: past the loop's ordinary timer jitter
+(up to a ms), so the process was starved of CPU and released a backlog at once, faster than the
+link's rate. Measurements downstream (delivery-rate estimates) then read the CPU, not the link."""
+
 
 @dataclass(frozen=True)
 class DirectionStats:
@@ -40,6 +45,15 @@ class DirectionStats:
     """How long a packet arriving now would wait before its last bit leaves the bottleneck."""
     max_queue_delay_s: float
     """The longest such wait any accepted packet had."""
+    released_late: int = 0
+    """Datagrams handed on more than `LATE_S` after they were due (the shell was starved of CPU)."""
+    max_release_late_s: float = 0.0
+    """The latest any datagram was handed on, past its due time."""
+
+    @property
+    def late_fraction(self) -> float:
+        """Share of forwarded datagrams released late: above a few %, the CPU shaped the traffic."""
+        return self.released_late / self.packets_forwarded if self.packets_forwarded else 0.0
 
     @property
     def dropped(self) -> int:
@@ -74,10 +88,11 @@ class Bottleneck:
         self._last_deliver = 0.0
         self._counts = dict.fromkeys(
             ("packets_in", "bytes_in", "packets_forwarded", "bytes_forwarded",
-             "dropped_queue", "dropped_loss", "dropped_send"),
+             "dropped_queue", "dropped_loss", "dropped_send", "released_late"),
             0,
         )
         self._max_queue_delay = 0.0
+        self._max_release_late = 0.0
         self.set_spec(spec, now)
 
     @property
@@ -139,6 +154,10 @@ class Bottleneck:
         out = []
         while self._line and self._line[0].deliver_at <= edge:
             packet = self._line.popleft()
+            late = now - packet.deliver_at
+            if late > LATE_S:
+                self._counts["released_late"] += 1
+                self._max_release_late = max(self._max_release_late, late)
             self._counts["packets_forwarded"] += 1
             self._counts["bytes_forwarded"] += packet.size
             out.append(packet.payload)
@@ -165,4 +184,5 @@ class Bottleneck:
             queue_bytes=self._queued_bytes,
             queue_delay_s=waiting,
             max_queue_delay_s=self._max_queue_delay,
+            max_release_late_s=self._max_release_late,
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from aioquic.asyncio import QuicConnectionProtocol, connect, serve
@@ -53,6 +53,9 @@ class ProbeResult:
     """Delivery-rate samples taken."""
     seconds: float
     """Length of the bulk phase."""
+    emulator_late_fraction: float | None = None
+    """Share of the data direction's datagrams the in-process emulator released late (CPU-starved:
+    `DirectionStats.late_fraction`); None for a real path."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -156,9 +159,10 @@ async def probe_link(
                 signal, _ = await probe_path(
                     host, eport, client_cfg, seconds, socket_buffer_bytes=transport.socket_buffer_bytes
                 )
+                late = emu.stats().up.late_fraction
         finally:
             sink.close()
-    return _result(signal, sink.goodput_Bps(), seconds)
+    return replace(_result(signal, sink.goodput_Bps(), seconds), emulator_late_fraction=late)
 
 
 async def probe_remote(
