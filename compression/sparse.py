@@ -262,6 +262,8 @@ class SparseCodec(Codec):
 _INT_VIEWS = {2: (torch.int16, 0x7FFF), 4: (torch.int32, 0x7FFFFFFF), 8: (torch.int64, 0x7FFFFFFFFFFFFFFF)}
 """Same-size integer view and sign mask per float width: with the sign bit cleared, the bits of
 a float order as its magnitude does (NaN above inf, as torch.topk ranks NaN)."""
+_SCAN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+"""IEEE binary floats, whose sign-cleared bits order as their magnitudes do."""
 _SAMPLE_HITS = 256
 """Sample magnitudes expected above the k-th largest: ~6% error on the candidate count."""
 
@@ -334,8 +336,10 @@ def topk_indices(flat: torch.Tensor, k: int, rng: np.random.Generator) -> torch.
     (too many, or heavy ties such as an all-zero tensor) is handled by ties at that value.
     Integer bits with the sign cleared stand for magnitudes, so NaN ranks above inf as in torch.
     """
+    if flat.dtype not in _SCAN_DTYPES or flat.device.type != "cpu" or not 1 <= k <= flat.numel():
+        raise ValueError(f"topk_indices: a CPU float tensor and 1 <= k <= numel, got {flat.dtype}, {flat.device}, k={k}")
     view, mask = _INT_VIEWS[flat.element_size()]
-    bits = flat.contiguous().view(view).numpy()
+    bits = flat.detach().reshape(-1).contiguous().view(view).numpy()
     n = bits.size
     s = min(n, max(4096, math.ceil(_SAMPLE_HITS * n / k)))
     sample = np.bitwise_and(bits.take(rng.integers(0, n, s)), mask)
@@ -371,6 +375,8 @@ class TopK(SparseCodec):
         self.density = density
         self.rng = np.random.default_rng()
         """Sample source of `topk_indices`; it steers only the speed, never the selected set."""
+        self.cpu_scan = True
+        """False: `torch.topk` on CPU too (the reference the bench's ``@torch`` rows time)."""
 
     def count_bounds(self, numel: int) -> tuple[int, int]:
         k = k_for(numel, self.density)
@@ -380,9 +386,20 @@ class TopK(SparseCodec):
         k = k_for(flat.numel(), self.density)
         if k == flat.numel():
             return torch.arange(k, device=flat.device)
-        if flat.device.type == "cpu" and flat.numel() >= self.SCAN_FROM and 4 * k <= flat.numel():
+        if self._scans(flat, k):
             return topk_indices(flat, k, self.rng)
         return torch.topk(flat.abs(), k, sorted=False).indices.sort().values
+
+    def _scans(self, flat: torch.Tensor, k: int) -> bool:
+        """Whether `topk_indices` serves this selection: a CPU float tensor large enough to pay,
+        k at most a quarter of it (beyond, the candidates would be most of the tensor)."""
+        return (
+            self.cpu_scan
+            and flat.device.type == "cpu"
+            and flat.dtype in _SCAN_DTYPES
+            and flat.numel() >= self.SCAN_FROM
+            and 4 * k <= flat.numel()
+        )
 
     def nominal_ratio(self, numel: int) -> float:
         per = value_bytes_per_element(self.value_mode) + expected_index_bytes(self.density)
