@@ -88,12 +88,13 @@ DISTRIBUTIONS: dict[str, Callable[[int, torch.Generator], torch.Tensor]] = {
     "signed-zeros-and-extremes": _signed_zeros_and_extremes,
     "block-of-giants": _block_of_giants,
 }
-SIZES = [1, 3, 1000, 5000, 20_000, 300_000]
-"""300000 passes both candidate caps (4k + 4096 and 65536), so every path of the scan runs."""
+SIZES = [1, 3, 1000, 5000, 20_000, 100_000]
+"""100000 passes both candidate caps (4k + 4096 and 65536) at k = 1 %."""
 
 
 def _ks(n: int) -> list[int]:
-    return sorted({1, 2, k_for(n, 0.01), max(1, n // 4), max(1, n - 1), n} & set(range(1, n + 1)))
+    ks = {1, 2, k_for(n, 0.01), max(1, n // 4)} | ({n - 1, n} if n <= 20_000 else set())
+    return sorted(ks & set(range(1, n + 1)))
 
 
 @pytest.mark.parametrize("dist", sorted(DISTRIBUTIONS))
@@ -189,14 +190,23 @@ def test_codec_sends_what_torch_topk_sends(spec: str, dtype: torch.dtype, monkey
     assert codec.decode(a).dtype == dtype
 
 
+class OnCuda:
+    """What the scan's gate reads of a large fp32 CUDA tensor (no GPU needed, no device init)."""
+
+    device = torch.device("cuda")
+    dtype = torch.float32
+
+    def numel(self) -> int:
+        return 100_000
+
+
 def test_other_devices_and_small_tensors_keep_torch_topk(monkeypatch: pytest.MonkeyPatch) -> None:
     def fail(flat: torch.Tensor, k: int, rng: object) -> torch.Tensor:
         raise AssertionError("topk_indices is for CPU float tensors")
 
     monkeypatch.setattr(sparse, "topk_indices", fail)
     codec = make_codec("topk:0.01")
-    meta = torch.empty(100_000, device="meta")  # stands in for CUDA: anything but the CPU
-    assert codec.select(meta).device.type == "meta"  # type: ignore[attr-defined]
+    assert not codec._scans(OnCuda(), 1000)  # type: ignore[attr-defined, arg-type]
     small = torch.randn(TopK.SCAN_FROM - 1, generator=_gen(9))
     assert_top_k(small, codec.select(small), k_for(small.numel(), 0.01))  # type: ignore[attr-defined]
     dense = torch.randn(100_000, generator=_gen(9))
@@ -205,6 +215,6 @@ def test_other_devices_and_small_tensors_keep_torch_topk(monkeypatch: pytest.Mon
 
 def test_refuses_what_it_cannot_rank() -> None:
     rng = np.random.default_rng(0)
-    for x, k in ((torch.arange(10), 3), (torch.randn(10), 0), (torch.randn(10), 11), (torch.empty(10, device="meta"), 3)):
+    for x, k in ((torch.arange(10), 3), (torch.randn(10), 0), (torch.randn(10), 11), (OnCuda(), 3)):
         with pytest.raises(ValueError, match="topk_indices"):
-            topk_indices(x, k, rng)
+            topk_indices(x, k, rng)  # type: ignore[arg-type]
