@@ -13,7 +13,10 @@ from collections.abc import Callable
 
 import torch
 
-from .base import make_codec
+from netsense.errors import CompressionError
+
+from .base import Codec, make_codec
+from .sparse import TopK
 
 DEFAULT_SPECS: tuple[str, ...] = (
     "fp32",
@@ -35,6 +38,20 @@ DEFAULT_SPECS: tuple[str, ...] = (
     "powersgd:4+fp16",
 )
 """One or more specs of every codec family; threshold 2.5 keeps ~1.2% of a standard normal."""
+REFERENCE = "@torch"
+"""Suffix of a top-k spec that times its `torch.topk` selection, the reference the CPU scan
+replaced (`topk:0.01@torch`): old and new selection side by side in one run."""
+
+
+def make_bench_codec(spec: str) -> Codec:
+    """The codec of `spec`, which may end in `REFERENCE` if it names a top-k codec."""
+    base, at, tail = spec.partition("@")
+    codec = make_codec(base)
+    if at:
+        if "@" + tail != REFERENCE or not isinstance(codec, TopK):
+            raise CompressionError(f"bench spec {spec!r}: only a top-k spec takes a suffix, and only {REFERENCE}")
+        codec.cpu_scan = False
+    return codec
 
 
 def _sync(device: torch.device) -> None:
@@ -70,7 +87,8 @@ def run_codec_bench(
     numel: int = 11_000_000, specs: list[str] | None = None, repeats: int = 3, device: str = "cpu"
 ) -> dict:
     """Median encode/decode seconds, wire ratio (wire_size / fp32 bytes) and the median of one
-    clone timed alongside, per codec spec; `clone_s` is the median over every clone timed."""
+    clone timed alongside, per codec spec (`make_bench_codec`); `clone_s` is the median over every
+    clone timed."""
     dev = torch.device(device)
     gen = torch.Generator().manual_seed(0)
     tensor = torch.randn(matrix_shape(numel), generator=gen).to(dev)
@@ -78,7 +96,7 @@ def run_codec_bench(
     clones: list[float] = []
     result: dict = {"numel": numel, "clone_s": 0.0, "codecs": {}}
     for spec in specs if specs is not None else DEFAULT_SPECS:
-        codec = make_codec(spec)
+        codec = make_bench_codec(spec)
         payload = codec.encode(tensor)  # warm-up: allocator, low-rank basis
         codec.decode(payload, device=dev)
         clone_t, encode_t, decode_t = _interleaved_times(

@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from netsense.compression import make_codec
-from netsense.compression.bench import DEFAULT_SPECS, run_codec_bench
+from netsense.compression.bench import DEFAULT_SPECS, REFERENCE, make_bench_codec, run_codec_bench
 from netsense.errors import ConfigError
 
 EPILOG = f"""\
@@ -16,10 +15,13 @@ Times are medians over --repeats runs on one random normal tensor shaped as a ne
 "x clone" divides by the median time of one tensor.clone() timed in turn with that codec's
 encode and decode (clone, encode, decode, repeated), so that figures taken on a loaded machine
 remain comparable; the wire ratio is payload bytes / fp32 bytes.
+A top-k spec ending in {REFERENCE} times its torch.topk selection (the reference that exact top-k's
+CPU scan replaced), e.g. topk:0.01{REFERENCE}.
 Default specs: {",".join(DEFAULT_SPECS)}
 Examples:
   netsense bench codecs --numel 11000000 --json codecs.json
   netsense bench codecs --specs fp16,qsgd:8,topka:0.01+fp16 --repeats 9
+  netsense bench codecs --specs topk:0.01,topk:0.01{REFERENCE},topk:0.01+fp16,topk:0.01+fp16{REFERENCE}
   netsense bench codecs --device cuda --numel 100000000"""
 
 
@@ -46,7 +48,7 @@ def parse_specs(text: str | None) -> list[str]:
     if not specs:
         raise ConfigError(f"--specs {text!r} names no codec; e.g. --specs fp16,qsgd:8")
     for spec in specs:
-        make_codec(spec)  # raises CompressionError naming the bad spec and the known codecs
+        make_bench_codec(spec)  # raises CompressionError naming the bad spec and the known codecs
     return specs
 
 

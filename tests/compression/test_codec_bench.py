@@ -1,9 +1,19 @@
 from __future__ import annotations
 
+import pytest
 import torch
 
-from netsense.compression.bench import DEFAULT_SPECS, _interleaved_times, matrix_shape, run_codec_bench
-from netsense.compression import make_codec
+from netsense.cli import main
+from netsense.compression import make_codec, sparse
+from netsense.compression.bench import (
+    DEFAULT_SPECS,
+    REFERENCE,
+    _interleaved_times,
+    make_bench_codec,
+    matrix_shape,
+    run_codec_bench,
+)
+from netsense.errors import CompressionError
 
 
 def test_result_has_exactly_the_promised_keys() -> None:
@@ -35,3 +45,23 @@ def test_clone_is_timed_in_turn_with_each_codec() -> None:
     times = _interleaved_times([lambda: calls.append("clone"), lambda: calls.append("encode")], 3, torch.device("cpu"))
     assert calls == ["clone", "encode"] * 3
     assert [len(t) for t in times] == [3, 3]
+
+
+def test_reference_rows_time_torch_topk_beside_the_scan(monkeypatch: pytest.MonkeyPatch) -> None:
+    scans: list[int] = []
+    scan = sparse.topk_indices
+    monkeypatch.setattr(sparse, "topk_indices", lambda flat, k, rng: scans.append(k) or scan(flat, k, rng))
+    new, old = make_bench_codec("topk:0.01+fp16"), make_bench_codec(f"topk:0.01+fp16{REFERENCE}")
+    x = torch.randn(50_000)
+    assert old.encode(x).parts == new.encode(x).parts and scans == [500]  # same payload, one scan
+    assert old.spec == "topk:0.01+fp16"  # the payload names the real codec
+    result = run_codec_bench(numel=20_000, specs=["topk:0.01", f"topk:0.01{REFERENCE}"], repeats=1)
+    assert list(result["codecs"]) == ["topk:0.01", "topk:0.01@torch"]
+
+
+@pytest.mark.parametrize("spec", ["fp16@torch", "topk:0.01@numpy", "topk:0.01@"])
+def test_reference_suffix_only_on_top_k(spec: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(CompressionError, match="only a top-k spec"):
+        make_bench_codec(spec)
+    assert main(["bench", "codecs", "--numel", "1000", "--specs", spec]) == 2
+    assert spec in capsys.readouterr().err
