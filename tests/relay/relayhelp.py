@@ -96,18 +96,26 @@ class Worker:
     crash: bool = False
     """Set by a hook: stop without BYE, like a killed process."""
     gate: threading.Barrier | None = None
+    spread: int = 4
+    """Rank r takes `batch` + `spread` r samples: unequal batches, so a sum must weight by samples."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """More `NetSenseOptimizer` arguments (codec, overlap, ...)."""
 
     def run(self) -> None:
         try:
-            self.opt = NetSenseOptimizer(self.model, connect=self.settings, rank=self.rank, worker_id=f"w{self.rank}", optimizer=OPTIMIZER)
+            self.opt = NetSenseOptimizer(
+                self.model, connect=self.settings, rank=self.rank, worker_id=f"w{self.rank}", optimizer=OPTIMIZER, **self.options
+            )
             self.started.set()
             if self.gate is not None:
                 self.gate.wait(60)
             x, y = self.data
             while self.opt.version < self.steps:
                 g = torch.Generator().manual_seed(self.opt.version)
-                idx = torch.randperm(len(x), generator=g)[: self.batch * self.world]
-                idx = idx[self.rank * self.batch : (self.rank + 1) * self.batch]
+                sizes = [self.batch + self.spread * r for r in range(self.world)]
+                idx = torch.randperm(len(x), generator=g)[: sum(sizes)]
+                start = sum(sizes[: self.rank])
+                idx = idx[start : start + sizes[self.rank]]
                 self.opt.zero_grad()
                 F.cross_entropy(self.model(x[idx]), y[idx]).backward()
                 self.opt.step(samples=len(idx))

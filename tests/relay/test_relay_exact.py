@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 import torch
 
 from netsense.transport.tls import CertPaths
@@ -11,10 +14,10 @@ from .relayhelp import MODEL_BYTES, Worker, connect, digits, params_of, relay, r
 STEPS = 6
 
 
-def _direct(certs: CertPaths, world: int) -> tuple[dict[str, torch.Tensor], list[Worker]]:
+def _direct(certs: CertPaths, world: int, spread: int = 4, **options: Any) -> tuple[dict[str, torch.Tensor], list[Worker]]:
     ps = start_ps(certs)
     try:
-        workers = [Worker(r, world, connect(certs, ps.port), STEPS, digits()) for r in range(world)]
+        workers = [Worker(r, world, connect(certs, ps.port), STEPS, digits(), spread=spread, options=options) for r in range(world)]
         run_workers(workers)
         assert ps.call(lambda: ps.server.store.version) == STEPS
         return params_of(ps), workers
@@ -22,15 +25,24 @@ def _direct(certs: CertPaths, world: int) -> tuple[dict[str, torch.Tensor], list
         ps.stop()
 
 
-def test_relay_of_two_workers_is_bit_exact(certs: CertPaths) -> None:
+@pytest.mark.parametrize(
+    "options", [{}, {"codec": "fp16"}, {"overlap": True}], ids=["fp32", "fp16-uplink", "overlap-pipelined"]
+)
+def test_relay_of_two_workers_is_bit_exact(certs: CertPaths, options: dict[str, Any]) -> None:
     """Two workers behind one relay vs the same two workers on the PS: every parameter equal bit
-    for bit (the relay sums in the PS's order, the PS then weights the site's mean by 1.0), and
-    every replica equals the PS."""
-    reference, _ = _direct(certs, 2)
+    for bit (the relay decodes and sums as the PS does, the PS then weights the site's mean by
+    1.0), and every replica equals the PS. The workers' own codec (fp16) is decoded at the relay as
+    the PS would; pipelined pulls (overlap) are answered from the whole upstream update.
+
+    Equal batches: the weights (1/2) are powers of two, so each product is exact and the sum does
+    not depend on which push came first. With unequal ones the PS itself depends on arrival order
+    (it rounds the first product, then adds the second with a fused multiply-add), which no two
+    runs share: `test_unequal_batches_weight_by_samples` compares those to rounding."""
+    reference, _ = _direct(certs, 2, spread=0, **options)
     ps = start_ps(certs)
     site = relay(certs, ps.port, site_workers=2)
     try:
-        workers = [Worker(r, 2, connect(certs, site.ports[0]), STEPS, digits()) for r in range(2)]
+        workers = [Worker(r, 2, connect(certs, site.ports[0]), STEPS, digits(), spread=0, options=options) for r in range(2)]
         run_workers(workers)
         assert ps.call(lambda: ps.server.store.version) == STEPS
         got = params_of(ps)
@@ -44,6 +56,22 @@ def test_relay_of_two_workers_is_bit_exact(certs: CertPaths) -> None:
     for w in workers:
         for (name, p), key in zip(w.model.named_parameters(), reference):
             assert torch.equal(p.detach(), got[key]), name
+
+
+def test_unequal_batches_weight_by_samples(certs: CertPaths) -> None:
+    """Batches of 16 and 20 samples behind one relay: the site's gradient is their sample-weighted
+    mean (a plain mean of the two fails this, and the test beside a direct worker)."""
+    reference, _ = _direct(certs, 2)
+    ps = start_ps(certs)
+    site = relay(certs, ps.port, site_workers=2)
+    try:
+        run_workers([Worker(r, 2, connect(certs, site.ports[0]), STEPS, digits()) for r in range(2)])
+        got = params_of(ps)
+    finally:
+        site.stop()
+        ps.stop()
+    for key in reference:
+        torch.testing.assert_close(got[key], reference[key], rtol=1e-5, atol=1e-6)
 
 
 def test_relay_beside_a_direct_worker(certs: CertPaths) -> None:
@@ -114,3 +142,29 @@ def test_wan_bytes_scale_with_sites(certs: CertPaths) -> None:
     assert 0.9 * MODEL_BYTES < sent < 1.3 * MODEL_BYTES
     assert 0.9 * MODEL_BYTES < received < 1.3 * MODEL_BYTES
     assert sent < 0.6 * direct_up
+
+
+def test_lossy_upstream_codec_halves_the_wan_bytes(certs: CertPaths) -> None:
+    """`upstream_codec="fp16"`: the site's push is half the model, error feedback at the relay
+    keeps training on course (parameters near the fp32 job's; fp16 rounding is not exact)."""
+    reference, _ = _direct(certs, 2)
+    marks: dict[int, tuple[int, int]] = {}
+    ps = start_ps(certs)
+    site = relay(certs, ps.port, site_workers=2, upstream_codec="fp16")
+    try:
+        workers = [Worker(r, 2, connect(certs, site.ports[0]), STEPS, digits()) for r in range(2)]
+
+        def hook(w: Worker) -> None:
+            if w.rank == 0 and w.opt is not None:
+                marks[w.opt.version] = site.wan_bytes()
+
+        workers[0].hook = hook
+        run_workers(workers)
+        got = params_of(ps)
+    finally:
+        site.stop()
+        ps.stop()
+    sent = (marks[STEPS][0] - marks[2][0]) / (STEPS - 2)
+    assert 0.4 * MODEL_BYTES < sent < 0.7 * MODEL_BYTES
+    for key in reference:
+        torch.testing.assert_close(got[key], reference[key], rtol=0, atol=1e-2)
