@@ -168,3 +168,39 @@ def test_lossy_upstream_codec_halves_the_wan_bytes(certs: CertPaths) -> None:
     assert 0.4 * MODEL_BYTES < sent < 0.7 * MODEL_BYTES
     for key in reference:
         torch.testing.assert_close(got[key], reference[key], rtol=0, atol=1e-2)
+
+
+def test_two_sites_of_two_workers(certs: CertPaths) -> None:
+    """2 relays x 2 workers vs 4 direct workers: the PS sees two workers, the parameters agree to
+    rounding (the PS sums two site means where it summed four gradients), every replica equals
+    the PS, and each relay moves about one model each way per step."""
+    reference, _ = _direct(certs, 4)
+    ps = start_ps(certs)
+    sites = [relay(certs, ps.port, site="a", site_workers=2), relay(certs, ps.port, site="b", site_workers=2)]
+    marks: dict[tuple[int, int], tuple[int, int]] = {}
+    seen: list[list[str]] = []
+
+    def hook(w: Worker) -> None:
+        assert w.opt is not None
+        if w.rank in (0, 2):
+            marks[(w.rank // 2, w.opt.version)] = sites[w.rank // 2].wan_bytes()
+        if w.rank == 0 and w.opt.version == 1:
+            seen.append(ps.call(lambda: sorted(ps.server.sessions)))
+
+    try:
+        workers = [Worker(r, 4, connect(certs, sites[r // 2].ports[0]), STEPS, digits(), hook=hook) for r in range(4)]
+        run_workers(workers)
+        got = params_of(ps)
+    finally:
+        for s in sites:
+            s.stop()
+        ps.stop()
+    assert seen == [["relay-a", "relay-b"]]
+    for key in reference:
+        torch.testing.assert_close(got[key], reference[key], rtol=1e-5, atol=1e-6)
+    for w in workers:
+        for p, key in zip(w.model.parameters(), reference):
+            assert torch.equal(p.detach(), got[key])
+    for s in range(2):
+        sent = (marks[(s, STEPS)][0] - marks[(s, 2)][0]) / (STEPS - 2)
+        assert 0.9 * MODEL_BYTES < sent < 1.3 * MODEL_BYTES
