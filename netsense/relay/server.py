@@ -78,6 +78,8 @@ class RelayServer(PSServer):
         self.upstream = upstream
         self.site = SiteStore(local_quorum=settings.site_workers, job_id=upstream.settings.job_id)
         self.store = self.site  # type: ignore[assignment]  # the sessions call the store's interface
+        self.upstream.seed = self._seed
+        self._init: tuple[Init, int] | None = None  # the INIT this relay passed up, and its world size
         self._stepping: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.failed: BaseException | None = None
@@ -91,7 +93,11 @@ class RelayServer(PSServer):
             raise ConfigError("the upstream PS is asynchronous (staleness set): a relay aggregates synchronous steps only")
         if welcome.job_id and not self.site.job_id:
             self.site.adopt_job(welcome.job_id)
-        port = await super().start(configuration, socket_buffer_bytes)
+        try:
+            port = await super().start(configuration, socket_buffer_bytes)
+        except BaseException:
+            await self.upstream.close("relay could not listen")
+            raise
         self._spawn(self._boot())
         return port
 
@@ -131,10 +137,19 @@ class RelayServer(PSServer):
     async def _forward_init(self, init: Init) -> None:
         r = self.relay
         world = r.upstream_world or (max(1, init.world_size - r.site_workers + 1) if r.site_workers else init.world_size)
+        self._init = (init, world)
         try:
             await self.upstream.init(init, world)
         except NetSenseError as exc:
             log.error("the upstream PS refused the site's INIT: %s", exc)
+
+    async def _seed(self) -> None:
+        """The upstream came back empty (restarted without a checkpoint): if this site's rank 0
+        initialized the job, seed it with the site's replica, as a direct rank 0 seeds it."""
+        if self._init is not None and self.site.initialized:
+            init, world = self._init
+            log.warning("upstream restarted empty; seeding it with the site's replica at version %d", self.site.version)
+            await self.upstream.client.init(self.site.full_params().tensors, init.optimizer, world, init.model)
 
     async def _forward(self, agg: Aggregate) -> None:
         try:
@@ -160,6 +175,8 @@ class RelayServer(PSServer):
 
     async def _install(self, params: Params) -> None:
         first = not self.site.initialized
+        if not first and params.version < self.site.version:
+            self._restart_site(params.version)
         result = self.site.install(params)
         if first:
             for wid in self.sessions:  # every local worker already connected is in the first step
@@ -167,6 +184,14 @@ class RelayServer(PSServer):
         await self.applied(result)
         if result is None:
             await self.wake()
+
+    def _restart_site(self, version: int) -> None:
+        """The upstream went back (a restart from an older checkpoint, or empty): the site's pulls
+        wait for versions that will not come, so its workers are disconnected and reconnect, resync
+        and follow the upstream, as they would after a PS restart."""
+        log.warning("upstream went back from version %d to %d; the site's workers resync", self.site.version, version)
+        for session in list(self.sessions.values()):
+            session.refuse(f"the upstream PS went back to version {version}; reconnect and resync")
 
     def _fail(self, exc: BaseException) -> None:
         log.error("relay %s: upstream %s:%d lost: %s; stopping", self.relay.site, self.upstream.client.host, self.upstream.client.port, exc)

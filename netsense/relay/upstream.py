@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from netsense.compression import Payload, make_codec
@@ -41,6 +42,8 @@ class Upstream:
             require_feedback_safe(self._codec)
             self._feedback = ErrorFeedback()  # the relay's residual: what a lossy upstream codec left out
         self._fp32 = make_codec("fp32")
+        self.seed: Callable[[], Awaitable[None]] | None = None
+        """Seeds an upstream that came back empty (set by the relay when its site holds rank 0)."""
 
     @property
     def welcome(self) -> Welcome | None:
@@ -56,7 +59,7 @@ class Upstream:
             try:
                 return await self.client.pull(-1, 0)
             except PeerTimeout as exc:
-                return await reconnect(self.client, self.settings, exc, None)
+                return await reconnect(self.client, self.settings, exc, self.seed)
             except PeerError as exc:
                 if exc.code != "timeout":
                     raise
@@ -75,7 +78,7 @@ class Upstream:
             try:
                 return await self._push_pull(agg.step, agg.samples, total_keys, buckets)
             except PeerTimeout as exc:
-                params = await reconnect(self.client, self.settings, exc, None)
+                params = await reconnect(self.client, self.settings, exc, self.seed)
                 if params.version != agg.step:
                     return params
                 log.info("upstream still at step %d after reconnecting; pushing the site's step again", agg.step)

@@ -56,7 +56,8 @@ class PS:
 
 def start_ps(certs: CertPaths, **kw: Any) -> PS:
     net = NetThread("relay-test-ps")
-    server = PSServer(ServerSettings(port=0, **kw), secret=load_secret(certs.secret))
+    kw.setdefault("port", 0)
+    server = PSServer(ServerSettings(**kw), secret=load_secret(certs.secret))
 
     async def start() -> int:
         return await server.start(server_configuration(certs.cert, certs.key, TransportSettings()))

@@ -139,3 +139,35 @@ def test_relay_restart_local_workers_reconnect(certs: CertPaths) -> None:
 
 async def _read(fn):  # type: ignore[no-untyped-def]
     return fn()
+
+
+def test_upstream_restarts_empty_and_the_site_seeds_it(certs: CertPaths) -> None:
+    """The PS restarts without a checkpoint after step 2 while rank 0 is behind the relay: the relay
+    reconnects and seeds the new PS with the site's replica (as a direct rank 0 would), its workers
+    are told to reconnect, resync at version 0 and train on."""
+    box = {"ps": start_ps(certs)}
+    port = box["ps"].port
+    site = relay(certs, port, site_workers=2)
+    restarted = threading.Event()
+
+    def restart(w: Worker) -> None:
+        assert w.opt is not None
+        if w.rank == 0 and w.opt.version == 2 and not restarted.is_set():
+            restarted.set()
+            box["ps"].stop()
+            box["ps"] = start_ps(certs, port=port)
+
+    try:
+        workers = [Worker(r, 2, connect(certs, site.ports[0]), STEPS, digits(), hook=restart) for r in range(2)]
+        run_workers(workers, timeout=240)
+        ps = box["ps"]
+        assert ps.call(lambda: ps.server.store.version) == STEPS
+        got = params_of(ps)
+    finally:
+        site.stop()
+        box["ps"].stop()
+    assert restarted.is_set()
+    assert sum(w.opt.reconnects for w in workers if w.opt is not None) >= 2  # both were told to resync
+    for w in workers:
+        for p, k in zip(w.model.parameters(), got):
+            assert torch.equal(p.detach(), got[k])
