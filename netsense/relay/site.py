@@ -67,7 +67,9 @@ class SiteCore(StoreCore):
             for other, p in self.pending.items():
                 theirs = p.hparams.get(key)
                 if agree and other != worker_id and theirs is not None and theirs != hyper:
-                    raise ProtocolError("hparams", f"key {key!r}: hyper-parameters {dict(hyper)} differ from {other!r}'s in step {msg.step}")
+                    raise ProtocolError(
+                        "hparams", f"key {key!r}: hyper-parameters {dict(hyper)} differ from {other!r}'s in step {msg.step}"
+                    )
 
 
 _ANY_OPTIMIZER = OptimizerSettings.from_dict({"name": "sgd", "lr": 0.1})

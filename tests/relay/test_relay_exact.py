@@ -14,10 +14,13 @@ from .relayhelp import MODEL_BYTES, Worker, connect, digits, params_of, relay, r
 STEPS = 6
 
 
-def _direct(certs: CertPaths, world: int, spread: int = 4, **options: Any) -> tuple[dict[str, torch.Tensor], list[Worker]]:
+def _direct(
+    certs: CertPaths, world: int, spread: int = 4, hook: Any = None, **options: Any
+) -> tuple[dict[str, torch.Tensor], list[Worker]]:
     ps = start_ps(certs)
     try:
-        workers = [Worker(r, world, connect(certs, ps.port), STEPS, digits(), spread=spread, options=options) for r in range(world)]
+        here = connect(certs, ps.port)
+        workers = [Worker(r, world, here, STEPS, digits(), spread=spread, hook=hook, options=options) for r in range(world)]
         run_workers(workers)
         assert ps.call(lambda: ps.server.store.version) == STEPS
         return params_of(ps), workers
@@ -58,6 +61,30 @@ def test_relay_of_two_workers_is_bit_exact(certs: CertPaths, options: dict[str, 
             assert torch.equal(p.detach(), got[key]), name
 
 
+def _slow_down(w: Worker) -> None:
+    """A schedule: lr 0.2 (INIT's) for two steps, then 0.05, sent with each push."""
+    assert w.opt is not None
+    if w.opt.version == 2:
+        w.opt.param_groups[0]["lr"] = 0.05
+
+
+def test_per_step_hyper_parameters_pass_through(certs: CertPaths) -> None:
+    """The workers' per-step lr reaches the PS through the relay (bit for bit, equal batches): a
+    relay that dropped it would leave the PS at INIT's lr."""
+    reference, _ = _direct(certs, 2, spread=0, hook=_slow_down)
+    ps = start_ps(certs)
+    site = relay(certs, ps.port, site_workers=2)
+    try:
+        here = connect(certs, site.ports[0])
+        run_workers([Worker(r, 2, here, STEPS, digits(), spread=0, hook=_slow_down) for r in range(2)])
+        got = params_of(ps)
+    finally:
+        site.stop()
+        ps.stop()
+    for key in reference:
+        assert torch.equal(got[key], reference[key]), key
+
+
 def test_unequal_batches_weight_by_samples(certs: CertPaths) -> None:
     """Batches of 16 and 20 samples behind one relay: the site's gradient is their sample-weighted
     mean (a plain mean of the two fails this, and the test beside a direct worker)."""
@@ -84,7 +111,8 @@ def test_relay_beside_a_direct_worker(certs: CertPaths) -> None:
     try:
         workers = [Worker(r, 3, connect(certs, site.ports[0]), STEPS, digits()) for r in range(2)]
         seen: list[list[str]] = []
-        workers.append(Worker(2, 3, connect(certs, ps.port), STEPS, digits(), hook=lambda w: seen.append(ps.call(lambda: sorted(ps.server.sessions)))))
+        watch = lambda w: seen.append(ps.call(lambda: sorted(ps.server.sessions)))  # noqa: E731
+        workers.append(Worker(2, 3, connect(certs, ps.port), STEPS, digits(), hook=watch))
         run_workers(workers)
         got = params_of(ps)
         assert seen[0] == ["relay-a", "w2"]  # the PS sees the site as one worker

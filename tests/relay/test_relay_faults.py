@@ -95,7 +95,8 @@ def test_local_worker_killed_is_dropped_and_the_job_goes_on(certs: CertPaths) ->
         site_live.append(site.net.run(_read(lambda: sorted(site.relay.shards[0].site.live))))
 
     try:
-        workers = [Worker(0, 2, connect(certs, site.ports[0]), STEPS, digits(), hook=watch), Worker(1, 2, connect(certs, site.ports[0]), STEPS, digits(), hook=crash)]
+        here = connect(certs, site.ports[0])
+        workers = [Worker(0, 2, here, STEPS, digits(), hook=watch), Worker(1, 2, here, STEPS, digits(), hook=crash)]
         run_workers(workers)
         assert ps.call(lambda: ps.server.store.version) == STEPS
     finally:

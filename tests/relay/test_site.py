@@ -102,7 +102,8 @@ def test_state_keys_split_at_the_first_push() -> None:
     site = SiteStore()
     site.install(Params(0, True, {"a": FP32.encode(torch.zeros(3, 2)), "b": FP32.encode(torch.zeros(4)), "n": FP32.encode(torch.zeros(1))}))
     site.join("w0")
-    site.push("w0", Push(0, 4, 2, {"a": FP32.encode(torch.ones(3, 2)), "b": FP32.encode(torch.ones(4)), "n": FP32.encode(torch.full((1,), 7.0))}))
+    grads = {"a": FP32.encode(torch.ones(3, 2)), "b": FP32.encode(torch.ones(4)), "n": FP32.encode(torch.full((1,), 7.0))}
+    site.push("w0", Push(0, 4, 2, grads))
     agg = site.take()
     assert agg is not None and set(agg.grads) == {"a", "b"} and torch.equal(agg.state["n"], torch.full((1,), 7.0))
 
