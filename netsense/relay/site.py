@@ -225,7 +225,10 @@ class SiteStore:
     def split_state(self, total_keys: int) -> None:
         """Without the model map, the first push tells how many keys are trainable: the PS lists the
         parameters first and the state keys after them in a full PARAMS (ps/store/encode.py,
-        `lossless`), so the keys past `total_keys` are the state keys."""
+        `lossless`), so the keys past `total_keys` are the state keys. Decided once: a local worker
+        that lies in that first push cannot poison the model (the upstream checks the site's push
+        again and refuses it, `keys`), but it stalls its site until the relay restarts; a relay
+        that passes rank 0's INIT through knows the map and never guesses."""
         core = self._core
         if not self._unsplit or not 0 < total_keys < len(core.params):
             return
