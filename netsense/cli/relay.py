@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ps", metavar="HOST:PORT[,...]", help="the upstream PS, or its shards in shard order (required)")
     p.add_argument("--host", help="address the site's workers reach the relay on (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="UDP port of local shard 0, shard i on PORT + i (0 = free ports; default 4433)")
-    p.add_argument("--site", default="site", help="site name: the relay joins upstream as worker relay-SITE (default: site)")
+    p.add_argument("--site", help="site name: the relay joins upstream as worker relay-SITE (default: site)")
     p.add_argument("--site-workers", type=int, default=0, metavar="N",
                    help="local workers the site's first step waits for (default 0: whoever is connected)")
     p.add_argument("--upstream-world", type=int, default=0, metavar="N",
@@ -83,7 +83,7 @@ def settings_from_args(args: argparse.Namespace, config: JobConfig, certs: CertP
     if server.port and server.port + len(addresses) - 1 > 65535:
         raise ConfigError(f"--port {server.port} + {len(addresses)} shards runs past 65535")
     resolve_host("--host", server.host, server.port)
-    site = args.site
+    site = "site" if args.site is None else args.site
     if not site or len(site) > 64 or not all(c.isalnum() or c in "-_." for c in site):
         raise ConfigError(f"--site must be 1-64 characters of [A-Za-z0-9_.-], got {site!r}")
     for flag, value in (("--site-workers", args.site_workers), ("--upstream-world", args.upstream_world)):
