@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 from netsense.errors import NetSenseError
 
-_COMMANDS = ("ps", "worker", "launch", "certs", "bench", "emulate", "probe", "plot", "export")
+_COMMANDS = ("ps", "worker", "relay", "launch", "certs", "bench", "emulate", "probe", "plot", "export")
 
 
 def register_modules(sub: argparse._SubParsersAction, package: str, names: Iterable[str]) -> None:  # type: ignore[type-arg]

@@ -1,0 +1,142 @@
+"""`Upstream`: the relay's connection to one upstream PS shard, where the whole site is ONE worker.
+
+It is the worker's own client (`netsense.worker.client.PSClient`, with the worker's connect and
+reconnect loops), so the upstream PS authenticates, bounds and drops a relay exactly as it does a
+worker: the relay joins as ``relay-<site>``, pushes the site's `Aggregate` with the site's total
+samples, and pulls once per step for every local worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from netsense.compression import Payload, make_codec
+from netsense.compression.feedback import ErrorFeedback, require_feedback_safe
+from netsense.errors import PeerError, PeerTimeout
+from netsense.transport.wire import Init, Params, Welcome
+from netsense.worker.client import StepFields
+from netsense.worker.connect import ConnectSettings, connect_first, make_client, reconnect
+
+from .site import Aggregate
+
+log = logging.getLogger(__name__)
+
+LOSSLESS = ("fp32", "none")
+BUCKET_BYTES = 4 << 20
+"""Dense bytes per upstream PUSH: big models go up in several streams, as a worker's buckets do."""
+
+
+class Upstream:
+    """One upstream shard, seen from the relay."""
+
+    def __init__(self, settings: ConnectSettings, worker_id: str, *, codec: str = "fp32", rank: int = 0) -> None:
+        self.settings = settings
+        self.client = make_client(settings, worker_id, rank)
+        self.codec_spec = codec
+        self._codec = make_codec(codec)  # a bad spec fails here, before any I/O
+        self._feedback: ErrorFeedback | None = None
+        if codec not in LOSSLESS:
+            require_feedback_safe(self._codec)
+            self._feedback = ErrorFeedback()  # the relay's residual: what a lossy upstream codec left out
+        self._fp32 = make_codec("fp32")
+        self.seed: Callable[[], Awaitable[None]] | None = None
+        """Seeds an upstream that came back empty (set by the relay when its site holds rank 0)."""
+
+    @property
+    def welcome(self) -> Welcome | None:
+        return self.client.welcome
+
+    async def connect(self) -> Welcome:
+        return await connect_first(self.client, self.settings)
+
+    async def first_params(self) -> Params:
+        """The upstream's parameters once it is initialized (by this site's rank 0 through the relay,
+        or by rank 0 at another site): a full pull waits for INIT on the PS."""
+        while True:
+            try:
+                return await self.client.pull(-1, 0)
+            except PeerTimeout as exc:
+                return await reconnect(self.client, self.settings, exc, self.seed)
+            except PeerError as exc:
+                if exc.code != "timeout":
+                    raise
+                log.info("upstream not initialized within its pull timeout; still waiting for rank 0")
+
+    async def init(self, init: Init, world_size: int) -> int:
+        """Pass a local rank 0's INIT through (the PS ignores it if another rank 0 was first)."""
+        return await self.client.init(init.tensors, init.optimizer, world_size, init.model)
+
+    async def step(self, agg: Aggregate, total_keys: int) -> Params:
+        """Push the site's step and pull its update; after a dropped connection, reconnect and push
+        again if the PS is still at the step, else return where the PS is now."""
+        buckets, fields = self.encode(agg)
+        self.client.step_fields = fields
+        while True:
+            try:
+                return await self._push_pull(agg.step, agg.samples, total_keys, buckets)
+            except PeerTimeout as exc:
+                params = await reconnect(self.client, self.settings, exc, self.seed)
+                if params.version != agg.step:
+                    return params
+                log.info("upstream still at step %d after reconnecting; pushing the site's step again", agg.step)
+
+    async def _push_pull(self, step: int, samples: int, total_keys: int, buckets: list[dict[str, Payload]]) -> Params:
+        client = self.client
+        pull = asyncio.ensure_future(client.pull(step, step + 1))
+        pushes = [asyncio.ensure_future(client.push(step, samples, total_keys, b)) for b in buckets]
+        try:
+            await asyncio.gather(*pushes)
+            return await pull
+        finally:
+            for f in (pull, *pushes):
+                if not f.done():
+                    f.cancel()
+                f.add_done_callback(_consume)
+
+    def encode(self, agg: Aggregate) -> tuple[list[dict[str, Payload]], StepFields]:
+        """The site's PUSH buckets (state keys in the first) and their step fields."""
+        if agg.skip:
+            return [{}], StepFields(skip=True)
+        buckets: list[dict[str, Payload]] = [{}]
+        size = 0
+        for key, grad in agg.grads.items():
+            dense = 4 * grad.numel()
+            if buckets[-1] and size + dense > BUCKET_BYTES:
+                buckets.append({})
+                size = 0
+            buckets[-1][key] = self._encode(key, grad)
+            size += dense
+        buckets[0].update({k: self._fp32.encode(v) for k, v in agg.state.items()})
+        groups: list[dict[str, float]] = []
+        key_groups: dict[str, int] = {}
+        for key, hyper in agg.hparams.items():
+            if hyper not in groups:
+                groups.append(hyper)
+            if groups.index(hyper):
+                key_groups[key] = groups.index(hyper)
+        return buckets, StepFields(tuple(groups), key_groups)
+
+    def _encode(self, key: str, grad: Any) -> Payload:
+        if self._feedback is None:
+            return self._codec.encode(grad)
+        payload, _ = self._feedback.compress(key, grad, self._codec)
+        return payload
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.client.bytes_sent
+
+    @property
+    def bytes_received(self) -> int:
+        return self.client.bytes_received
+
+    async def close(self, reason: str = "relay stopped") -> None:
+        await self.client.close(reason)
+
+
+def _consume(f: asyncio.Future[Any]) -> None:
+    if not f.cancelled():
+        f.exception()

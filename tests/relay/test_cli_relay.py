@@ -1,0 +1,77 @@
+"""`netsense relay`: every flag checked up front (one line, exit 2), and a real relay process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from netsense.cli import main
+from netsense.transport.tls import CertPaths
+
+from .relayhelp import Worker, connect, digits, run_workers, start_ps
+
+ROWS: list[tuple[list[str], str]] = [
+    (["relay", "--insecure"], "--ps is required"),
+    (["relay", "--ps", "nohost", "--insecure"], "must be HOST:PORT"),
+    (["relay", "--ps", "unresolvable.invalid:1", "--insecure"], "--ps: host 'unresolvable.invalid' does not resolve"),
+    (["relay", "--ps", "127.0.0.1:1", "--port", "70000", "--insecure"], "--port must be in 0..65535"),
+    (["relay", "--ps", "127.0.0.1:1,127.0.0.1:2", "--port", "65535", "--insecure"], "runs past 65535"),
+    (["relay", "--ps", "127.0.0.1:1", "--host", "999.1.1.1", "--insecure"], "--host must be an IP address or host name"),
+    (["relay", "--ps", "127.0.0.1:1", "--site", "a b", "--insecure"], "--site must be 1-64 characters"),
+    (["relay", "--ps", "127.0.0.1:1", "--site-workers", "-1", "--insecure"], "--site-workers must be >= 0, got -1"),
+    (["relay", "--ps", "127.0.0.1:1", "--upstream-world", "-2", "--insecure"], "--upstream-world must be >= 0, got -2"),
+    (["relay", "--ps", "127.0.0.1:1", "--upstream-codec", "fp17", "--insecure"], "--upstream-codec is not a valid codec"),
+    (["relay", "--ps", "127.0.0.1:1", "--upstream-codec", "qsgd:1", "--insecure"], "--upstream-codec is not a valid codec"),
+    (["relay", "--ps", "127.0.0.1:1", "--barrier-timeout", "0", "--insecure"], "--barrier-timeout must be > 0"),
+    (["relay", "--ps", "127.0.0.1:1", "--max-datagram-size", "10", "--insecure"], "--max-datagram-size must be in 1200..65507"),
+    (["relay", "--ps", "127.0.0.1:1", "--idle-timeout", "-1", "--insecure"], "--idle-timeout"),
+    (["relay", "--ps", "127.0.0.1:1", "--job-id", "bad id!", "--insecure"], "--job-id"),
+    (["relay", "--ps", "127.0.0.1:1", "--certs", "{tmp}"], "netsense certs"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), ROWS, ids=[" ".join(a) for a, _ in ROWS])
+def test_bad_relay_flag_is_one_line_and_exit_2(argv: list[str], message: str, tmp_path: Path, capsys) -> None:
+    argv = [str(tmp_path / "none") if a == "{tmp}" else a for a in argv]
+    capsys.readouterr()
+    try:
+        status = main(argv)
+    except SystemExit as exc:
+        status = exc.code
+    assert status == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines
+    assert message in lines[0], lines[0]
+
+
+@pytest.mark.slow
+def test_relay_command_serves_a_site(certs: CertPaths) -> None:
+    """`netsense relay` as its own process: ready line, two workers train through it, SIGTERM stops
+    it with its WAN byte counts. Slow: a fresh interpreter imports torch (9 s at load 13)."""
+    ps = start_ps(certs)
+    folder = Path(certs.ca).parent
+    cmd = [sys.executable, "-m", "netsense", "relay", "--ps", f"127.0.0.1:{ps.port}", "--port", "0", "--site", "b",
+           "--site-workers", "2", "--certs", str(folder)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert proc.stdout is not None
+        ready = json.loads(proc.stdout.readline())
+        assert ready["event"] == "ready" and ready["site"] == "b", ready
+        port = ready["ports"][0]
+        run_workers([Worker(r, 2, connect(certs, port), 3, digits()) for r in range(2)])
+        assert ps.call(lambda: ps.server.store.version) == 3
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        stopped = json.loads(out.strip().splitlines()[-1])
+        assert proc.returncode == 0, err
+        assert stopped["event"] == "stopped" and stopped["wan_bytes_sent"] > 0 and stopped["error"] is None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        ps.stop()

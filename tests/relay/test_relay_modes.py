@@ -1,0 +1,91 @@
+"""The relay in the other modes of a job: PS shards, and a model with buffers (state keys)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from netsense.relay import RelaySettings, start_relay
+from netsense.ps.server import ServerSettings
+from netsense.transport.auth import load_secret
+from netsense.transport.tls import CertPaths
+
+from .relayhelp import PS, Worker, connect, digits, relay, run_workers, start_ps
+
+STEPS = 4
+
+
+def _bn_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+
+
+def _state(ps: PS) -> dict[str, torch.Tensor]:
+    s = ps.server.store
+    return ps.call(lambda: {**{k: v.clone() for k, v in s.params.items()}, **{k: v.clone() for k, v in s.state_keys.items()}})
+
+
+def test_sharded_upstream_is_bit_exact(certs: CertPaths) -> None:
+    """Two PS shards: the relay serves one local shard per upstream shard (ports in shard order),
+    and training equals the same two workers on the two shards directly, bit for bit."""
+
+    def job(through_relay: bool) -> tuple[list[dict[str, torch.Tensor]], list[Worker]]:
+        shards = [start_ps(certs), start_ps(certs)]
+        site = None
+        try:
+            if through_relay:
+                settings = RelaySettings(
+                    upstream=tuple(connect(certs, s.port) for s in shards), site="a", server=ServerSettings(port=0), site_workers=2
+                )
+                site = start_relay(settings, cert=str(certs.cert), key=str(certs.key), secret=load_secret(certs.secret))
+                ports = site.ports
+            else:
+                ports = [s.port for s in shards]
+            here: Any = [connect(certs, p) for p in ports]
+            workers = [Worker(r, 2, here, STEPS, digits(), spread=0) for r in range(2)]
+            run_workers(workers)
+            return [_state(s) for s in shards], workers
+        finally:
+            if site is not None:
+                site.stop()
+            for s in shards:
+                s.stop()
+
+    reference, _ = job(False)
+    got, workers = job(True)
+    assert all(len(s) for s in got)  # each shard holds some keys
+    for ref, mine in zip(reference, got):
+        assert ref.keys() == mine.keys()
+        for key in ref:
+            assert torch.equal(mine[key], ref[key]), key
+
+
+def test_buffers_through_two_sites(certs: CertPaths) -> None:
+    """BatchNorm's running statistics (state keys) through two relays: site a holds rank 0 and
+    knows INIT's model map, site b tells state keys from parameters at its first push. Parameters
+    and buffers follow four direct workers to rounding (the PS averages two site means where it
+    averaged four values), and every replica's buffers equal the PS's."""
+
+    def run(sites: bool) -> tuple[dict[str, torch.Tensor], list[Worker]]:
+        ps = start_ps(certs)
+        relays = [relay(certs, ps.port, site=n, site_workers=2) for n in "ab"] if sites else []
+        try:
+            ports = [relays[r // 2].ports[0] if sites else ps.port for r in range(4)]
+            workers = [Worker(r, 4, connect(certs, ports[r]), STEPS, digits(), model=_bn_model()) for r in range(4)]
+            run_workers(workers)
+            return _state(ps), workers
+        finally:
+            for r in relays:
+                r.stop()
+            ps.stop()
+
+    reference, _ = run(False)
+    got, workers = run(True)
+    assert reference.keys() == got.keys() and any("running_mean" in k for k in got)
+    for key in reference:
+        torch.testing.assert_close(got[key], reference[key], rtol=1e-5, atol=1e-6)
+    for w in workers:
+        for name, buf in w.model.named_buffers():
+            key = next(k for k in got if k.startswith(name))
+            assert torch.equal(buf.to(got[key].dtype).flatten(), got[key].flatten()), name
