@@ -26,6 +26,7 @@ from netsense.devcerts import check_cert_dates, ensure_certs
 from netsense.errors import ProcessFailed
 from netsense.launch.env import resolve_job_id
 from netsense.launch.jsonout import strict_json
+from netsense.models import check_model
 from netsense.transport.tls import LOOPBACK_MAX_DATAGRAM_SIZE, TransportSettings
 from netsense.worker.device import resolve_device
 
@@ -104,6 +105,7 @@ class Launcher:
     def run(self) -> dict[str, Any]:
         config = self.config
         resolve_device(config.train.device)  # no GPU: say so before any process starts
+        check_model(config.model, config.optimizer)  # so is a model that does not load, and its optimizer
         if config.transport.max_datagram_size == TransportSettings.max_datagram_size:
             # Everything runs on loopback: the WAN-safe 1200-byte default would waste most of the CPU.
             config = override(config, transport__max_datagram_size=LOOPBACK_MAX_DATAGRAM_SIZE)
