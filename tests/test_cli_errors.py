@@ -52,6 +52,9 @@ ROWS: list[tuple[list[str], str]] = [
     (["launch", "--metrics-port", "65535"], "--metrics-port must be in 0..65535, got 65537"),
     (["ps", "--metrics-host", "999.1.1.1"], "--metrics-host must be an IP address or host name"),
     (["worker", "--metrics-port", "-1", "--insecure"], "--metrics-port must be in 0..65535, got -1"),
+    (["launch", "--model", "nosuch", "--insecure"], "unknown model 'nosuch'"),  # before the progress bar too
+    (["launch", "--link", "rate=fast", "--insecure"], "link spec field 'rate': bad value 'fast'"),  # not the emulator's exit
+    (["launch", "--trace", "{tmp}", "--insecure"], "link spec field 'trace': cannot read"),
     (["launch", "--optimizer", "sgdd"], "argument --optimizer: invalid choice: 'sgdd'"),  # argparse's own errors
     (["ps", "--port", "abc"], "argument --port: invalid int value: 'abc'"),
 ]
@@ -172,12 +175,14 @@ def test_launch_gives_each_process_its_metrics_port() -> None:
     assert Launcher(JobConfig())._metrics_args(0) == []
 
 
-def test_launch_refuses_an_expired_certificate_before_starting_anything(tmp_path: Path, capsys, monkeypatch) -> None:
+@pytest.mark.parametrize("progress", [False, True], ids=["no-progress", "progress-bar"])
+def test_launch_refuses_an_expired_certificate_before_starting_anything(tmp_path: Path, capsys, monkeypatch, progress: bool) -> None:
     d = tmp_path / "certs"
     assert main(["certs", "--out", str(d), "--days", "1"]) == 0
     _shift_clock(monkeypatch, 2)
     capsys.readouterr()
-    assert main(["launch", "--certs", str(d), "--no-progress", "--run-dir", str(tmp_path / "run")]) == 2
+    flags = [] if progress else ["--no-progress"]  # the bar is drawn only once the job is checked
+    assert main(["launch", "--certs", str(d), *flags, "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "expired" in err[0], err
     assert not (tmp_path / "run" / "config.json").exists()  # no process was started
