@@ -7,15 +7,20 @@ package: no download) with a fixed, stratified held-out split.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
 from netsense.errors import ConfigError
+from netsense.ps.optim import OptimizerSettings
 from netsense.worker.task import TrainTask
+
+log = logging.getLogger(__name__)
 
 _REGISTRY: dict[str, Callable[[], TrainTask]] = {}
 
@@ -30,24 +35,69 @@ def model_names() -> list[str]:
 
 
 def load_task(spec: str) -> TrainTask:
-    """A registered name, or ``package.module:factory`` returning a `TrainTask`."""
-    if spec in _REGISTRY:
-        return _REGISTRY[spec]()
+    """A registered name, or ``package.module:factory`` returning a `TrainTask`.
+
+    Every way a spec can be wrong (unknown name, a module that does not import, a factory that is
+    missing, raises or returns something else) is one `ConfigError` line with the same words in
+    `launch`, `worker` and `bench`, so each refuses it before any process starts (`check_model`)."""
+    factory = _REGISTRY.get(spec) or _import_factory(spec)
+    if not callable(factory):
+        raise ConfigError(f"model factory {spec!r} is {type(factory).__name__}, not a callable returning a TrainTask")
+    try:
+        task = factory()
+    except ConfigError:
+        raise  # already one line that says what is wrong (a built-in task's missing file)
+    except Exception as exc:  # noqa: BLE001 - a user's factory may raise anything; say what, in one line
+        log.debug("model factory %r failed", spec, exc_info=True)  # -vv: the traceback
+        raise ConfigError(f"model factory {spec!r} raised {_one_line(exc)}") from exc
+    if not isinstance(task, TrainTask):
+        raise ConfigError(f"model factory {spec!r} returned {type(task).__name__}, expected netsense.worker.TrainTask")
+    return task
+
+
+def check_model(spec: str, optimizer: Mapping[str, Any] | None = None) -> TrainTask:
+    """`load_task(spec)` with the task's optimizer settings (under the config's `optimizer`
+    overrides) checked as the PS would at INIT: what `launch` runs before it starts anything.
+
+    The factory runs under a forked torch RNG, so checking leaves the caller's seeds as they were."""
+    with torch.random.fork_rng(devices=[]):
+        task = load_task(spec)
+    task_optimizer(task, spec, optimizer)
+    return task
+
+
+def task_optimizer(task: TrainTask, spec: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The PS optimizer settings of `task` under `overrides`, validated; `ConfigError` names the
+    model (the PS would refuse them only at INIT, after the connection)."""
+    merged = {**task.optimizer, **(overrides or {})}
+    try:
+        OptimizerSettings.from_dict(merged)
+    except ConfigError as exc:
+        raise ConfigError(f"optimizer of model {spec!r} (with the config's overrides): {exc}") from None
+    return merged
+
+
+def _import_factory(spec: str) -> object:
     if ":" not in spec:
         raise ConfigError(f"unknown model {spec!r}; registered: {', '.join(model_names())}; or use package.module:factory")
     module_name, _, attr = spec.partition(":")
     cwd = _import_from_cwd()
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
+        return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(
             f"cannot load model factory {spec!r}: {exc} (modules are found in the current directory {cwd} "
             "and on PYTHONPATH; run from the folder that holds the package, or set PYTHONPATH)"
         ) from None
-    task = factory()
-    if not isinstance(task, TrainTask):
-        raise ConfigError(f"model factory {spec!r} returned {type(task).__name__}, expected netsense.worker.TrainTask")
-    return task
+    except Exception as exc:  # noqa: BLE001 - the module itself fails at import (its own bug)
+        log.debug("importing %r failed", module_name, exc_info=True)
+        raise ConfigError(f"cannot load model factory {spec!r}: {_one_line(exc)} (raised while importing {module_name!r})") from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message`` with the message's line breaks folded, for a one-line error."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _import_from_cwd() -> str:

@@ -10,10 +10,12 @@ lists, numbers, strings and tensors). Loading checks the digest before unpicklin
 unpickles with ``weights_only=True``, so a truncated, bit-flipped or hostile file is refused and
 the next older checkpoint is used.
 
-Because of that header a checkpoint is NOT a file `torch.load` reads, whatever its ``.pt`` name
-(kept for the tools that already look for it): `export_state_dict` (``netsense export``) turns one
-checkpoint per shard into the plain ``state_dict`` that ``model.load_state_dict(torch.load(path))``
-takes, from the key -> state_dict name map rank 0 sent with INIT.
+Because of that header a checkpoint is NOT a file `torch.load` reads, so it is named
+``ckpt-<version>.nsckpt``, not ``.pt`` (a name that promised `torch.load`); checkpoints written
+under the old ``.pt`` name are still found and read (``--resume``, ``netsense export``), and pruned
+like the others. `export_state_dict` (``netsense export``) turns one checkpoint per shard into the
+plain ``state_dict`` that ``model.load_state_dict(torch.load(path))`` takes, from the key ->
+state_dict name map rank 0 sent with INIT.
 """
 
 from __future__ import annotations
@@ -34,12 +36,16 @@ from netsense.errors import ConfigError
 log = logging.getLogger(__name__)
 
 MAGIC = b"NSCKPT1\n"
-_NAME_RE = re.compile(r"^ckpt-(\d{12})\.pt$")
+SUFFIX = ".nsckpt"
+"""What a checkpoint is named with: not `torch.load`'s ``.pt``, which it is not."""
+LEGACY_SUFFIX = ".pt"
+"""The name checkpoints had before (same format): still read and pruned, never written."""
+_NAME_RE = re.compile(r"^ckpt-(\d{12})(\.nsckpt|\.pt)$")
 
 
 def checkpoint_path(directory: str | Path, version: int) -> Path:
-    """Where the checkpoint of `version` lives (names sort by version)."""
-    return Path(directory) / f"ckpt-{version:012d}.pt"
+    """Where the checkpoint of `version` is written (names sort by version)."""
+    return Path(directory) / f"ckpt-{version:012d}{SUFFIX}"
 
 
 def save(directory: str | Path, state: dict[str, Any], *, keep: int = 3) -> Path:
@@ -58,6 +64,7 @@ def save(directory: str | Path, state: dict[str, Any], *, keep: int = 3) -> Path
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, final)
+    final.with_suffix(LEGACY_SUFFIX).unlink(missing_ok=True)  # the same version under the old name: superseded
     _fsync_dir(d)
     for old in list_checkpoints(d)[keep:]:
         try:
@@ -83,11 +90,13 @@ def load(path: str | Path) -> dict[str, Any]:
 
 
 def list_checkpoints(directory: str | Path) -> list[Path]:
-    """Checkpoint files in `directory`, newest (highest version) first."""
+    """Checkpoint files in `directory`, newest (highest version) first, old ``.pt`` names included
+    (of one version, the ``.nsckpt`` first)."""
     d = Path(directory)
     if not d.is_dir():
         return []
-    return sorted((p for p in d.iterdir() if _NAME_RE.match(p.name)), reverse=True)
+    found = [(m, p) for p in d.iterdir() if (m := _NAME_RE.match(p.name))]
+    return [p for m, p in sorted(found, key=lambda mp: (int(mp[0].group(1)), mp[0].group(2) == SUFFIX), reverse=True)]
 
 
 def load_latest(directory: str | Path) -> tuple[dict[str, Any], Path]:

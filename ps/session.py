@@ -183,7 +183,8 @@ class WorkerSession:
                 raise ProtocolError("timeout", f"keys of version {msg.wait_for} not applied within the pull timeout") from None
             self.server.check_refused(self.worker_id, msg.wait_for)
         params = store.pull_keys(msg.have_version, msg.keys)
-        whole = params.full and len(params.tensors) == len(store.params)  # the fallback: every key, full
+        # The fallback: every key, full, with the state keys; a keyed reply is never cached as it.
+        whole = params.full and len(params.tensors) == len(store.params) + len(store.state_keys)
         # Not reported to the downlink policy: it times one delivery of the whole update per
         # worker, and per-bucket replies queued behind each other would read as a slow link.
         return self.server.params_bytes(params) if whole else self.server.keyed_params_bytes(params, msg.keys)

@@ -52,6 +52,9 @@ ROWS: list[tuple[list[str], str]] = [
     (["launch", "--metrics-port", "65535"], "--metrics-port must be in 0..65535, got 65537"),
     (["ps", "--metrics-host", "999.1.1.1"], "--metrics-host must be an IP address or host name"),
     (["worker", "--metrics-port", "-1", "--insecure"], "--metrics-port must be in 0..65535, got -1"),
+    (["launch", "--model", "nosuch", "--insecure"], "unknown model 'nosuch'"),  # before the progress bar too
+    (["launch", "--link", "rate=fast", "--insecure"], "link spec field 'rate': bad value 'fast'"),  # not the emulator's exit
+    (["launch", "--trace", "{tmp}", "--insecure"], "link spec field 'trace': cannot read"),
     (["launch", "--optimizer", "sgdd"], "argument --optimizer: invalid choice: 'sgdd'"),  # argparse's own errors
     (["ps", "--port", "abc"], "argument --port: invalid int value: 'abc'"),
 ]
@@ -172,12 +175,14 @@ def test_launch_gives_each_process_its_metrics_port() -> None:
     assert Launcher(JobConfig())._metrics_args(0) == []
 
 
-def test_launch_refuses_an_expired_certificate_before_starting_anything(tmp_path: Path, capsys, monkeypatch) -> None:
+@pytest.mark.parametrize("progress", [False, True], ids=["no-progress", "progress-bar"])
+def test_launch_refuses_an_expired_certificate_before_starting_anything(tmp_path: Path, capsys, monkeypatch, progress: bool) -> None:
     d = tmp_path / "certs"
     assert main(["certs", "--out", str(d), "--days", "1"]) == 0
     _shift_clock(monkeypatch, 2)
     capsys.readouterr()
-    assert main(["launch", "--certs", str(d), "--no-progress", "--run-dir", str(tmp_path / "run")]) == 2
+    flags = [] if progress else ["--no-progress"]  # the bar is drawn only once the job is checked
+    assert main(["launch", "--certs", str(d), *flags, "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "expired" in err[0], err
     assert not (tmp_path / "run" / "config.json").exists()  # no process was started
@@ -195,3 +200,82 @@ def test_worker_checks_the_models_optimizer_before_connecting(tmp_path: Path, ca
     assert main(["worker", "--insecure", "--ps", "127.0.0.1:1", "--model", "badopt_task:factory"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "optimizer of model 'badopt_task:factory'" in err[0] and "sgdd" in err[0], err
+
+
+_BAD_MODELS = '''
+import dataclasses
+
+from netsense.models import load_task
+
+
+def raises():
+    raise RuntimeError("boom: the data folder is missing")
+
+
+def wrong_type():
+    return {"name": "not a task"}
+
+
+not_callable = 42
+'''
+
+BAD_MODEL_SPECS: list[tuple[str, str]] = [
+    ("nosuch", "unknown model 'nosuch'; registered: charlm, digits-cnn"),
+    ("no_such_pkg_xyz.mod:task", "cannot load model factory 'no_such_pkg_xyz.mod:task': No module named 'no_such_pkg_xyz'"),
+    ("ns_bad_models:missing", "cannot load model factory 'ns_bad_models:missing'"),
+    ("ns_bad_models_broken:task", "cannot load model factory 'ns_bad_models_broken:task': ValueError: broken at import"),
+    ("ns_bad_models:raises", "model factory 'ns_bad_models:raises' raised RuntimeError: boom: the data folder is missing"),
+    ("ns_bad_models:wrong_type", "model factory 'ns_bad_models:wrong_type' returned dict, expected netsense.worker.TrainTask"),
+    ("ns_bad_models:not_callable", "model factory 'ns_bad_models:not_callable' is int, not a callable"),
+]
+
+
+@pytest.mark.parametrize(("spec", "message"), BAD_MODEL_SPECS, ids=[s for s, _ in BAD_MODEL_SPECS])
+def test_a_bad_model_fails_up_front_with_the_same_line_everywhere(
+    spec: str, message: str, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """`launch`, `worker` and `bench scenario` resolve --model before any process starts or socket
+    opens (issue #16 item 6), with one line that is the same in all three."""
+    (tmp_path / "ns_bad_models.py").write_text(_BAD_MODELS)
+    (tmp_path / "ns_bad_models_broken.py").write_text("raise ValueError('broken at import')\n")
+    monkeypatch.chdir(tmp_path)  # found like a user's own module: from the current folder
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))  # load_task adds the cwd: undo it after
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for name in ("NETSENSE_PS", "RANK", "WORLD_SIZE", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    run = tmp_path / "run"
+    commands = {
+        "launch": ["launch", "--insecure", "--no-progress", "--run-dir", str(run), "--model", spec],
+        # nothing listens on port 1: reaching the connection would be a timeout, not this error
+        "worker": ["worker", "--insecure", "--ps", "127.0.0.1:1", "--model", spec],
+        "bench": ["bench", "scenario", "--model", spec, "--target-accuracy", "0.5", "--out", str(tmp_path / "bench")],
+    }
+    details = {}
+    for command, argv in commands.items():
+        capsys.readouterr()
+        assert main(argv) == 2, command
+        err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+        assert "Traceback" not in err and len(lines) == 1, (command, err)
+        prefix = f"netsense {argv[0]}: error: "
+        assert lines[0].startswith(prefix) and message in lines[0], (command, lines[0])
+        details[command] = lines[0].removeprefix(prefix)
+    assert len(set(details.values())) == 1, details  # the same words from every command
+    assert not (run / "config.json").exists()  # launch started nothing
+    assert not (tmp_path / "bench" / "results.json").exists()
+
+
+def test_launch_checks_the_models_optimizer_before_starting(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A task whose own optimizer settings the PS would refuse stops `launch` before the PS starts."""
+    (tmp_path / "badopt_launch_task.py").write_text(
+        "import dataclasses\nfrom netsense.models import load_task\n\n"
+        "def factory():\n    return dataclasses.replace(load_task('digits-cnn'), optimizer={'name': 'sgdd'})\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    capsys.readouterr()
+    argv = ["launch", "--insecure", "--no-progress", "--run-dir", str(tmp_path / "run"), "--model", "badopt_launch_task:factory"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "optimizer of model 'badopt_launch_task:factory'" in err[0] and "sgdd" in err[0], err
+    assert not (tmp_path / "run" / "config.json").exists()

@@ -282,7 +282,9 @@ class Exchange:
             discard(replies)
             raise
         tally.push_s[shard] = max(r.acked_at for r in done) - started
-        merged = merge_parts([p for r in done for p in r.parts], [s.key for s in self.replica.shard_slots[shard]], step)
+        pushed_state = [s.key for s in self.replica.shard_state(shard) if any(s.key in b for b in buckets)]
+        keys = [s.key for s in self.replica.shard_slots[shard]] + pushed_state  # the buffers come back averaged
+        merged = merge_parts([p for r in done for p in r.parts], keys, step)
         if merged is None:  # not one update from our version (the PS moved on): take the parameters whole
             log.warning("shard %d: keyed replies of step %d do not form its update; resyncing", shard, step)
             return await client.pull(-1, 0)
@@ -290,8 +292,8 @@ class Exchange:
 
     async def _push_bucket(self, shard: int, step: int, samples: int, bucket: dict[str, Payload]) -> BucketReply:
         """One bucket of a pipelined step: push it, pull its keys."""
-        keys = len(self.replica.shard_slots[shard])
-        return await push_and_pull(self.clients[shard], self._windows[shard], step, samples, keys, bucket)
+        keys, state = len(self.replica.shard_slots[shard]), {s.key for s in self.replica.shard_state(shard)}
+        return await push_and_pull(self.clients[shard], self._windows[shard], step, samples, keys, bucket, state)
 
     async def _resync_stale(self, exc: PeerError, pending: Sequence[asyncio.Future[Any]], step: int, shard: int) -> Params:
         """A push or pull of `step` refused: cancel what is still in flight; if the barrier moved on

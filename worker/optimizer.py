@@ -384,14 +384,17 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         shard_slots = self._replica.shard_slots
         if early is None:
             buckets = [bucketize({s.key: payloads[s.key] for s in slots}, self.bucket_bytes) for slots in shard_slots]
-            if not self.overlap:  # buffers ride with gradients (never alone: no race); overlap: an open item
-                buckets[0][0].update(self._replica.state_payloads(0))
+            buckets[0][0].update(self._replica.state_payloads(0))  # buffers ride with gradients (never alone: no race)
             return buckets
         sent = {k for shard in early.sent for b in shard for k in b}
-        return [
+        buckets = [
             early.sent[i] + bucketize({s.key: payloads[s.key] for s in slots if s.key not in sent}, self.bucket_bytes)
             for i, slots in enumerate(shard_slots)
         ]
+        if early.riders:  # no hook pushed on shard 0 (sample count unknown): the buffers go with its first push now
+            buckets[0][len(early.sent[0])].update(early.riders)
+            early.riders = {}
+        return buckets
 
     def _wait(
         self, pending: Future[StepResult], started: float, decision: Decision | None,
@@ -450,6 +453,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
                 decision,
                 self._next_samples,
                 self._push_early,
+                riders=self._replica.state_payloads(0),  # forward has run: the buffers are this step's
             )
         t = time.perf_counter()
         for slot in self._param_slots[id(param)]:

@@ -6,8 +6,9 @@ parameter; backward fires them roughly in reverse layer order. One `BackwardPush
 backward's keys per shard; a bucket goes out (on the network thread, via the `push` callback) once
 it holds `bucket_bytes`, or once its shard has every key. `step()` then encodes what no hook saw
 (parameters without a gradient), pushes the rest and waits for the pushes in flight and the pull.
-What reaches the PS is the same keys, values and sample count as without overlap, so training is
-identical (tested); only the bucket boundaries and the time of sending differ.
+What reaches the PS is the same keys, values and sample count as without overlap, the buffers
+(state keys) included: they ride with shard 0's first bucket, so training is identical (tested);
+only the bucket boundaries and the time of sending differ.
 
 Pipelined pull (sync PS): each bucket's PUSH goes with a keyed PULL for the same keys, which the PS
 answers as soon as every worker has pushed them and it has applied them, so the downlink of early
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +61,9 @@ class BackwardPushes:
     """Sample count the pushes carry; None: not known before `step()`, so nothing is pushed early."""
     push: PushFn
     """Sends one bucket of one shard; returns its future."""
+    riders: dict[str, Payload] = field(default_factory=dict)
+    """Shard 0's state keys (buffers, final once forward ran): they ride with its first bucket,
+    never alone, as in the plain step (docs/ARCHITECTURE.md, "Model buffers"); emptied once sent."""
     encode_s: float = 0.0
     """Time spent encoding inside the hooks."""
     push_started: float | None = None
@@ -96,6 +100,9 @@ class BackwardPushes:
         if self.samples is None or not self._open[shard]:
             return  # the sample count comes with `step()`: these keys wait for it
         bucket, self._open[shard], self._open_bytes[shard] = self._open[shard], {}, 0
+        if shard == 0 and self.riders:
+            bucket.update(self.riders)
+            self.riders = {}
         if self.push_started is None:
             self.push_started = time.perf_counter()
         self.sent[shard].append(bucket)
@@ -123,14 +130,24 @@ class BucketReply:
 
 
 async def push_and_pull(
-    client: PSClient, window: asyncio.Semaphore, step: int, samples: int, total_keys: int, bucket: dict[str, Payload]
+    client: PSClient,
+    window: asyncio.Semaphore,
+    step: int,
+    samples: int,
+    total_keys: int,
+    bucket: dict[str, Payload],
+    state_keys: Container[str] = (),
 ) -> BucketReply:
     """PUSH one bucket (within the shard's window) and PULL its keys of the next version; the pull
-    leaves at once, so the PS can answer it the moment it has applied the keys."""
-    keys = list(bucket)
+    leaves at once, so the PS can answer it the moment it has applied the keys. State keys in the
+    bucket (`state_keys`) are pulled on their own: the PS averages them only when the whole step
+    is in, and they must not hold up the reply of the gradient keys."""
+    keys = [k for k in bucket if k not in state_keys]
+    state = [k for k in bucket if k in state_keys]
     pulls = [
-        asyncio.ensure_future(client.pull(step, step + 1, tuple(keys[i : i + MAX_PULL_KEYS])))
-        for i in range(0, len(keys), MAX_PULL_KEYS)
+        asyncio.ensure_future(client.pull(step, step + 1, tuple(part[i : i + MAX_PULL_KEYS])))
+        for part in (keys, state)
+        for i in range(0, len(part), MAX_PULL_KEYS)
     ]
     push: asyncio.Future[int] | None = None
     try:

@@ -320,12 +320,12 @@ def run(args: argparse.Namespace) -> int:
         if policy.startswith(("netns:", "ddp:")):
             _netns_link(args, policy)  # fail before any policy runs, with the reason
     spec = parse_link(args.link or "", trace=args.trace) if (args.link or args.trace) else None
+    task = load_task(args.model)  # a bad --model: the same line as `launch` and `worker` say
     target = args.target_accuracy if args.target_accuracy is not None else DEFAULT_TARGETS.get(args.model)
     if target is None:
         raise ConfigError(f"--target-accuracy is required for model {args.model!r} (no default for it)")
     if not 0 < target <= 1:
         raise ConfigError(f"--target-accuracy must be in (0, 1], got {target}")
-    task = load_task(args.model)
     steps = args.steps or task.steps
     batch_size = args.batch_size or task.batch_size
     # Workers, PS and emulator share the cores: one torch thread each avoids oversubscription.

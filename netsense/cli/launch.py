@@ -44,11 +44,7 @@ def run(args: argparse.Namespace) -> int:
     check_host("--metrics-host", args.metrics_host)
     if args.metrics_port:
         check_port("--metrics-port", args.metrics_port + config.servers + config.workers - 1)
-    bar = None
-    if not args.no_progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=None, unit="step", desc=f"{config.model} x{config.workers}", dynamic_ncols=True)
+    bar = None  # drawn once the job is checked: a bad --model or --link is then the only line printed
 
     def on_event(rank: int, e: dict[str, Any]) -> None:
         if bar is None or rank != 0:
@@ -64,11 +60,17 @@ def run(args: argparse.Namespace) -> int:
         elif e.get("event") == "eval":
             bar.write(f"step {e['step']}: test accuracy {e['test_accuracy']:.4f}")
 
+    launcher = Launcher(
+        config, verbose=args.verbose, on_event=on_event, run_dir=args.run_dir, link=args.link, trace=args.trace,
+        metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+    )  # fmt: skip
+    launcher.check()  # a model that does not load, a bad link: one line, before any process starts
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=None, unit="step", desc=f"{config.model} x{config.workers}", dynamic_ncols=True)
     try:
-        summary = Launcher(
-            config, verbose=args.verbose, on_event=on_event, run_dir=args.run_dir, link=args.link, trace=args.trace,
-            metrics_port=args.metrics_port, metrics_host=args.metrics_host,
-        ).run()  # fmt: skip
+        summary = launcher.run()
     finally:
         if bar is not None:
             bar.close()

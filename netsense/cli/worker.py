@@ -27,8 +27,7 @@ from netsense.errors import ConfigError
 from netsense.launch.env import DEFAULT_PS_PORT, from_environ, resolve_job_id
 from netsense.launch.jsonout import strict_json
 from netsense.metrics import MetricsServer, WorkerCollector
-from netsense.models import load_task
-from netsense.ps.optim import OptimizerSettings
+from netsense.models import load_task, task_optimizer
 from netsense.worker.connect import ConnectSettings
 from netsense.worker.device import resolve_device
 from netsense.worker.optimizer import NetSenseOptimizer
@@ -94,12 +93,8 @@ def run(args: argparse.Namespace) -> int:
     # failure in the first step. torchrun's LOCAL_RANK picks the GPU; on one machine, the rank.
     device = resolve_device(config.train.device, local_rank=env.local_rank if env.local_rank is not None else args.rank)
     task = load_task(config.model)
+    optimizer = task_optimizer(task, config.model, config.optimizer)  # the PS would refuse it at INIT: say it here
     model = build_model(task, config.train.seed).to(device)  # built on the CPU: the same init on every device
-    optimizer = {**task.optimizer, **config.optimizer}
-    try:  # the PS would refuse it at INIT, after the connection: say it here
-        OptimizerSettings.from_dict(optimizer)
-    except ConfigError as exc:
-        raise ConfigError(f"optimizer of model {config.model!r} (with the config's overrides): {exc}") from None
 
     def emit(event: dict[str, Any]) -> None:
         if args.events:

@@ -26,6 +26,8 @@ from netsense.devcerts import check_cert_dates, ensure_certs
 from netsense.errors import ProcessFailed
 from netsense.launch.env import resolve_job_id
 from netsense.launch.jsonout import strict_json
+from netsense.models import check_model
+from netsense.transport.emulation.linkspec import parse_link
 from netsense.transport.tls import LOOPBACK_MAX_DATAGRAM_SIZE, TransportSettings
 from netsense.worker.device import resolve_device
 
@@ -90,6 +92,7 @@ class Launcher:
         self.metrics_ports: dict[str, list[int]] = {"ps": [], "workers": []}
         """The ports the children reported, for the summary."""
         self.procs: list[subprocess.Popen[str]] = []
+        self._checked = False
 
     def _cmd(self, *args: str) -> list[str]:
         flags = ["-v"] * self.verbose
@@ -101,15 +104,29 @@ class Launcher:
         self.procs.append(p)
         return p
 
-    def run(self) -> dict[str, Any]:
+    def check(self) -> None:
+        """What can be wrong before any process starts, as one `ConfigError` line: no GPU, a model
+        that does not load (or its optimizer), a bad link spec or trace file, an expired
+        certificate. `run()` calls it unless the caller did (the CLI does, before it draws its
+        progress bar)."""
         config = self.config
-        resolve_device(config.train.device)  # no GPU: say so before any process starts
+        resolve_device(config.train.device)
+        check_model(config.model, config.optimizer)
+        if self.link or self.trace:  # else the emulator's exit status would say it, after the PS started
+            parse_link(self.link or "", trace=self.trace)
+        if not config.security.insecure:
+            check_cert_dates(ensure_certs(config.security.certs_dir, create=True))  # not a PS exit status later
+        self._checked = True
+
+    def run(self) -> dict[str, Any]:
+        if not self._checked:
+            self.check()
+        config = self.config
         if config.transport.max_datagram_size == TransportSettings.max_datagram_size:
             # Everything runs on loopback: the WAN-safe 1200-byte default would waste most of the CPU.
             config = override(config, transport__max_datagram_size=LOOPBACK_MAX_DATAGRAM_SIZE)
         if not config.security.insecure:
-            certs = ensure_certs(config.security.certs_dir, create=True)
-            check_cert_dates(certs)  # an expired certificate: say so here, not as a PS exit status
+            certs = ensure_certs(config.security.certs_dir, create=True)  # checked in `check()`
             config = override(config, security__certs_dir=str(certs.ca.parent))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "launch.json").write_text(

@@ -86,10 +86,11 @@ class UpdateEncoder:
             payload = codec.encode(param - self.shadow[key])
             self.shadow[key] += codec.decode(payload).to(param.dtype)
             tensors[key] = payload
-        tensors.update(self._state_payloads())
+        tensors.update(self.state_payloads())
         return Params(version, False, tensors, base_version=base)
 
-    def _state_payloads(self) -> dict[str, Payload]:
+    def state_payloads(self) -> dict[str, Payload]:
+        """Every state key whole and lossless: what each update and full PARAMS carries."""
         return {k: self._fp32.encode(v) for k, v in self.state.items()}  # copies the bytes: a cached update stays put
 
     def encode_key(self, key: str, param: torch.Tensor, spec: str) -> tuple[Payload, torch.Tensor]:
@@ -114,7 +115,7 @@ class UpdateEncoder:
 
     def lossless(self, version: int, tensors: dict[str, torch.Tensor]) -> Params:
         """`tensors` whole, in fp32."""
-        return Params(version, True, {**{k: self._fp32.encode(v) for k, v in tensors.items()}, **self._state_payloads()})
+        return Params(version, True, {**{k: self._fp32.encode(v) for k, v in tensors.items()}, **self.state_payloads()})
 
     def full_params(self, version: int) -> Params:
         """The replica every worker must hold (the shadow), lossless."""

@@ -7,7 +7,9 @@ step's first keys down while the last are still coming up. The version still adv
 every key is applied. The step's workers are fixed at its first applied key: one that joins later
 sits the step out (its pushes are ignored, its pull gets the step's update); one that leaves (or is
 dropped at the barrier timeout) is left out of the keys not yet applied, which are averaged over
-the workers that pushed them. Until the version advances the new shadow values of applied keys are
+the workers that pushed them. State keys (buffers) ride with a bucket's push but are averaged
+only when the step is whole: a keyed pull of them is answered once the version advances, from the
+step's update, which carries them as a whole step's does. Until the version advances the new shadow values of applied keys are
 kept apart, so a full pull still returns the previous version whole. Without keyed pulls nothing
 here runs and the sync barrier (sync.py) applies a step whole; so does a PS that clips the
 gradient norm (``clip_grad_norm``), since the norm needs every key of the step before any applies.
@@ -50,7 +52,7 @@ class PipelinedStep:
         step has pushed; returns how many were applied now."""
         if step != self._core.version:
             return 0  # an old step (its update is whole by now) or a future one (the push is refused as stale)
-        self.wanted.update(keys)
+        self.wanted.update(k for k in keys if k in self._core.params)  # state keys are never applied ahead
         return self.apply_ready(keys)
 
     def apply_wanted(self) -> None:
@@ -73,7 +75,10 @@ class PipelinedStep:
             base = -1 if full else version
             return Params(version + 1, full, {k: self.applied[k] for k in keys}, base_version=base)
         last = self._encoder.last_update
-        if last is not None and last.version == version == have_version + 1 and (last.full or last.base_version == have_version):
+        if (
+            last is not None and last.version == version == have_version + 1 and (last.full or last.base_version == have_version)
+            and all(k in last.tensors for k in keys)
+        ):  # fmt: skip
             return Params(last.version, last.full, {k: last.tensors[k] for k in keys}, base_version=last.base_version)
         return self._encoder.full_params(version)
 
@@ -133,6 +138,7 @@ class PipelinedStep:
         core.guard.commit()  # whole now: the copies kept for a refusal go
         self._encoder.shadow.update(self._next_shadow)
         tensors = {k: self.applied[k] for k in core.params}
+        tensors.update(self._encoder.state_payloads())  # the averaged buffers, as in a whole step's update
         self._encoder.last_update = Params(core.version, full, tensors, base_version=-1 if full else base)
         core.pending.clear()
         self.reset()

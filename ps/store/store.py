@@ -253,7 +253,7 @@ class ParameterStore:
         if not self.initialized:
             raise ProtocolError("not-initialized", "nothing to pull yet")
         keys = list(keys)
-        unknown = [k for k in keys if k not in self.params]
+        unknown = [k for k in keys if k not in self.params and k not in self.state_keys]  # state keys: once the step is whole
         if unknown:
             raise ProtocolError("key", f"unknown keys {unknown[:3]!r} in a keyed PULL")
         if self._pipeline is None:

@@ -133,3 +133,38 @@ def test_buffers_agree_with_two_shards_and_export_joins_them(certs, tmp_path: Pa
     out = tmp_path / "model.pt"
     assert main(["export", "--checkpoint-dir", str(tmp_path / "ckpt"), "--out", str(out)]) == 0
     _model().load_state_dict(torch.load(out, weights_only=True))  # both shards' keys, strict
+
+
+@pytest.mark.parametrize("shards", [1, 2], ids=["one-ps", "two-shards"])
+def test_buffers_under_overlap_agree_reach_the_checkpoint_and_equal_the_plain_step(certs, tmp_path: Path, shards: int) -> None:  # type: ignore[no-untyped-def]
+    """With overlap (pushes from gradient hooks, keyed pulls) the buffers take the plain step's
+    path: pushed with the step's gradients, averaged on the PS, written back into every worker.
+    Step 0 pushes after backward (its sample count is not known before), later steps from the hooks."""
+    held: dict[bool, tuple[list[torch.nn.Module], dict[str, torch.Tensor], dict[str, torch.Tensor]]] = {}
+    for overlap in (False, True):
+        running = [
+            start_ps(certs, ServerSettings(port=0, checkpoint_dir=str(tmp_path / f"ckpt-{overlap}" / f"shard-{i}"), checkpoint_every_steps=1))
+            for i in range(shards)
+        ]
+        try:
+            models = [_model(), _model()]
+            _train(running, models, overlap=overlap, bucket_bytes=64, overlap_bucket_bytes=64)
+            for ps in running:
+                ps.net.run(ps.server.flush_checkpoint())
+            params = {k: v.clone() for ps in running for k, v in ps.server.store.params.items()}
+            state, _ = checkpoint.load_latest(tmp_path / f"ckpt-{overlap}" / "shard-0")
+        finally:
+            for ps in running:
+                stop_ps(ps)
+        assert state["version"] == STEPS
+        held[overlap] = (models, params, dict(state["state"]))
+    models, params, ckpt_state = held[True]
+    plain_models, plain_params, _ = held[False]
+    bn0, bn1, plain = models[0][1], models[1][1], plain_models[0][1]
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        assert torch.equal(getattr(bn0, name), getattr(bn1, name)), name  # every rank holds the PS's
+        torch.testing.assert_close(getattr(bn0, name), getattr(plain, name), rtol=1e-6, atol=1e-7)  # as without overlap
+        assert torch.equal(ckpt_state[f"1.{name}"].to(getattr(bn0, name).dtype), getattr(bn0, name)), name  # checkpointed
+    assert int(bn0.num_batches_tracked) == STEPS
+    for key, value in plain_params.items():
+        torch.testing.assert_close(params[key], value, rtol=1e-5, atol=1e-6)

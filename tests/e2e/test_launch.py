@@ -42,8 +42,10 @@ def _procs_mentioning(text: str) -> list[int]:
     return pids
 
 
-def _launch(tmp_path: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+def _launch(tmp_path: Path, *args: str, timeout: float = 400, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(pythonpath), env.get("PYTHONPATH", "")) if p)
     return subprocess.run(
         [sys.executable, "-m", "netsense", "launch", "--no-progress", "--run-dir", str(tmp_path / "run"), *args],
         capture_output=True, text=True, timeout=timeout, env=env,
@@ -67,11 +69,40 @@ def test_default_job_reaches_accuracy_and_cleans_up(tmp_path: Path) -> None:
     assert {e["rank"] for e in events} == {0, 1}
 
 
+_FAILS_IN_THE_WORKER = """
+from netsense.models import load_task
+import dataclasses
+
+
+def _build():
+    raise RuntimeError("this model cannot be built")
+
+
+def task():
+    return dataclasses.replace(load_task("digits-cnn"), build_model=_build)
+"""
+
+
+@pytest.mark.slow
+def test_a_model_that_does_not_load_stops_launch_before_any_process(tmp_path: Path) -> None:
+    """Issue #16 item 6: --model is resolved before the PS or a worker starts (it used to surface
+    as a worker's exit status once the workers had started)."""
+    proc = _launch(tmp_path, "--model", "no.such.module:factory", timeout=120)
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("netsense launch: error: cannot load model factory 'no.such.module:factory'"), proc.stderr[-2000:]
+    assert not (tmp_path / "run" / "config.json").exists()  # nothing was started
+    assert not _procs_mentioning(str(tmp_path / "run"))
+
+
 @pytest.mark.slow
 def test_failing_worker_stops_the_job_with_nonzero_exit(tmp_path: Path) -> None:
-    proc = _launch(tmp_path, "--model", "no.such.module:factory", timeout=120)
+    # The task loads (launch checks that up front), but its model fails to build in the workers.
+    (tmp_path / "fails_in_the_worker.py").write_text(_FAILS_IN_THE_WORKER)
+    proc = _launch(tmp_path, "--model", "fails_in_the_worker:task", timeout=120, pythonpath=tmp_path)
     assert proc.returncode != 0
     assert "exited" in proc.stderr
+    assert (tmp_path / "run" / "config.json").exists()  # the job did start
     assert not _procs_mentioning(str(tmp_path / "run"))
 
 

@@ -19,10 +19,11 @@ MODEL = {
 }
 
 
-def _store(downlink: str = "fp32", staleness: int | None = None) -> ParameterStore:
+def _store(downlink: str = "fp32", staleness: int | None = None, clip: float = 0.0) -> ParameterStore:
     s = ParameterStore(downlink_codec=downlink, staleness=staleness)
     tensors = {"w": torch.ones(3), "rm": torch.zeros(3), "nbt": torch.zeros((), dtype=torch.float64)}
-    s.initialize({k: FP32.encode(v) for k, v in tensors.items()}, {"name": "sgd", "lr": 0.1}, 2, MODEL, "job-a")
+    optimizer = {"name": "sgd", "lr": 0.1, **({"clip_grad_norm": clip} if clip else {})}
+    s.initialize({k: FP32.encode(v) for k, v in tensors.items()}, optimizer, 2, MODEL, "job-a")
     s.join("a")
     s.join("b")
     return s
@@ -135,3 +136,29 @@ def test_export_joins_shards_and_chunks_into_a_state_dict() -> None:
         export_state_dict([{"version": 1, "params": {"w": torch.ones(1)}}])  # from before the map
     with pytest.raises(ConfigError, match="different jobs"):
         export_state_dict([shard0, {**shard1, "job_id": "other"}])
+
+
+@pytest.mark.parametrize(("downlink", "clip"), [("fp32", 0.0), ("fp16", 0.0), ("fp32", 10.0)], ids=["fp32", "fp16", "clipping"])
+def test_a_pipelined_step_averages_the_state_and_a_keyed_pull_of_it_waits_for_the_version(downlink: str, clip: float) -> None:
+    """Overlap's path (keyed pulls): a state key may be pulled by key, is never applied ahead, and
+    comes back averaged once the step is whole, from the step's update as a whole step's would
+    (a clipping PS applies the step whole: the same reply)."""
+    s = _store(downlink, clip=clip)
+    assert s.want(("w",), 0) == 0 and s.want(("rm", "nbt"), 0) == 0  # state keys are no unknown keys
+    assert not s.keys_ready(("rm", "nbt"), 1)
+    _push(s, "a", 1, [1.0, 2.0, 3.0], 1)
+    _push(s, "b", 3, [5.0, 6.0, 7.0], 2)
+    assert s.version == 1 and s.keys_ready(("rm", "nbt"), 1)
+    reply = s.pull_keys(0, ("rm", "nbt"))
+    assert reply.version == 1 and set(reply.tensors) == {"rm", "nbt"} and reply.tensors["rm"].codec == "fp32"
+    torch.testing.assert_close(FP32.decode(reply.tensors["rm"]), torch.tensor([4.0, 5.0, 6.0]))
+    assert set(s.pull(0).tensors) == {"w", "rm", "nbt"}  # a whole pull of the step holds them too
+
+
+def test_keys_applied_ahead_leave_the_state_for_the_whole_step() -> None:
+    s = _store()
+    s.want(("w", "rm"), 0)
+    s.push("a", Push(0, 1, 1, {"w": FP32.encode(torch.ones(3)), "rm": FP32.encode(torch.tensor([2.0, 2.0, 2.0]))}))
+    s.push("b", Push(0, 1, 1, {"w": FP32.encode(torch.ones(3))}))  # b pushes no state: a's is the mean
+    assert s.version == 1 and torch.equal(s.state_keys["rm"], torch.full((3,), 2.0))
+    assert torch.equal(FP32.decode(s.pull_keys(0, ("rm",)).tensors["rm"]), torch.full((3,), 2.0))

@@ -41,7 +41,7 @@ def test_restored_store_continues_bit_identically(tmp_path, opt) -> None:
         _step(ref, i)
         _step(crashed, i)
     path = checkpoint.save(tmp_path, crashed.state())
-    assert path.name == "ckpt-000000000005.pt" and not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*"))
+    assert path.name == "ckpt-000000000005.nsckpt" and not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*"))
     state, found = checkpoint.load_latest(tmp_path)
     restored = ParameterStore()
     restored.restore(state)
@@ -62,7 +62,7 @@ def test_corrupt_or_truncated_newest_falls_back_to_previous(tmp_path) -> None:
     data = newest.read_bytes()
     newest.write_bytes(data[: len(data) // 2])  # a crash mid-write cannot do this (rename), a disk can
     state, path = checkpoint.load_latest(tmp_path)
-    assert state["version"] == 0 and path.name.endswith("000000.pt")
+    assert state["version"] == 0 and path.name.endswith("000000.nsckpt")
     flipped = bytearray(data)
     flipped[-10] ^= 0xFF
     newest.write_bytes(bytes(flipped))
@@ -74,9 +74,40 @@ def test_only_the_last_k_are_kept_and_missing_dir_is_a_clear_error(tmp_path) -> 
     for i in range(6):
         checkpoint.save(tmp_path, s.state(), keep=2)
         _step(s, i)
-    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["ckpt-000000000005.pt", "ckpt-000000000004.pt"]
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["ckpt-000000000005.nsckpt", "ckpt-000000000004.nsckpt"]
     with pytest.raises(ConfigError, match="no valid checkpoint"):
         checkpoint.load_latest(tmp_path / "empty")
+
+
+def test_the_name_does_not_promise_torch_load_and_old_pt_checkpoints_still_resume(tmp_path) -> None:
+    """Issue #16: a checkpoint named ``.pt`` was not a file `torch.load` reads (header + digest).
+    New ones are ``.nsckpt``; those written under the old name are still found, newest first, and
+    pruned with the rest."""
+    s = _store({"name": "sgd", "lr": 0.1})
+    path = checkpoint.save(tmp_path, s.state())
+    assert path.suffix == ".nsckpt" and not list(tmp_path.glob("*.pt"))
+    with pytest.raises(Exception):
+        torch.load(path, weights_only=True)  # still not a torch file: only the name changed
+    for i in range(2):  # versions 0 and 1 as an older PS left them
+        old = tmp_path / f"ckpt-{s.version:012d}.pt"
+        checkpoint.save(tmp_path, s.state()).rename(old)
+        _step(s, i)
+    state, found = checkpoint.load_latest(tmp_path)
+    assert found.name == "ckpt-000000000001.pt" and state["version"] == 1  # what --resume restores
+    restored = ParameterStore()
+    restored.restore(state)
+    assert restored.version == 1 and all(torch.equal(restored.params[k], v) for k, v in _params_at(1).items())
+    newest = checkpoint.save(tmp_path, s.state(), keep=2)  # version 2, the new name
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [newest.name, "ckpt-000000000001.pt"]
+    again = checkpoint.save(tmp_path, checkpoint.load(found), keep=3)  # version 1 rewritten: supersedes the .pt
+    assert again.name == "ckpt-000000000001.nsckpt" and not (tmp_path / "ckpt-000000000001.pt").exists()
+
+
+def _params_at(version: int) -> dict[str, torch.Tensor]:
+    s = _store({"name": "sgd", "lr": 0.1})
+    for i in range(version):
+        _step(s, i)
+    return s.params
 
 
 class _Evil:
