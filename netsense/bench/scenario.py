@@ -12,6 +12,14 @@ policy cut by the guard is reported with fewer steps, and its final accuracy is 
 The ddp:* peers are stopped the same way. A ddp:* peer that fails or hangs is no row: results.json
 lists it under ``failed`` with the reason, the later policies still run, and the exit status is 1.
 
+Topology of the netns:* and ddp:* rows (``--topology``). ``sites`` (the default): one namespace per
+worker (a site), a tbf link between each pair of sites (`SitesTopology`), a PS shard at every site
+and DDP's ranks at the same sites, so a worker's traffic to its own shard stays inside its site and
+WAN bytes per step are comparable with the ring's. ``bottleneck``: the older 3-namespace path with
+every NetSense worker behind one tbf and the PS beside DDP's rank 0. With sites, each row also has
+``wan_bytes_per_step`` (what the router forwarded into each site, per step) and ``wan_ideal_step_s``
+(max(compute, WAN bytes / rate) per step, the busier direction).
+
 Outputs in ``--out DIR``: results.json (rewritten after every policy, so a failure keeps the
 finished ones), results.md, accuracy.png, timeline.png, throughput.png, and runs/<policy>/ with the
 resolved config and decision logs of each job.
@@ -32,12 +40,15 @@ from pathlib import Path
 from typing import Any
 
 from netsense.compression.policy.decisionlog import read_decision_log
-from netsense.config import JobConfig, override
+from netsense.config import JobConfig, override, with_sites
 from netsense.errors import ConfigError, NetSenseError
 from netsense.launch.launcher import Launcher
+from netsense.launch.sites import Site
 from netsense.transport.emulation.linkspec import DuplexSpec, parse_link
 
 DEFAULT_POLICIES = "none,fp16,fixed:topk:0.01+fp16,netsense"
+TOPOLOGIES = ("sites", "bottleneck")
+"""Namespace topologies of the netns:* and ddp:* rows (`--topology`)."""
 DEFAULT_TARGETS = {"digits-cnn": 0.9, "charlm": 0.55, "resnet18-synth": 0.5, "wide-mlp": 0.9}
 """Target test accuracy per registered model when --target-accuracy is not given."""
 
@@ -82,6 +93,10 @@ def register(kinds: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="PS -> worker: the same policy (default) or fp32 for every policy")  # fmt: skip
     p.add_argument("--netns-link", metavar="SPEC",
                    help="tbf link of the ddp:* and netns:* runs (default --link; rate and queue only)")  # fmt: skip
+    p.add_argument("--topology", choices=TOPOLOGIES, default="sites",
+                   help="netns:* and ddp:* rows: sites = one site per worker with a PS shard at each and a tbf "
+                   "link between each pair (default); bottleneck = every worker behind one tbf, the PS and "
+                   "DDP's rank 0 beyond it")  # fmt: skip
     p.add_argument("--insecure", action="store_true", help="no TLS verification / worker auth (the same for every policy)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
     p.set_defaults(func=run)
@@ -134,7 +149,7 @@ class _NetnsLauncher(_ScenarioLauncher):
         super().__init__(*args, **kwargs)
         self.topo = topo
 
-    def _spawn(self, cmd: list[str]) -> Any:
+    def _spawn(self, cmd: list[str], site: str | None = None) -> Any:
         import subprocess
 
         from netsense.transport.emulation.netns import SERVER_IP
@@ -153,6 +168,54 @@ class _NetnsLauncher(_ScenarioLauncher):
         return p
 
 
+class _SitesLauncher(_ScenarioLauncher):
+    """Each site's shards and workers in that site's namespace (`SitesTopology`); shards listen on
+    the site's address, so a worker reaches its own site's shard without crossing the router."""
+
+    def __init__(self, *args: Any, topo: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.topo = topo
+
+    def _host(self, site: str | None) -> str:
+        return self.topo.ip(site) if site is not None else "127.0.0.1"
+
+    def _spawn(self, cmd: list[str], site: str | None = None) -> Any:
+        import subprocess
+
+        if site is None:
+            raise NetSenseError(f"a sites job started a process with no site: {cmd[3:5]}")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        p = subprocess.Popen(self.topo.command(site, cmd), stdout=subprocess.PIPE, text=True, env=env)
+        self.procs.append(p)
+        return p
+
+
+def scenario_sites(workers: int) -> tuple[Site, ...]:
+    """The sites of a `--topology sites` row: one per worker, a PS shard at each."""
+    return tuple(Site(f"s{r}", workers=1, shards=1) for r in range(workers))
+
+
+def wan_figures(
+    wan: dict[str, int], steps: int, spec: DuplexSpec, sites: list[str], compute_s: list[float] | None = None
+) -> dict[str, Any]:
+    """WAN bytes per step into each site and the ideal step they allow.
+
+    `wan` is what the router forwarded into each site over the run (start-up included, so a
+    slight overestimate). Into site j come the links from every other site; the ideal per step
+    is max(compute, bytes into j / the sum of those links' rates) over j, the busier direction."""
+    from netsense.bench.results import rate_Bps
+
+    per_step = {f"into {s}": (wan[s] / steps if steps else 0.0) for s in sites}
+    bound = 0.0
+    for j, dst in enumerate(sites):
+        rates = [rate_Bps(spec.up if i < j else spec.down, 0.0) for i in range(len(sites)) if i != j]
+        if all(r is not None for r in rates) and sum(rates) > 0:  # type: ignore[arg-type]
+            bound = max(bound, per_step[f"into {dst}"] / sum(rates))  # type: ignore[arg-type]
+    known = [c for c in compute_s or [] if c]
+    ideal = sum(max(c, bound) for c in known) / len(known) if known else bound
+    return {"wan_bytes_per_step": per_step, "wan_ideal_step_s": ideal}
+
+
 class _TimeUp(Exception):
     """Raised from the event callback to stop a job at --max-time."""
 
@@ -169,8 +232,10 @@ def run_policy(
     global_batch: int,
     verbose: int = 0,
     netns_link: str | None = None,
+    topology: str = "bottleneck",
 ) -> dict[str, Any]:
-    """One policy's job, across `netns_link`'s tbf when given, else through the emulator (or none).
+    """One policy's job, across `netns_link`'s tbf when given (in `topology`), else through the
+    emulator (or none).
 
     Returns its figures (see `netsense.bench.results.policy_figures`)."""
     from netsense.bench.results import policy_figures
@@ -190,7 +255,24 @@ def run_policy(
             evals.append(e)
 
     stopped = False
-    if netns_link is None:
+    wan: dict[str, int] | None = None
+    if netns_link is not None and topology == "sites":
+        from netsense.transport.emulation.sites import SitesTopology
+
+        config = override(config, transport__max_datagram_size=1400, sites=scenario_sites(config.workers))
+        config = with_sites(config)
+        names = [s.name for s in config.sites]
+        with SitesTopology(names, netns_link) as sites_topo:
+            launcher = _SitesLauncher(config, verbose=verbose, on_event=on_event, run_dir=run_dir, topo=sites_topo)
+            launcher.link_t0 = time.monotonic()
+            before = sites_topo.wan_bytes()
+            try:
+                launcher.run()
+            except _TimeUp:
+                stopped = True
+            after = sites_topo.wan_bytes()
+        wan = {s: after[s] - before[s] for s in names}
+    elif netns_link is None:
         launcher = _ScenarioLauncher(config, verbose=verbose, on_event=on_event, run_dir=run_dir, link=link, trace=trace)
         try:
             launcher.run()
@@ -217,6 +299,9 @@ def run_policy(
         global_batch=global_batch,
     )  # fmt: skip
     figures["stopped_at_max_time"] = stopped
+    if wan is not None and spec is not None:
+        compute = [float(d["compute_s"]) for d in decisions.get(0, []) if d.get("compute_s")]
+        figures.update(wan_figures(wan, figures["steps"], spec, list(wan), compute))
     figures["levels"] = _levels(decisions)
     down = [Path(launcher._down_log(i)) for i in range(config.servers)]
     figures["levels_down"] = _levels({i: read_decision_log(p) for i, p in enumerate(down) if p.exists()})
@@ -238,13 +323,19 @@ def _run_ddp(args: argparse.Namespace, policy: str, *, steps: int, batch_size: i
     from netsense.bench import ddp_baseline
 
     link = _netns_link(args, policy)
-    print(f"== {policy}: {args.model} x{args.workers}, DDP gloo through netns tbf: {link or 'unshaped'}", flush=True)
+    print(f"== {policy}: {args.model} x{args.workers}, DDP gloo through netns tbf ({args.topology}): "
+          f"{link or 'unshaped'}", flush=True)  # fmt: skip
+    wan: dict[str, int] = {}
     events = ddp_baseline.run_ddp(
         model=args.model, hook=policy[4:], link=link, workers=args.workers, steps=steps, seed=args.seed,
-        batch_size=batch_size, eval_every=args.eval_every, max_time_s=args.max_time,
+        batch_size=batch_size, eval_every=args.eval_every, max_time_s=args.max_time, topology=args.topology,
+        wan_out=wan,
     )  # fmt: skip
     figs = ddp_baseline.figures(events, link=link, target=target, global_batch=batch_size * args.workers)
     figs["path"] = f"netns tbf {link}"
+    figs["topology"] = args.topology
+    if wan:
+        figs.update(wan_figures(wan, figs["steps"], parse_link(link), list(wan)))
     figs["stopped_at_max_time"] = not any(e["event"] == "step" and e["step"] == steps for e in events[0])
     print(f"   {figs['steps']} steps in {figs['wall_s']:.1f} s, time to target {figs['time_to_target_s']}", flush=True)
     return figs
@@ -282,6 +373,7 @@ def scenario_info(args: argparse.Namespace, *, steps: int, batch_size: int, poli
         "batch_size": batch_size,
         "eval_every": args.eval_every,
         "max_time_s": args.max_time,
+        "topology": getattr(args, "topology", "sites"),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": "netsense " + " ".join(sys.argv[1:]) if sys.argv and "netsense" in sys.argv[0] else None,
         "cpus": os.cpu_count(),
@@ -300,9 +392,25 @@ def write_outputs(results: dict[str, Any], out: Path, *, plots: bool = True) -> 
     tmp = out / "results.json.tmp"
     tmp.write_text(json.dumps(results, indent=1, allow_nan=False) + "\n")
     tmp.replace(out / "results.json")
-    (out / "results.md").write_text(markdown_table(results) + "\n")
+    (out / "results.md").write_text(markdown_table(results) + wan_table(results) + "\n")
     if plots:
         plot_results(results, out)
+
+
+def wan_table(results: dict[str, Any]) -> str:
+    """The rows that ran across sites: WAN bytes per step into each site, mean step vs the WAN ideal
+    ("" when none did)."""
+    rows = [(p, f) for p, f in results["policies"].items() if "wan_bytes_per_step" in f]
+    if not rows:
+        return ""
+    lines = ["", "", "| policy | WAN kB per step (into each site) | mean step s | WAN ideal step s | mean/WAN ideal |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for name, f in rows:
+        into = ", ".join(f"{k.removeprefix('into ')} {v / 1e3:.1f}" for k, v in f["wan_bytes_per_step"].items())
+        ideal = f["wan_ideal_step_s"]
+        ratio = f"{f['mean_step_s'] / ideal:.2f}" if ideal > 0 else "—"
+        lines.append(f"| `{name}` | {into} | {f['mean_step_s']:.3f} | {ideal:.3f} | {ratio} |")
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -316,6 +424,9 @@ def run(args: argparse.Namespace) -> int:
     if args.eval_every < 1:
         raise ConfigError(f"--eval-every must be >= 1 (time to target needs evals), got {args.eval_every}")
     policies = parse_policies(args.policies)
+    if args.topology == "sites" and args.workers < 2 and any(p.startswith(("netns:", "ddp:")) for p in policies):
+        raise ConfigError("--topology sites puts one worker at each site and needs --workers >= 2; "
+                          "or use --topology bottleneck")  # fmt: skip
     for policy in policies:
         if policy.startswith(("netns:", "ddp:")):
             _netns_link(args, policy)  # fail before any policy runs, with the reason
@@ -364,9 +475,11 @@ def run(args: argparse.Namespace) -> int:
             config, run_dir=out / "runs" / _slug(policy), link=args.link, trace=args.trace,
             spec=parse_link(netns_link) if netns_link is not None else spec, max_time_s=args.max_time, target=target,
             global_batch=batch_size * args.workers, verbose=args.verbose, netns_link=netns_link,
+            topology=args.topology,
         )  # fmt: skip
         if netns_link is not None:
             figs["path"] = f"netns tbf {netns_link}"
+            figs["topology"] = args.topology
         results["policies"][policy] = figs
         ttt = figs["time_to_target_s"]
         print(
@@ -377,7 +490,7 @@ def run(args: argparse.Namespace) -> int:
         write_outputs(results, out, plots=False)
     results["scenario"]["loadavg_end"] = _loadavg()
     write_outputs(results, out)
-    print(markdown_table(results))
+    print(markdown_table(results) + wan_table(results))
     if failed:
         print(f"failed, with their reasons under 'failed' in results.json: {', '.join(failed)}", file=sys.stderr)
     problems = validate_results(results)
