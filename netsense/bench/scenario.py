@@ -98,6 +98,9 @@ def register(kinds: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    "link between each pair (default); bottleneck = every worker behind one tbf, the PS and "
                    "DDP's rank 0 beyond it")  # fmt: skip
     p.add_argument("--insecure", action="store_true", help="no TLS verification / worker auth (the same for every policy)")
+    p.add_argument("--idle-timeout", type=float, metavar="S",
+                   help="QUIC idle timeout of the NetSense rows (default: transport.idle_timeout_s); raise it on a "
+                   "machine so loaded that a starting job goes 10 s without a packet")  # fmt: skip
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
     p.set_defaults(func=run)
 
@@ -374,6 +377,7 @@ def scenario_info(args: argparse.Namespace, *, steps: int, batch_size: int, poli
         "eval_every": args.eval_every,
         "max_time_s": args.max_time,
         "topology": getattr(args, "topology", "sites"),
+        "idle_timeout_s": getattr(args, "idle_timeout", None),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": "netsense " + " ".join(sys.argv[1:]) if sys.argv and "netsense" in sys.argv[0] else None,
         "cpus": os.cpu_count(),
@@ -421,6 +425,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--workers must be >= 1, got {args.workers}")
     if args.max_time <= 0:
         raise ConfigError(f"--max-time must be > 0, got {args.max_time}")
+    if args.idle_timeout is not None and not args.idle_timeout > 0:
+        raise ConfigError(f"--idle-timeout must be > 0, got {args.idle_timeout}")
     if args.eval_every < 1:
         raise ConfigError(f"--eval-every must be >= 1 (time to target needs evals), got {args.eval_every}")
     policies = parse_policies(args.policies)
@@ -454,6 +460,7 @@ def run(args: argparse.Namespace) -> int:
         JobConfig(), model=args.model, workers=args.workers, train__steps=steps, train__seed=args.seed,
         train__batch_size=batch_size, train__eval_every=args.eval_every, train__ladder=args.ladder,
         server__ladder=args.ladder, security__insecure=args.insecure or None,
+        transport__idle_timeout_s=getattr(args, "idle_timeout", None),
     )  # fmt: skip
     failed: dict[str, str] = {}
     for policy in policies:
