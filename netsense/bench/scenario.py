@@ -39,11 +39,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from netsense.bench.topology import NetnsLauncher, ScenarioLauncher, SitesLauncher, scenario_sites, wan_figures, wan_table
 from netsense.compression.policy.decisionlog import read_decision_log
 from netsense.config import JobConfig, override, with_sites
 from netsense.errors import ConfigError, NetSenseError
-from netsense.launch.launcher import Launcher
-from netsense.launch.sites import Site
 from netsense.transport.emulation.linkspec import DuplexSpec, parse_link
 
 DEFAULT_POLICIES = "none,fp16,fixed:topk:0.01+fp16,netsense"
@@ -132,93 +131,6 @@ def _slug(policy: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]", "_", policy)
 
 
-class _ScenarioLauncher(Launcher):
-    """A Launcher that notes when its link emulator started (trace time 0) on the monotonic clock."""
-
-    link_t0: float | None = None
-
-    def _start_emulator(self, ps_port: int, timeout_s: float = 30.0) -> Any:
-        emu, port = super()._start_emulator(ps_port, timeout_s)
-        # The emulator prints "listening on" right after it starts its traces: the trace's t = 0.
-        self.link_t0 = time.monotonic()
-        return emu, port
-
-
-class _NetnsLauncher(_ScenarioLauncher):
-    """The PS in the server namespace, the workers in the client namespace: every push and pull
-    crosses the router's `tbf`, the same kernel bottleneck as the ddp:* peers."""
-
-    def __init__(self, *args: Any, topo: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.topo = topo
-
-    def _spawn(self, cmd: list[str], site: str | None = None) -> Any:
-        import subprocess
-
-        from netsense.transport.emulation.netns import SERVER_IP
-
-        sub = next(a for a in cmd[3:] if not a.startswith("-"))  # [python, -m, netsense, -v..., SUB, ...]
-        cmd = list(cmd)
-        if sub == "ps":
-            role, cmd = "server", [*cmd, "--host", SERVER_IP]
-        else:
-            role = "client"
-            i = cmd.index("--ps") + 1
-            cmd[i] = f"{SERVER_IP}:{cmd[i].rpartition(':')[2]}"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        p = subprocess.Popen(self.topo.command(role, cmd), stdout=subprocess.PIPE, text=True, env=env)
-        self.procs.append(p)
-        return p
-
-
-class _SitesLauncher(_ScenarioLauncher):
-    """Each site's shards and workers in that site's namespace (`SitesTopology`); shards listen on
-    the site's address, so a worker reaches its own site's shard without crossing the router."""
-
-    def __init__(self, *args: Any, topo: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.topo = topo
-
-    def _host(self, site: str | None) -> str:
-        return self.topo.ip(site) if site is not None else "127.0.0.1"
-
-    def _spawn(self, cmd: list[str], site: str | None = None) -> Any:
-        import subprocess
-
-        if site is None:
-            raise NetSenseError(f"a sites job started a process with no site: {cmd[3:5]}")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        p = subprocess.Popen(self.topo.command(site, cmd), stdout=subprocess.PIPE, text=True, env=env)
-        self.procs.append(p)
-        return p
-
-
-def scenario_sites(workers: int) -> tuple[Site, ...]:
-    """The sites of a `--topology sites` row: one per worker, a PS shard at each."""
-    return tuple(Site(f"s{r}", workers=1, shards=1) for r in range(workers))
-
-
-def wan_figures(
-    wan: dict[str, int], steps: int, spec: DuplexSpec, sites: list[str], compute_s: list[float] | None = None
-) -> dict[str, Any]:
-    """WAN bytes per step into each site and the ideal step they allow.
-
-    `wan` is what the router forwarded into each site over the run (start-up included, so a
-    slight overestimate). Into site j come the links from every other site; the ideal per step
-    is max(compute, bytes into j / the sum of those links' rates) over j, the busier direction."""
-    from netsense.bench.results import rate_Bps
-
-    per_step = {f"into {s}": (wan[s] / steps if steps else 0.0) for s in sites}
-    bound = 0.0
-    for j, dst in enumerate(sites):
-        rates = [rate_Bps(spec.up if i < j else spec.down, 0.0) for i in range(len(sites)) if i != j]
-        if all(r is not None for r in rates) and sum(rates) > 0:  # type: ignore[arg-type]
-            bound = max(bound, per_step[f"into {dst}"] / sum(rates))  # type: ignore[arg-type]
-    known = [c for c in compute_s or [] if c]
-    ideal = sum(max(c, bound) for c in known) / len(known) if known else bound
-    return {"wan_bytes_per_step": per_step, "wan_ideal_step_s": ideal}
-
-
 class _TimeUp(Exception):
     """Raised from the event callback to stop a job at --max-time."""
 
@@ -266,7 +178,7 @@ def run_policy(
         config = with_sites(config)
         names = [s.name for s in config.sites]
         with SitesTopology(names, netns_link) as sites_topo:
-            launcher = _SitesLauncher(config, verbose=verbose, on_event=on_event, run_dir=run_dir, topo=sites_topo)
+            launcher = SitesLauncher(config, verbose=verbose, on_event=on_event, run_dir=run_dir, topo=sites_topo)
             launcher.link_t0 = time.monotonic()
             before = sites_topo.wan_bytes()
             try:
@@ -276,7 +188,7 @@ def run_policy(
             after = sites_topo.wan_bytes()
         wan = {s: after[s] - before[s] for s in names}
     elif netns_link is None:
-        launcher = _ScenarioLauncher(config, verbose=verbose, on_event=on_event, run_dir=run_dir, link=link, trace=trace)
+        launcher = ScenarioLauncher(config, verbose=verbose, on_event=on_event, run_dir=run_dir, link=link, trace=trace)
         try:
             launcher.run()
         except _TimeUp:
@@ -287,7 +199,7 @@ def run_policy(
         # Real 1500-byte frames on the veths: QUIC packets must fit (no loopback-sized datagrams).
         config = override(config, transport__max_datagram_size=1400)
         with NetnsTopology(netns_link) as topo:
-            launcher = _NetnsLauncher(config, verbose=verbose, on_event=on_event, run_dir=run_dir, topo=topo)
+            launcher = NetnsLauncher(config, verbose=verbose, on_event=on_event, run_dir=run_dir, topo=topo)
             launcher.link_t0 = time.monotonic()  # tbf is a constant rate: the clock only orders the steps
             try:
                 launcher.run()
@@ -399,22 +311,6 @@ def write_outputs(results: dict[str, Any], out: Path, *, plots: bool = True) -> 
     (out / "results.md").write_text(markdown_table(results) + wan_table(results) + "\n")
     if plots:
         plot_results(results, out)
-
-
-def wan_table(results: dict[str, Any]) -> str:
-    """The rows that ran across sites: WAN bytes per step into each site, mean step vs the WAN ideal
-    ("" when none did)."""
-    rows = [(p, f) for p, f in results["policies"].items() if "wan_bytes_per_step" in f]
-    if not rows:
-        return ""
-    lines = ["", "", "| policy | WAN kB per step (into each site) | mean step s | WAN ideal step s | mean/WAN ideal |",
-             "|---|---|---|---|---|"]  # fmt: skip
-    for name, f in rows:
-        into = ", ".join(f"{k.removeprefix('into ')} {v / 1e3:.1f}" for k, v in f["wan_bytes_per_step"].items())
-        ideal = f["wan_ideal_step_s"]
-        ratio = f"{f['mean_step_s'] / ideal:.2f}" if ideal > 0 else "—"
-        lines.append(f"| `{name}` | {into} | {f['mean_step_s']:.3f} | {ideal:.3f} | {ratio} |")
-    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
