@@ -55,15 +55,18 @@ DEFAULT_TARGETS = {"digits-cnn": 0.9, "charlm": 0.55, "resnet18-synth": 0.5, "wi
 
 EPILOG = """\
 Policies: none, fp16, fixed:<codec>, dc2, netsenseml-paper, netsense (comma-separated, run in order),
-the peers ddp:none, ddp:fp16, ddp:powersgd (PyTorch DDP, gloo over TCP, across a kernel tbf
-bottleneck in network namespaces: root only, constant rate, no delay; --netns-link sets its spec),
-and netns:<policy>: a NetSense job across that same tbf path (PS and workers in the namespaces).
+the peers ddp:none, ddp:fp16, ddp:powersgd (PyTorch DDP, gloo over TCP, across kernel tbf links
+in network namespaces: root only, constant rate, no delay; --netns-link sets their spec), and
+netns:<policy>: a NetSense job across those same links. --topology sites (default): one site per
+worker, a PS shard and DDP's rank at each, a tbf between each pair of sites; rows report WAN bytes
+per step. --topology bottleneck: every worker behind one tbf, the PS and DDP's rank 0 beyond it.
 Time to target is training time (rank 0's clock, eval pauses excluded) at the first eval with
 accuracy >= target; ideal_step_s is the mean over steps of max(compute, bytes / the link's rate).
 Examples:
   netsense bench scenario --model digits-cnn --link rate=20mbit,delay=10ms --out runs/20mbit
   netsense bench scenario --model charlm --link rate=0s:100mbit,30s:10mbit,60s:50mbit,delay=10ms \\
       --policies none,fp16,netsense --target-accuracy 0.55 --max-time 300 --out runs/steps
+  netsense bench scenario --model wide-mlp --link rate=20mbit,queue=50ms --policies netns:fp16,ddp:fp16 --out runs/sites
   netsense plot runs/20mbit          # redraw the figures from results.json"""
 
 
