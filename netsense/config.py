@@ -25,6 +25,7 @@ from typing import Any
 
 from netsense.compression import DEFAULT_LADDER, Ladder, make_codec, make_policy
 from netsense.errors import CompressionError, ConfigError
+from netsense.launch.sites import Site, sites_problem
 from netsense.ps.optim import OptimizerSettings
 from netsense.ps.server import ServerSettings
 from netsense.transport.tls import TransportSettings
@@ -114,6 +115,7 @@ def _staleness(value: Any) -> str | None:
 RULES: dict[str, Rule] = {
     "workers": in_range(1, 256),
     "servers": in_range(1, 64),
+    "sites": Rule("unique names, shards >= 1 and workers >= 0 at each site, >= 1 worker in all", sites_problem),
     "train.steps": in_range(1),
     "train.batch_size": in_range(1),
     "train.seed": in_range(0, 2**32 - 1),
@@ -151,7 +153,7 @@ def check_setting(path: str, value: Any) -> None:
 def check_specs(config: JobConfig) -> None:
     """Every field rule over the whole tree, then what spans fields: each policy over its ladder,
     and each optimizer override. Cheap (no calibration), so every `JobConfig` runs it."""
-    for name in ("workers", "servers"):
+    for name in ("workers", "servers", "sites"):
         check_setting(name, getattr(config, name))
     for section in ("train", "server", "transport"):
         sub = getattr(config, section)
@@ -193,6 +195,8 @@ class JobConfig:
     """Worker processes (``netsense launch``)."""
     servers: int = 1
     """PS shard processes (``netsense launch``); keys are spread over them by size."""
+    sites: tuple[Site, ...] = ()
+    """``[[sites]]`` tables (name, workers, shards): where `netsense launch` runs each worker and PS shard; when given, workers and servers are their sums (docs/ARCHITECTURE.md, "Sites")."""
     optimizer: dict[str, Any] = field(default_factory=dict)
     """PS optimizer overrides on top of the task's default (see OptimizerSettings)."""
     train: TrainSettings = field(default_factory=TrainSettings)
@@ -216,6 +220,11 @@ def _check_type(value: Any, hint: Any, where: str) -> Any:
                 return None
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         return _check_type(value, args[0], where)
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} must be an array, got {value!r}")
+        item = typing.get_args(hint)[0]
+        return tuple(_check_type(v, item, f"{where}[{i}]") for i, v in enumerate(value))
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a table, got {value!r}")
@@ -260,7 +269,21 @@ def load_config(path: str | Path | None) -> JobConfig:
         data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"config {p} is not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {exc}") from None
-    return from_dict(JobConfig, data)
+    return with_sites(from_dict(JobConfig, data), set(data))
+
+
+def with_sites(config: JobConfig, given: set[str] | None = None) -> JobConfig:
+    """`config` with workers and servers the sums of its sites (unchanged without sites).
+
+    `given` names the fields the file or flags set: one of them that disagrees with the sites is
+    a `SettingError` (which count is meant cannot be guessed)."""
+    if not config.sites:
+        return config
+    sums = {"workers": sum(s.workers for s in config.sites), "servers": sum(s.shards for s in config.sites)}
+    for name, total in sums.items():
+        if name in (given or set()) and getattr(config, name) != total:
+            raise SettingError(name, f"is {getattr(config, name)} but the sites hold {total}; set one of them")
+    return dataclasses.replace(config, **sums)
 
 
 def to_dict(config: Any) -> dict[str, Any]:

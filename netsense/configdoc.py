@@ -53,7 +53,8 @@ def reference() -> str:
         "",
         "Generated from the settings dataclasses by `python -m netsense.configdoc`; a test keeps it in sync.",
         "A TOML file (`--config job.toml`) sets any of these; flags override the file. Tables nest as",
-        "`[train]`, `[server]`, `[transport]`, `[security]`. Unknown keys are errors.",
+        "`[train]`, `[server]`, `[transport]`, `[security]`; sites are an array of tables, `[[sites]]`.",
+        "Unknown keys are errors.",
         "",
     ]
 
@@ -68,6 +69,9 @@ def reference() -> str:
                 nested.append((hint, f"{prefix}{f.name}"))
                 continue
             lines.append(f"| `{prefix}{f.name}` | `{_type_name(hint)}` | `{_default(f)}` | {docs.get(f.name, '')} |")
+            item = typing.get_args(hint)[0] if typing.get_origin(hint) is tuple else None
+            if dataclasses.is_dataclass(item):  # an array of tables, e.g. [[sites]]
+                nested.append((item, f"{prefix}{f.name}[]"))
         lines.append("")
         for sub, name in nested:
             table(sub, f"{name}.")

@@ -371,3 +371,23 @@ def test_hung_ddp_row_is_stopped_and_recorded(tmp_path: Path, monkeypatch: pytes
     results = json.loads((out / "results.json").read_text())
     assert results["policies"] == {} and list(results["failed"]) == ["ddp:none"]
     assert "hung" in results["failed"]["ddp:none"]
+
+
+def test_wan_figures_and_table_of_a_sites_row() -> None:
+    """WAN bytes per step into each site, and the ideal step they allow: the busier direction at its
+    link's rate, or the step's compute when that is longer."""
+    from netsense.bench.topology import wan_figures, wan_table
+    from netsense.transport.emulation.linkspec import parse_link
+
+    spec = parse_link("up.rate=8kbit,down.rate=16kbit")  # 1000 B/s s0 -> s1, 2000 B/s s1 -> s0
+    figs = wan_figures({"s0": 2000, "s1": 3000}, 10, spec, ["s0", "s1"], [0.1, 0.5])
+    assert figs["wan_bytes_per_step"] == {"into s0": 200.0, "into s1": 300.0}
+    assert figs["wan_ideal_step_s"] == pytest.approx((0.3 + 0.5) / 2)
+    assert wan_figures({"s0": 2000, "s1": 3000}, 10, spec, ["s0", "s1"])["wan_ideal_step_s"] == pytest.approx(0.3)
+    # three sites: into s1 come s0 -> s1 (up, 1000 B/s) and s2 -> s1 (down, 2000 B/s)
+    three = wan_figures({"s0": 0, "s1": 3000, "s2": 0}, 1, spec, ["s0", "s1", "s2"])
+    assert three["wan_ideal_step_s"] == pytest.approx(1.0)
+    results = _results(**{"netns:fp16": {**_figs(), **figs}, "fp16": _figs()})
+    table = wan_table(results)
+    assert "| `netns:fp16` | s0 0.2, s1 0.3 |" in table and "`fp16`" not in table
+    assert wan_table(_results(fp16=_figs())) == ""

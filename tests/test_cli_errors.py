@@ -57,6 +57,17 @@ ROWS: list[tuple[list[str], str]] = [
     (["launch", "--trace", "{tmp}", "--insecure"], "link spec field 'trace': cannot read"),
     (["launch", "--optimizer", "sgdd"], "argument --optimizer: invalid choice: 'sgdd'"),  # argparse's own errors
     (["ps", "--port", "abc"], "argument --port: invalid int value: 'abc'"),
+    (["launch", "--sites", "a:shards=0;b"], "--sites: site 'a' has no PS shard"),
+    (["launch", "--sites", "a:workers=-1;b"], "--sites: site 'a': workers must be an integer >= 0, got -1"),
+    (["launch", "--sites", "a;a"], "--sites: site 'a' is named twice"),
+    (["launch", "--sites", "a:cores=2"], "--sites: site 'a': 'cores=2' is not workers=N or shards=N"),
+    (["launch", "--sites", "a;b", "--workers", "3"], "--workers is 3 but the sites hold 2"),
+    (["launch", "--config", "{toml:[[sites]]\nname = 'a'\nshards = 0\n}"], "site 'a' has no PS shard"),
+    (["launch", "--config", "{toml:servers = 3\n[[sites]]\nname = 'a'\n}"], "servers is 3 but the sites hold 1"),
+    (["ps", "--site", "a b"], "--site: site name 'a b' must be"),
+    (["ps", "--site", "c", "--config", "{toml:[[sites]]\nname = 'a'\n[[sites]]\nname = 'b'\n}"],
+     "--site: unknown site 'c'; the config's sites are a, b"),
+    (["worker", "--site", "c", "--insecure", "--config", "{toml:[[sites]]\nname = 'a'\n}"], "--site: unknown site 'c'"),
 ]
 
 

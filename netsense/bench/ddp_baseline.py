@@ -1,14 +1,16 @@
 """Peer baseline: PyTorch DDP (gloo over TCP) with its fp16 / PowerSGD hooks, across a `tbf` bottleneck.
 
-Two ranks in network namespaces (`netsense.transport.emulation.netns`): rank 0 in the server namespace, the
-other ranks in the client namespace, so every all-reduce crosses the router's `tbf` both ways.
+Ranks in network namespaces. By default (``topology="sites"``) rank r runs at site r of a
+`SitesTopology`, as a NetSense worker of `netsense bench scenario` does, with a tbf link between each
+pair of sites: a 2-rank ring moves one model each way across it. ``topology="bottleneck"``: rank 0
+in the server namespace of a `NetnsTopology`, the other ranks in the client namespace.
 The same model, seed, batch order (`worker_batch`) and optimizer settings as a NetSense job; the
 optimizer runs on every rank on the averaged gradient (DDP's contract). Rank 0 evaluates every
 ``--eval-every`` steps and prints the same step/eval JSON events as a NetSense worker, so
 `netsense.bench.results.policy_figures` computes the same figures.
 
-Bytes are the kernel's counters of the client namespace's veth (tx = up through the bottleneck,
-rx = down), read by the client-side rank; the ideal step of a DDP run is the transfer bound only
+Bytes are the kernel's counters of rank 1's veth (tx = up through the bottleneck, rx = down),
+read by that rank; with sites, `run_ddp` also reports what the router forwarded into each site; the ideal step of a DDP run is the transfer bound only
 (its compute overlaps the all-reduce inside backward and is not timed separately).
 
 Run one rank by hand: ``python -m netsense.bench.ddp_baseline --rank 0 --world-size 2 --master HOST:PORT``;
@@ -152,9 +154,12 @@ def _last_error(lines: list[str]) -> str:
 
 def run_ddp(
     *, model: str, hook: str, link: str, workers: int = 2, steps: int | None = None, seed: int = 0,
-    batch_size: int | None = None, eval_every: int = 10, max_time_s: float = 900.0,
+    batch_size: int | None = None, eval_every: int = 10, max_time_s: float = 900.0, topology: str = "sites",
+    wan_out: dict[str, int] | None = None,
 ) -> dict[int, list[dict[str, Any]]]:  # fmt: skip
-    """All ranks inside a `NetnsTopology(link)`; returns each rank's JSON events (rank 0 has evals).
+    """All ranks inside a `SitesTopology` (rank r at site ``s{r}``; ``topology="bottleneck"``: a
+    `NetnsTopology(link)`); returns each rank's JSON events (rank 0 has evals). With sites,
+    `wan_out` receives the bytes the router forwarded into each site during the run.
 
     `max_time_s` is the guard of a NetSense job in `netsense bench scenario`: when rank 0 reports a
     step past it the ranks are stopped (SIGTERM) and the events are those printed so far, so the
@@ -163,23 +168,29 @@ def run_ddp(
     after `max_time_s`.
     """
     from netsense.transport.emulation.netns import NetnsTopology
+    from netsense.transport.emulation.sites import SitesTopology
 
-    with NetnsTopology(link) as topo:
+    if topology not in ("sites", "bottleneck"):
+        raise ValueError(f"topology must be 'sites' or 'bottleneck', got {topology!r}")
+    sites = [f"s{r}" for r in range(workers)]
+    with SitesTopology(sites, link) if topology == "sites" else NetnsTopology(link) as topo:
+        master = topo.ip(sites[0]) if isinstance(topo, SitesTopology) else topo.server_ip
+        before = topo.wan_bytes() if isinstance(topo, SitesTopology) else {}
         procs: list[subprocess.Popen[str]] = []
         outs: list[list[str]] = []
         errs: list[list[str]] = []
         readers: list[threading.Thread] = []
         for rank in range(workers):
             argv = [sys.executable, "-m", "netsense.bench.ddp_baseline", "--model", model, "--hook", hook, "--rank", str(rank),
-                    "--world-size", str(workers), "--master", f"{topo.server_ip}:{MASTER_PORT}", "--seed", str(seed),
+                    "--world-size", str(workers), "--master", f"{master}:{MASTER_PORT}", "--seed", str(seed),
                     "--eval-every", str(eval_every)]  # fmt: skip
             if steps:
                 argv += ["--steps", str(steps)]
             if batch_size:
                 argv += ["--batch-size", str(batch_size)]
             env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-            p = topo.popen("server" if rank == 0 else "client", argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, env=env)  # fmt: skip
+            where = sites[rank] if isinstance(topo, SitesTopology) else "server" if rank == 0 else "client"
+            p = topo.popen(where, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # type: ignore[arg-type]
             procs.append(p)
             outs.append([])
             errs.append([])
@@ -188,6 +199,9 @@ def run_ddp(
         for t in readers:
             t.start()
         _supervise(procs, outs, errs, readers, hook=hook, max_time_s=max_time_s)
+        if isinstance(topo, SitesTopology) and wan_out is not None:
+            after = topo.wan_bytes()
+            wan_out.update({s: after[s] - before[s] for s in sites})
     for t in readers:
         t.join(timeout=2.0)
     # A rank stopped mid-write leaves a partial last line: keep the complete ones.

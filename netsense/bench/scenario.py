@@ -12,6 +12,16 @@ policy cut by the guard is reported with fewer steps, and its final accuracy is 
 The ddp:* peers are stopped the same way. A ddp:* peer that fails or hangs is no row: results.json
 lists it under ``failed`` with the reason, the later policies still run, and the exit status is 1.
 
+Topology of the netns:* and ddp:* rows (``--topology``). ``sites`` (the default): one namespace per
+worker (a site), a tbf link between each pair of sites (`SitesTopology`), a PS shard at every site
+and DDP's ranks at the same sites, so a worker's traffic to its own shard stays inside its site and
+WAN bytes per step are comparable with the ring's. ``bottleneck``: the older 3-namespace path with
+every NetSense worker behind one tbf and the PS beside DDP's rank 0. With sites, each row also has
+``wan_bytes_per_step`` (what the router forwarded into each site, per step) and ``wan_ideal_step_s``
+(max(compute, WAN bytes / rate) per step, the busier direction), which is then its
+``ideal_step_s`` (the one from the workers' own byte counts, local traffic included, is kept as
+``ideal_step_app_s``).
+
 Outputs in ``--out DIR``: results.json (rewritten after every policy, so a failure keeps the
 finished ones), results.md, accuracy.png, timeline.png, throughput.png, and runs/<policy>/ with the
 resolved config and decision logs of each job.
@@ -31,27 +41,32 @@ import time
 from pathlib import Path
 from typing import Any
 
+from netsense.bench.topology import NetnsLauncher, ScenarioLauncher, SitesLauncher, scenario_sites, wan_figures, wan_table
 from netsense.compression.policy.decisionlog import read_decision_log
-from netsense.config import JobConfig, override
+from netsense.config import JobConfig, override, with_sites
 from netsense.errors import ConfigError, NetSenseError
-from netsense.launch.launcher import Launcher
 from netsense.transport.emulation.linkspec import DuplexSpec, parse_link
 
 DEFAULT_POLICIES = "none,fp16,fixed:topk:0.01+fp16,netsense"
+TOPOLOGIES = ("sites", "bottleneck")
+"""Namespace topologies of the netns:* and ddp:* rows (`--topology`)."""
 DEFAULT_TARGETS = {"digits-cnn": 0.9, "charlm": 0.55, "resnet18-synth": 0.5, "wide-mlp": 0.9}
 """Target test accuracy per registered model when --target-accuracy is not given."""
 
 EPILOG = """\
 Policies: none, fp16, fixed:<codec>, dc2, netsenseml-paper, netsense (comma-separated, run in order),
-the peers ddp:none, ddp:fp16, ddp:powersgd (PyTorch DDP, gloo over TCP, across a kernel tbf
-bottleneck in network namespaces: root only, constant rate, no delay; --netns-link sets its spec),
-and netns:<policy>: a NetSense job across that same tbf path (PS and workers in the namespaces).
+the peers ddp:none, ddp:fp16, ddp:powersgd (PyTorch DDP, gloo over TCP, across kernel tbf links
+in network namespaces: root only, constant rate, no delay; --netns-link sets their spec), and
+netns:<policy>: a NetSense job across those same links. --topology sites (default): one site per
+worker, a PS shard and DDP's rank at each, a tbf between each pair of sites; rows report WAN bytes
+per step. --topology bottleneck: every worker behind one tbf, the PS and DDP's rank 0 beyond it.
 Time to target is training time (rank 0's clock, eval pauses excluded) at the first eval with
 accuracy >= target; ideal_step_s is the mean over steps of max(compute, bytes / the link's rate).
 Examples:
   netsense bench scenario --model digits-cnn --link rate=20mbit,delay=10ms --out runs/20mbit
   netsense bench scenario --model charlm --link rate=0s:100mbit,30s:10mbit,60s:50mbit,delay=10ms \\
       --policies none,fp16,netsense --target-accuracy 0.55 --max-time 300 --out runs/steps
+  netsense bench scenario --model wide-mlp --link rate=20mbit,queue=50ms --policies netns:fp16,ddp:fp16 --out runs/sites
   netsense plot runs/20mbit          # redraw the figures from results.json"""
 
 
@@ -82,7 +97,14 @@ def register(kinds: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="PS -> worker: the same policy (default) or fp32 for every policy")  # fmt: skip
     p.add_argument("--netns-link", metavar="SPEC",
                    help="tbf link of the ddp:* and netns:* runs (default --link; rate and queue only)")  # fmt: skip
+    p.add_argument("--topology", choices=TOPOLOGIES, default="sites",
+                   help="netns:* and ddp:* rows: sites = one site per worker with a PS shard at each and a tbf "
+                   "link between each pair (default); bottleneck = every worker behind one tbf, the PS and "
+                   "DDP's rank 0 beyond it")  # fmt: skip
     p.add_argument("--insecure", action="store_true", help="no TLS verification / worker auth (the same for every policy)")
+    p.add_argument("--idle-timeout", type=float, metavar="S",
+                   help="QUIC idle timeout of the NetSense rows (default: transport.idle_timeout_s); raise it on a "
+                   "machine so loaded that a starting job goes 10 s without a packet")  # fmt: skip
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
     p.set_defaults(func=run)
 
@@ -114,45 +136,6 @@ def _slug(policy: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]", "_", policy)
 
 
-class _ScenarioLauncher(Launcher):
-    """A Launcher that notes when its link emulator started (trace time 0) on the monotonic clock."""
-
-    link_t0: float | None = None
-
-    def _start_emulator(self, ps_port: int, timeout_s: float = 30.0) -> Any:
-        emu, port = super()._start_emulator(ps_port, timeout_s)
-        # The emulator prints "listening on" right after it starts its traces: the trace's t = 0.
-        self.link_t0 = time.monotonic()
-        return emu, port
-
-
-class _NetnsLauncher(_ScenarioLauncher):
-    """The PS in the server namespace, the workers in the client namespace: every push and pull
-    crosses the router's `tbf`, the same kernel bottleneck as the ddp:* peers."""
-
-    def __init__(self, *args: Any, topo: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.topo = topo
-
-    def _spawn(self, cmd: list[str]) -> Any:
-        import subprocess
-
-        from netsense.transport.emulation.netns import SERVER_IP
-
-        sub = next(a for a in cmd[3:] if not a.startswith("-"))  # [python, -m, netsense, -v..., SUB, ...]
-        cmd = list(cmd)
-        if sub == "ps":
-            role, cmd = "server", [*cmd, "--host", SERVER_IP]
-        else:
-            role = "client"
-            i = cmd.index("--ps") + 1
-            cmd[i] = f"{SERVER_IP}:{cmd[i].rpartition(':')[2]}"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        p = subprocess.Popen(self.topo.command(role, cmd), stdout=subprocess.PIPE, text=True, env=env)
-        self.procs.append(p)
-        return p
-
-
 class _TimeUp(Exception):
     """Raised from the event callback to stop a job at --max-time."""
 
@@ -169,8 +152,10 @@ def run_policy(
     global_batch: int,
     verbose: int = 0,
     netns_link: str | None = None,
+    topology: str = "bottleneck",
 ) -> dict[str, Any]:
-    """One policy's job, across `netns_link`'s tbf when given, else through the emulator (or none).
+    """One policy's job, across `netns_link`'s tbf when given (in `topology`), else through the
+    emulator (or none).
 
     Returns its figures (see `netsense.bench.results.policy_figures`)."""
     from netsense.bench.results import policy_figures
@@ -190,8 +175,25 @@ def run_policy(
             evals.append(e)
 
     stopped = False
-    if netns_link is None:
-        launcher = _ScenarioLauncher(config, verbose=verbose, on_event=on_event, run_dir=run_dir, link=link, trace=trace)
+    wan: dict[str, int] | None = None
+    if netns_link is not None and topology == "sites":
+        from netsense.transport.emulation.sites import SitesTopology
+
+        config = override(config, transport__max_datagram_size=1400, sites=scenario_sites(config.workers))
+        config = with_sites(config)
+        names = [s.name for s in config.sites]
+        with SitesTopology(names, netns_link) as sites_topo:
+            launcher = SitesLauncher(config, verbose=verbose, on_event=on_event, run_dir=run_dir, topo=sites_topo)
+            launcher.link_t0 = time.monotonic()
+            before = sites_topo.wan_bytes()
+            try:
+                launcher.run()
+            except _TimeUp:
+                stopped = True
+            after = sites_topo.wan_bytes()
+        wan = {s: after[s] - before[s] for s in names}
+    elif netns_link is None:
+        launcher = ScenarioLauncher(config, verbose=verbose, on_event=on_event, run_dir=run_dir, link=link, trace=trace)
         try:
             launcher.run()
         except _TimeUp:
@@ -202,7 +204,7 @@ def run_policy(
         # Real 1500-byte frames on the veths: QUIC packets must fit (no loopback-sized datagrams).
         config = override(config, transport__max_datagram_size=1400)
         with NetnsTopology(netns_link) as topo:
-            launcher = _NetnsLauncher(config, verbose=verbose, on_event=on_event, run_dir=run_dir, topo=topo)
+            launcher = NetnsLauncher(config, verbose=verbose, on_event=on_event, run_dir=run_dir, topo=topo)
             launcher.link_t0 = time.monotonic()  # tbf is a constant rate: the clock only orders the steps
             try:
                 launcher.run()
@@ -217,6 +219,11 @@ def run_policy(
         global_batch=global_batch,
     )  # fmt: skip
     figures["stopped_at_max_time"] = stopped
+    if wan is not None and spec is not None:
+        compute = [float(d["compute_s"]) for d in decisions.get(0, []) if d.get("compute_s")]
+        figures.update(wan_figures(wan, figures["steps"], spec, list(wan), compute))
+        # Across sites a worker's bytes to its own shard never meet the link: the ideal is the WAN's.
+        figures["ideal_step_app_s"], figures["ideal_step_s"] = figures["ideal_step_s"], figures["wan_ideal_step_s"]
     figures["levels"] = _levels(decisions)
     down = [Path(launcher._down_log(i)) for i in range(config.servers)]
     figures["levels_down"] = _levels({i: read_decision_log(p) for i, p in enumerate(down) if p.exists()})
@@ -238,13 +245,20 @@ def _run_ddp(args: argparse.Namespace, policy: str, *, steps: int, batch_size: i
     from netsense.bench import ddp_baseline
 
     link = _netns_link(args, policy)
-    print(f"== {policy}: {args.model} x{args.workers}, DDP gloo through netns tbf: {link or 'unshaped'}", flush=True)
+    print(f"== {policy}: {args.model} x{args.workers}, DDP gloo through netns tbf ({args.topology}): "
+          f"{link or 'unshaped'}", flush=True)  # fmt: skip
+    wan: dict[str, int] = {}
     events = ddp_baseline.run_ddp(
         model=args.model, hook=policy[4:], link=link, workers=args.workers, steps=steps, seed=args.seed,
-        batch_size=batch_size, eval_every=args.eval_every, max_time_s=args.max_time,
+        batch_size=batch_size, eval_every=args.eval_every, max_time_s=args.max_time, topology=args.topology,
+        wan_out=wan,
     )  # fmt: skip
     figs = ddp_baseline.figures(events, link=link, target=target, global_batch=batch_size * args.workers)
     figs["path"] = f"netns tbf {link}"
+    figs["topology"] = args.topology
+    if wan:
+        figs.update(wan_figures(wan, figs["steps"], parse_link(link), list(wan)))
+        figs["ideal_step_app_s"], figs["ideal_step_s"] = figs["ideal_step_s"], figs["wan_ideal_step_s"]
     figs["stopped_at_max_time"] = not any(e["event"] == "step" and e["step"] == steps for e in events[0])
     print(f"   {figs['steps']} steps in {figs['wall_s']:.1f} s, time to target {figs['time_to_target_s']}", flush=True)
     return figs
@@ -282,6 +296,8 @@ def scenario_info(args: argparse.Namespace, *, steps: int, batch_size: int, poli
         "batch_size": batch_size,
         "eval_every": args.eval_every,
         "max_time_s": args.max_time,
+        "topology": getattr(args, "topology", "sites"),
+        "idle_timeout_s": getattr(args, "idle_timeout", None),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": "netsense " + " ".join(sys.argv[1:]) if sys.argv and "netsense" in sys.argv[0] else None,
         "cpus": os.cpu_count(),
@@ -300,7 +316,7 @@ def write_outputs(results: dict[str, Any], out: Path, *, plots: bool = True) -> 
     tmp = out / "results.json.tmp"
     tmp.write_text(json.dumps(results, indent=1, allow_nan=False) + "\n")
     tmp.replace(out / "results.json")
-    (out / "results.md").write_text(markdown_table(results) + "\n")
+    (out / "results.md").write_text(markdown_table(results) + wan_table(results) + "\n")
     if plots:
         plot_results(results, out)
 
@@ -313,9 +329,14 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--workers must be >= 1, got {args.workers}")
     if args.max_time <= 0:
         raise ConfigError(f"--max-time must be > 0, got {args.max_time}")
+    if args.idle_timeout is not None and not args.idle_timeout > 0:
+        raise ConfigError(f"--idle-timeout must be > 0, got {args.idle_timeout}")
     if args.eval_every < 1:
         raise ConfigError(f"--eval-every must be >= 1 (time to target needs evals), got {args.eval_every}")
     policies = parse_policies(args.policies)
+    if args.topology == "sites" and args.workers < 2 and any(p.startswith(("netns:", "ddp:")) for p in policies):
+        raise ConfigError("--topology sites puts one worker at each site and needs --workers >= 2; "
+                          "or use --topology bottleneck")  # fmt: skip
     for policy in policies:
         if policy.startswith(("netns:", "ddp:")):
             _netns_link(args, policy)  # fail before any policy runs, with the reason
@@ -343,6 +364,7 @@ def run(args: argparse.Namespace) -> int:
         JobConfig(), model=args.model, workers=args.workers, train__steps=steps, train__seed=args.seed,
         train__batch_size=batch_size, train__eval_every=args.eval_every, train__ladder=args.ladder,
         server__ladder=args.ladder, security__insecure=args.insecure or None,
+        transport__idle_timeout_s=getattr(args, "idle_timeout", None),
     )  # fmt: skip
     failed: dict[str, str] = {}
     for policy in policies:
@@ -364,9 +386,11 @@ def run(args: argparse.Namespace) -> int:
             config, run_dir=out / "runs" / _slug(policy), link=args.link, trace=args.trace,
             spec=parse_link(netns_link) if netns_link is not None else spec, max_time_s=args.max_time, target=target,
             global_batch=batch_size * args.workers, verbose=args.verbose, netns_link=netns_link,
+            topology=args.topology,
         )  # fmt: skip
         if netns_link is not None:
             figs["path"] = f"netns tbf {netns_link}"
+            figs["topology"] = args.topology
         results["policies"][policy] = figs
         ttt = figs["time_to_target_s"]
         print(
@@ -377,7 +401,7 @@ def run(args: argparse.Namespace) -> int:
         write_outputs(results, out, plots=False)
     results["scenario"]["loadavg_end"] = _loadavg()
     write_outputs(results, out)
-    print(markdown_table(results))
+    print(markdown_table(results) + wan_table(results))
     if failed:
         print(f"failed, with their reasons under 'failed' in results.json: {', '.join(failed)}", file=sys.stderr)
     problems = validate_results(results)

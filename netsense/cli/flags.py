@@ -21,6 +21,26 @@ def add_metrics_flag(p: argparse.ArgumentParser, port_help: str | None = None) -
                    "exposes the metrics, unauthenticated, to the network)")
 
 
+def add_site_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--site", metavar="NAME", help="the site this process runs at (a label: logged, in the "
+                   "ready event / summary; `netsense launch --sites` sets it for every child)")
+
+
+def check_site(flag: str, name: str | None, config: JobConfig | None = None) -> None:
+    """A site name flag (None: unset) that `netsense.launch.sites` accepts and, when the config
+    names sites, one of them; else a one-line `ConfigError`."""
+    from netsense.launch.sites import name_problem
+
+    if name is None:
+        return
+    problem = name_problem(name)
+    if problem:
+        raise ConfigError(f"{flag}: {problem}")
+    known = [s.name for s in config.sites] if config is not None else []
+    if known and name not in known:
+        raise ConfigError(f"{flag}: unknown site {name!r}; the config's sites are {', '.join(known)}")
+
+
 def add_config_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="TOML (or JSON) job config; flags override it")
 

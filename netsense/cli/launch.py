@@ -7,8 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from netsense.cli.flags import add_config_flag, add_job_flags, check_host, check_port, resolve_config
+from netsense.config import SettingError, override, with_sites
+from netsense.errors import ConfigError
 from netsense.launch.jsonout import strict_json
 from netsense.launch.launcher import Launcher
+from netsense.launch.sites import parse_sites
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,17 +21,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Start a parameter server and N workers as separate processes on loopback, over QUIC with "
         "TLS verification and worker authentication (dev certs are created in a cache dir). Shows progress, "
         "stops everything on Ctrl-C or on any failure.",
-        epilog="Examples:\n  netsense launch\n  netsense launch --workers 4 --codec fp16 --steps 200 --summary-json out.json",
+        epilog="Examples:\n  netsense launch\n  netsense launch --workers 4 --codec fp16 --steps 200 --summary-json out.json\n"
+        "  netsense launch --sites 'a:workers=1,shards=1;b:workers=1,shards=1' --link rate=20mbit,delay=10ms",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_flag(p)
     p.add_argument("--workers", type=int, help="number of worker processes (default 2)")
     p.add_argument("--servers", type=int, help="number of PS shard processes; keys are spread over them by size (default 1)")
+    p.add_argument("--sites", metavar="DESC", help="sites and what runs at each, e.g. 'a:workers=1,shards=1;b:workers=2,shards=1' "
+                   "(a count left out is 1): ranks and shards in that order, keys split by size over all shards, "
+                   "--link only between sites; sets --workers and --servers (TOML: [[sites]] tables)")
     p.add_argument("--summary-json", metavar="PATH", help="write the summary JSON here")
     p.add_argument("--run-dir", metavar="DIR", help="folder for the resolved config and logs (default: a temp dir)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--link", metavar="SPEC", help="emulated link between workers and PS (netsense emulate), "
-                   "e.g. rate=20mbit,delay=10ms")
+                   "e.g. rate=20mbit,delay=10ms; with --sites, between a worker and the shards of other sites")
     p.add_argument("--trace", metavar="FILE", help="rate trace for the emulated link (CSV or Mahimahi)")
     add_job_flags(
         p, train=True, staleness=True, metrics=True,
@@ -40,6 +47,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = resolve_config(args)  # every range and spec checked here, before any process starts
+    if args.sites is not None:
+        try:
+            config = override(config, sites=parse_sites(args.sites))
+        except ConfigError as exc:
+            raise ConfigError(f"--sites: {exc}") from None
+    try:
+        config = with_sites(config, {n for n in ("workers", "servers") if getattr(args, n) is not None})
+    except SettingError as exc:
+        raise ConfigError(f"--{exc.path} {exc.detail}") from None
     check_port("--metrics-port", args.metrics_port)
     check_host("--metrics-host", args.metrics_host)
     if args.metrics_port:

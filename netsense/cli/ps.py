@@ -9,7 +9,16 @@ import logging
 import signal
 import sys
 
-from netsense.cli.flags import add_config_flag, add_job_flags, check_host, check_port, resolve_config, resolve_host
+from netsense.cli.flags import (
+    add_config_flag,
+    add_job_flags,
+    add_site_flag,
+    check_host,
+    check_port,
+    check_site,
+    resolve_config,
+    resolve_host,
+)
 from netsense.devcerts import check_cert_dates, ensure_certs
 from netsense.errors import ConfigError
 from netsense.metrics import MetricsServer, PSCollector
@@ -45,6 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--resume", nargs="?", const=True, default=None, metavar="DIR",
         help="resume from the newest valid checkpoint in DIR (default: --checkpoint-dir), and keep checkpointing there",
     )  # fmt: skip
+    add_site_flag(p)
     add_job_flags(p, staleness=True, metrics=True)
     p.set_defaults(func=run)
 
@@ -67,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     config = resolve_config(args, PS_FIELDS)
     check_port("--metrics-port", args.metrics_port)
     check_host("--metrics-host", args.metrics_host)
+    check_site("--site", args.site, config)
     resolve_host("--host", config.server.host, config.server.port)  # before any certificate or socket
     state = None
     if args.resume is not None:
@@ -82,11 +93,14 @@ def run(args: argparse.Namespace) -> int:
     if state is not None:
         server.restore(state)
     metrics = (args.metrics_host, args.metrics_port) if args.metrics_port is not None else None
-    return run_loop(_serve(server, quic_config, config.transport.socket_buffer_bytes, metrics))
+    if args.site is not None:
+        log.info("parameter server at site %s", args.site)
+    return run_loop(_serve(server, quic_config, config.transport.socket_buffer_bytes, metrics, args.site))
 
 
 async def _serve(  # type: ignore[no-untyped-def]
-    server: PSServer, quic_config, socket_buffer_bytes: int, metrics_at: tuple[str, int] | None = None
+    server: PSServer, quic_config, socket_buffer_bytes: int, metrics_at: tuple[str, int] | None = None,
+    site: str | None = None,
 ) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -98,7 +112,9 @@ async def _serve(  # type: ignore[no-untyped-def]
         where = f"{server.settings.host}:{server.settings.port}"
         raise ConfigError(f"--host/--port: cannot listen on {where}: {exc.strerror or exc}") from None
     metrics = MetricsServer(PSCollector(server), metrics_at[1], metrics_at[0]) if metrics_at is not None else None
-    ready = {"event": "ready", "port": port, "version": server.store.version}
+    ready: dict[str, object] = {"event": "ready", "port": port, "version": server.store.version}
+    if site is not None:
+        ready["site"] = site
     if metrics is not None:
         ready["metrics_port"] = metrics.port
     print(json.dumps(ready), flush=True)

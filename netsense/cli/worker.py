@@ -15,8 +15,10 @@ from typing import Any
 from netsense.cli.flags import (
     add_config_flag,
     add_job_flags,
+    add_site_flag,
     check_host,
     check_port,
+    check_site,
     parse_hostports,
     resolve_config,
     resolve_host,
@@ -55,6 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--server-name", help="name to verify in the PS certificate (default: the PS host)")
     p.add_argument("--events", action="store_true", help="print progress as JSON lines on stdout")
     p.add_argument("--summary-json", metavar="PATH", help="write the worker's summary here")
+    add_site_flag(p)
     add_job_flags(p, train=True, metrics=True)
     p.set_defaults(func=run)
 
@@ -74,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     config = resolve_config(args)
     check_port("--metrics-port", args.metrics_port)
     check_host("--metrics-host", args.metrics_host)
+    check_site("--site", args.site, config)
     if args.world_size is not None and args.world_size < 1:
         raise ConfigError(f"--world-size must be >= 1, got {args.world_size}")
     env = from_environ()
@@ -101,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps({"rank": args.rank, **event}), flush=True)
 
     worker_id = args.worker_id or f"{socket.gethostname()}-r{args.rank}"
+    if args.site is not None:
+        log.info("worker %s (rank %d) at site %s", worker_id, args.rank, args.site)
     job = resolve_job_id(config.model, config.train.seed, config.train.job_id, random_part=False)
     shards = [
         dataclasses.replace(connect_settings(config, host, port, args.server_name), job_id=job, resume=config.train.resume)
@@ -130,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
             if metrics is not None:
                 metrics.close()
     summary["rank"] = args.rank
+    if args.site is not None:
+        summary["site"] = args.site
     emit({"event": "done", **summary})
     if args.summary_json:
         Path(args.summary_json).write_text(strict_json(summary, indent=2))

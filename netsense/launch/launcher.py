@@ -1,5 +1,10 @@
 """Local launcher: S PS shards + N workers as separate processes on loopback, supervised.
 
+With sites (`JobConfig.sites`), each child is told its site (``--site``) and, when a link is
+emulated, only traffic between sites goes through it: a worker reaches its own site's shards
+directly. Subclasses place each site elsewhere (`_spawn`'s ``site``, `_host`), e.g. in a network
+namespace per site (`netsense bench scenario`).
+
 Any child that fails stops the whole job (others are terminated, then killed after a grace
 period); Ctrl-C does the same. Workers report progress as JSON lines on stdout, which drive the
 progress bar and the summary.
@@ -21,11 +26,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from netsense.config import JobConfig, override, to_dict
+from netsense.config import JobConfig, override, to_dict, with_sites
 from netsense.devcerts import check_cert_dates, ensure_certs
 from netsense.errors import ProcessFailed
 from netsense.launch.env import resolve_job_id
 from netsense.launch.jsonout import strict_json
+from netsense.launch.sites import format_sites, rank_sites, shard_sites
 from netsense.models import check_model
 from netsense.transport.emulation.linkspec import parse_link
 from netsense.transport.tls import LOOPBACK_MAX_DATAGRAM_SIZE, TransportSettings
@@ -98,7 +104,8 @@ class Launcher:
         flags = ["-v"] * self.verbose
         return [sys.executable, "-m", "netsense", *flags, *args]
 
-    def _spawn(self, cmd: list[str]) -> subprocess.Popen[str]:
+    def _spawn(self, cmd: list[str], site: str | None = None) -> subprocess.Popen[str]:
+        """Start one child; `site` is where it runs (None: the emulator, or a job without sites)."""
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
         self.procs.append(p)
@@ -121,7 +128,7 @@ class Launcher:
     def run(self) -> dict[str, Any]:
         if not self._checked:
             self.check()
-        config = self.config
+        config = with_sites(self.config)
         if config.transport.max_datagram_size == TransportSettings.max_datagram_size:
             # Everything runs on loopback: the WAN-safe 1200-byte default would waste most of the CPU.
             config = override(config, transport__max_datagram_size=LOOPBACK_MAX_DATAGRAM_SIZE)
@@ -130,7 +137,8 @@ class Launcher:
             config = override(config, security__certs_dir=str(certs.ca.parent))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "launch.json").write_text(
-            json.dumps({"link": self.link, "trace": self.trace, "workers": config.workers, "servers": config.servers})
+            json.dumps({"link": self.link, "trace": self.trace, "workers": config.workers, "servers": config.servers,
+                        "sites": format_sites(config.sites) or None})
         )  # what `netsense plot RUN_DIR` needs to draw the link's true rate
         # One id for the whole job, so a long-lived PS tells this run from an earlier one.
         job = resolve_job_id(config.model, config.train.seed, config.train.job_id, random_part=True)
@@ -143,35 +151,51 @@ class Launcher:
         finally:
             stop_processes(self.procs)
 
+    def _host(self, site: str | None) -> str:
+        """The address at which the shards of `site` listen and are reached."""
+        return "127.0.0.1"
+
     def _supervise(self, cfg_path: Path, n: int) -> dict[str, Any]:
         servers = self.config.servers
+        shard_site: list[str | None] = list(shard_sites(self.config.sites)) or [None] * servers
+        rank_site: list[str | None] = list(rank_sites(self.config.sites)) or [None] * n
         down_logs = [self._down_log(i) for i in range(servers)]
         shards = []
         for i in range(servers):
             args = ["ps", "--config", str(cfg_path), "--decision-log", down_logs[i], *self._metrics_args(i)]
+            if shard_site[i] is not None:
+                args += ["--site", str(shard_site[i]), "--host", self._host(shard_site[i])]
             ckpt = self.config.server.checkpoint_dir
             if ckpt and servers > 1:
                 args += ["--checkpoint-dir", str(Path(ckpt) / f"shard-{i}")]  # each shard checkpoints alone
             if ckpt and self.config.train.resume:
                 args += ["--resume"]  # the shards restart from their checkpoints; the workers ask to resume
-            shards.append(self._spawn(self._cmd(*args)))
+            shards.append(self._spawn(self._cmd(*args), shard_site[i]))
         ports = [self._wait_ready(ps) for ps in shards]
+        direct = [f"{self._host(shard_site[i])}:{p}" for i, p in enumerate(ports)]
+        emulated = list(direct)
         emulators = []
         if self.link or self.trace:
             for i, p in enumerate(ports):  # one emulated path per shard connection
-                emulator, ports[i] = self._start_emulator(p)
+                emulator, port = self._start_emulator(p)
+                emulated[i] = f"127.0.0.1:{port}"
                 emulators.append(emulator)
-        ps_arg = ",".join(f"127.0.0.1:{p}" for p in ports)
         events: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
         workers = []
         for rank in range(n):
+            here = rank_site[rank]
+            # With sites, only the shards of other sites are behind the emulated link.
+            ps_arg = ",".join(d if here is not None and shard_site[i] == here else e
+                              for i, (d, e) in enumerate(zip(direct, emulated)))  # fmt: skip
+            site_args = ["--site", here] if here is not None else []
             w = self._spawn(
                 self._cmd(
                     "worker", "--config", str(cfg_path), "--ps", ps_arg, "--rank", str(rank),
                     "--world-size", str(n), "--worker-id", f"worker-{rank}", "--events",
                     "--server-name", "127.0.0.1", "--decision-log", self._up_log(rank),
-                    *self._metrics_args(servers + rank), *self.worker_args,
-                )
+                    *site_args, *self._metrics_args(servers + rank), *self.worker_args,
+                ),
+                here,
             )  # fmt: skip
             threading.Thread(target=_reader, args=(rank, w.stdout, events), daemon=True).start()
             workers.append(w)
@@ -236,9 +260,19 @@ class Launcher:
             "servers": servers,
             "device": first.get("device", "cpu"),
             "levels": _merge_levels(d.get("levels", {}) for d in done.values()),
+            **({"sites": self._site_summary()} if self.config.sites else {}),
             "decision_logs": [*down_logs, *(self._up_log(r) for r in range(n))],
             **({"metrics_ports": self.metrics_ports} if self.metrics_port is not None else {}),
         }
+
+    def _site_summary(self) -> list[dict[str, Any]]:
+        """Per site: its ranks and shard indices (where each process ran)."""
+        ranks, shards = rank_sites(self.config.sites), shard_sites(self.config.sites)
+        return [
+            {"name": s.name, "ranks": [r for r, x in enumerate(ranks) if x == s.name],
+             "shards": [i for i, x in enumerate(shards) if x == s.name]}
+            for s in self.config.sites
+        ]  # fmt: skip
 
     def _metrics_args(self, index: int) -> list[str]:
         """Metrics flags of child `index` (shards first, then workers): base port + index, or 0 for 0."""
