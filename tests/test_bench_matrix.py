@@ -202,6 +202,13 @@ def test_resume_refuses_other_settings(tmp_path: Path) -> None:
         matrix.run(_args(tmp_path, "--resume", "--targets", "0.5"), runner=FakeRunner())
 
 
+def test_resume_refuses_a_file_that_is_no_matrix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "results.json").write_text(json.dumps({"format": "netsense-bench-scenario", "policies": {}}))
+    assert main(["bench", "matrix", "--models", "digits-cnn", "--out", str(tmp_path / "m"), "--resume"]) == 2
+    assert "results.json is not a netsense-bench-matrix file" in capsys.readouterr().err
+
+
 def test_scenario_argv_passes_link_trace_and_settings(tmp_path: Path) -> None:
     links = matrix.parse_links("trace,unshaped")
     results = {"links": links, "targets": {"m": 0.7},

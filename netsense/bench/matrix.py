@@ -194,15 +194,15 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
 
 def check_resumable(old: dict[str, Any], new: dict[str, Any]) -> None:
     """One-line ConfigError when `old` (results.json) and `new` disagree on a shared setting."""
-    if old.get("format") != FORMAT:
+    if not isinstance(old, dict) or old.get("format") != FORMAT or not isinstance(old.get("cells"), dict):
         raise ConfigError(f"--resume: results.json is not a {FORMAT} file")
     for key, value in new["settings"].items():
-        if old["settings"].get(key) != value:
+        if old.get("settings", {}).get(key) != value:
             raise ConfigError(f"--resume: results.json ran with {key}={old['settings'].get(key)}, now {value}; "
                               "use the same flags or another --out")  # fmt: skip
     for table in ("links", "targets"):
         for name, value in new[table].items():
-            if name in old[table] and old[table][name] != value:
+            if name in old.get(table, {}) and old[table][name] != value:
                 raise ConfigError(f"--resume: {table[:-1]} {name} was {old[table][name]}, now {value}; use another --out")
 
 
