@@ -11,7 +11,7 @@ import argparse
 
 from netsense.cli import register_modules
 
-KINDS: tuple[str, ...] = ("codecs", "transport", "scenario", "shards")
+KINDS: tuple[str, ...] = ("codecs", "transport", "scenario", "matrix", "shards")
 """Bench kinds, in --help order; a kind whose module does not exist yet is simply absent."""
 
 
