@@ -1,0 +1,185 @@
+"""Windowed progress: what error feedback delivers over W steps, measured on the run's gradients.
+
+One step's error prices an error-feedback codec as if what it left out were lost; it is not, it is
+sent later (docs/POLICIES.md, "Windowed progress"). Over a window of W steps with residuals r,
+error feedback sends sum(sent) = sum(g) + r_start - r_end, so the window's update misses the
+uncompressed one by D = r_start - r_end, whatever the codec did step by step. Judged against the
+uncompressed window update, whose energy already holds SGD's own noise,
+
+    q_W = |sum g|^2 / (|sum g|^2 + |D|^2),     E|sum g|^2 = W^2 |G|^2 + W tr(Sigma_B),
+
+which is McCandlish et al. (2018)'s (1 + B_noise/B') / (1 + B_noise/B' + e) at the window's batch
+B' = W B, with e = |D|^2 / (W^2 |G|^2): compression error costs progress only relative to the
+gradient noise that SGD carries anyway. W = 1 gives back the one-step 1 / (1 + error / energy).
+
+`WindowProbe` runs error feedback for every candidate level on its own residuals, on one fixed
+subsample of the real gradient stream: W steps to fill the residuals, W steps measured. The same
+W measured steps give the gradient noise scale (the pairwise estimator: |G|^2 from the cross
+products of different steps, tr(Sigma_B) from the rest), reported as B_noise / B. Sans I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from netsense.errors import CompressionError
+
+from .base import Codec, make_codec
+from .progress import subsample
+
+log = logging.getLogger(__name__)
+
+WINDOW_SAMPLE_NUMEL = 1 << 14
+"""Elements of the fixed subsample a window runs on: 2W codec calls per level per window, so a
+quarter of a one-step candidate round's sample (top-k 0.1% still keeps 16 entries)."""
+
+
+@dataclass(frozen=True)
+class NoiseScale:
+    """The gradient noise scale of one window (McCandlish et al. 2018), from W per-step gradients."""
+
+    signal: float
+    """|G|^2, the true gradient's energy: mean of <g_s, g_t> over s != t (may come out <= 0 when
+    noise swamps it)."""
+    noise: float
+    """tr(Sigma_B), the per-step gradient's noise energy: mean |g_t|^2 less `signal`."""
+
+    @property
+    def ratio(self) -> float:
+        """B_noise / B = tr(Sigma_B) / |G|^2 (inf when no signal is measurable)."""
+        return self.noise / self.signal if self.signal > 0 else math.inf
+
+
+def noise_scale(sum_energy: float, energy_sum: float, steps: int) -> NoiseScale:
+    """Unbiased |G|^2 and tr(Sigma_B) from |sum_t g_t|^2 (`sum_energy`) and sum_t |g_t|^2
+    (`energy_sum`) over `steps` >= 2 independent steps of a fixed G."""
+    if steps < 2:
+        raise ValueError(f"a noise scale needs at least 2 steps, got {steps}")
+    signal = (sum_energy - energy_sum) / (steps * (steps - 1))
+    return NoiseScale(signal=signal, noise=energy_sum / steps - signal)
+
+
+def window_progress(sum_energy: float, error: float) -> float | None:
+    """q_W from |sum g|^2 (`sum_energy`) and |r_start - r_end|^2 (`error`); None when sum g is zero."""
+    if not sum_energy > 0:
+        return None
+    return sum_energy / (sum_energy + max(0.0, error))
+
+
+@dataclass(frozen=True)
+class WindowResult:
+    """What one window measured: q_W per level (levels whose codec failed are left out) and the
+    gradient noise scale of its measured steps."""
+
+    progress: dict[int, float]
+    """q_W per ladder level."""
+    noise: NoiseScale
+    """The measured steps' gradient noise scale."""
+    steps: int
+    """W."""
+
+
+class WindowProbe:
+    """Error feedback for each of `specs` (keyed by ladder level) on one fixed subsample of a
+    gradient stream: `feed` one step's gradients (per key, the same shapes every step) 2W times;
+    the last call returns the `WindowResult`. With `cumulative`, what is fed are running totals
+    (the PS's parameters) and a step's gradient is the change since the previous feed (one more
+    feed: the first only sets the base)."""
+
+    def __init__(self, specs: dict[int, str], *, window: int, numel: int = WINDOW_SAMPLE_NUMEL, cumulative: bool = False) -> None:
+        if window < 2:
+            raise ValueError(f"a progress window needs at least 2 steps, got {window}")
+        self.window = window
+        self.numel = numel
+        self.cumulative = cumulative
+        self.specs = dict(specs)
+        self._codecs: dict[int, list[Codec]] = {}
+        self._residual: dict[int, list[torch.Tensor]] = {}
+        self._start: dict[int, list[torch.Tensor]] = {}
+        self._shapes: list[tuple[int, ...]] | None = None
+        self._base: list[torch.Tensor] | None = None
+        self._sum: list[torch.Tensor] = []
+        self._energy_sum = 0.0
+        self.fed = 0
+        """Gradient steps taken in (the base of a cumulative stream not counted)."""
+
+    @property
+    def done(self) -> bool:
+        return self.fed >= 2 * self.window
+
+    def feed(self, tensors: Sequence[torch.Tensor]) -> WindowResult | None:
+        """Take in one step; returns the result at the window's last step, None before. A change of
+        shapes (a key appeared or vanished) or a non-finite gradient restarts the window."""
+        sample = subsample(tensors, self.numel)
+        shapes = [tuple(x.shape) for x in sample]
+        if self._shapes is not None and shapes != self._shapes:
+            log.debug("progress window restarted: gradient shapes changed")
+            self._restart()
+        self._shapes = shapes
+        if self.cumulative:
+            base, self._base = self._base, sample
+            if base is None:
+                return None
+            sample = [x - b for x, b in zip(sample, base)]
+        if not sample or not all(bool(torch.isfinite(x).all()) for x in sample):
+            self._restart()
+            return None
+        measuring = self.fed >= self.window
+        if self.fed == self.window:
+            self._start = {lv: [r.clone() for r in rs] for lv, rs in self._residual.items()}
+            self._sum = [torch.zeros_like(x) for x in sample]
+        for level in list(self.specs):
+            self._step_level(level, sample)
+        if measuring:
+            for acc, x in zip(self._sum, sample):
+                acc.add_(x)
+            self._energy_sum += sum(float(torch.dot(x.reshape(-1), x.reshape(-1))) for x in sample)
+        self.fed += 1
+        return self._result() if self.done else None
+
+    def _step_level(self, level: int, sample: list[torch.Tensor]) -> None:
+        """One error-feedback step of `level` on every key; a failing codec drops the level."""
+        codecs = self._codecs.get(level)
+        if codecs is None:
+            codecs = self._codecs[level] = [make_codec(self.specs[level]) for _ in sample]
+            self._residual[level] = [torch.zeros_like(x) for x in sample]
+        residual = self._residual[level]
+        try:
+            for i, (codec, x) in enumerate(zip(codecs, sample)):
+                v = x + residual[i]
+                sent = codec.decode(codec.encode(v)).float()
+                left = v - sent
+                if not bool(torch.isfinite(left).all()):
+                    raise CompressionError(f"{codec.spec} decoded NaN or inf")
+                residual[i] = left
+        except (CompressionError, ValueError, RuntimeError) as exc:
+            log.warning("progress window: level %d (%s) dropped: %s", level, self.specs[level], exc)
+            for store in (self.specs, self._codecs, self._residual, self._start):
+                store.pop(level, None)
+
+    def _result(self) -> WindowResult:
+        sum_energy = sum(float(torch.dot(s.reshape(-1), s.reshape(-1))) for s in self._sum)
+        progress = {}
+        for level, residual in self._residual.items():
+            start = self._start.get(level)
+            if start is None:
+                continue
+            error = sum(float((a - b).square().sum()) for a, b in zip(start, residual))
+            q = window_progress(sum_energy, error)
+            if q is not None:
+                progress[level] = q
+        return WindowResult(progress, noise_scale(sum_energy, self._energy_sum, self.window), self.window)
+
+    def _restart(self) -> None:
+        self._codecs.clear()
+        self._residual.clear()
+        self._start.clear()
+        self._sum = []
+        self._energy_sum = 0.0
+        self._base = None
+        self.fed = 0
