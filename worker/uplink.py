@@ -199,6 +199,16 @@ class UplinkController:
         timings the worker has: the PS decodes the uplink on the same kind of machine)."""
         return self.loop.measure(levels, tensors)
 
+    def window_due(self) -> bool:
+        """Whether this step's local gradient goes to a progress window (`feed_window`), on the
+        policy's schedule counted from `PROGRESS_START_STEP` as the candidate rounds'."""
+        return self._step >= PROGRESS_START_STEP and self.loop.window_due(self._step - PROGRESS_START_STEP)
+
+    def feed_window(self, tensors: list[Any]) -> None:
+        """This step's local gradient per key (before error feedback) for the window under way:
+        a few encodes + decodes of a 2^14-element subsample per lossy level."""
+        self.loop.feed_window(tensors)
+
     def observe_progress(self, level: int | None, progress: float | None) -> None:
         """The measured q of the level just sent (from error feedback's sums)."""
         if level is not None and progress is not None:
