@@ -206,12 +206,15 @@ class NetsensePolicy(Policy):
     def progress_window(self, step: int) -> tuple[list[int], int]:
         """The lossy levels that could win: those whose predicted step P_l is within (1 + eps) of
         the last decision's best cost C* (at q = 1 they would be accepted; the others cannot be,
-        whatever they measure), every lossy level before the law has predicted. On the candidate
-        rounds' schedule (`progress_every`), when the time since the last window is at least the
+        whatever they measure), every lossy level before the law has predicted. The first window
+        at the first step asked (priors are worst cases: until it ends, PowerSGD is priced 0.05),
+        later ones on the candidate rounds' schedule (`progress_every`), when the time since the last window is at least the
         window's predicted cost (2W codec calls per level on its sample) over `progress_budget`;
         W is `progress_window`."""
         s = self.settings
-        if not s.progress_aware or s.progress_window < 2 or s.progress_every <= 0 or step % s.progress_every:
+        if not s.progress_aware or s.progress_window < 2 or s.progress_every <= 0:
+            return [], 0
+        if step % s.progress_every and self._window_at is not None:  # the first window starts at once
             return [], 0
         contend = self._contenders
         levels = [i for i, lv in enumerate(self.ladder) if not lv.lossless and (contend is None or i in contend)]
