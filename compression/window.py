@@ -13,7 +13,7 @@ B' = W B, with e = |D|^2 / (W^2 |G|^2): compression error costs progress only re
 gradient noise that SGD carries anyway. W = 1 gives back the one-step 1 / (1 + error / energy).
 
 `WindowProbe` runs error feedback for every candidate level on its own residuals, on one fixed
-subsample of the real gradient stream: W steps to fill the residuals, W steps measured. The same
+subsample of the real gradient stream: W/2 steps to fill the residuals, W steps measured. The same
 W measured steps give the gradient noise scale (the pairwise estimator: |G|^2 from the cross
 products of different steps, tr(Sigma_B) from the rest), reported as B_noise / B. Sans I/O.
 """
@@ -35,7 +35,7 @@ from .progress import subsample
 log = logging.getLogger(__name__)
 
 WINDOW_SAMPLE_NUMEL = 1 << 14
-"""Elements of the fixed subsample a window runs on: 2W codec calls per level per window, so a
+"""Elements of the fixed subsample a window runs on: 1.5 W codec calls per level per window, so a
 quarter of a one-step candidate round's sample (top-k 0.1% still keeps 16 entries)."""
 
 
@@ -81,20 +81,36 @@ class WindowResult:
     noise: NoiseScale
     """The measured steps' gradient noise scale."""
     steps: int
-    """W."""
+    """The measured steps behind it: W, or fewer for an interim result."""
+    interim: bool = False
+    """An early look (`WindowProbe.interim` measured steps): fewer re-sends credited than W, so it
+    prices error feedback lower than the window will; it stands in for priors until then."""
 
 
 class WindowProbe:
     """Error feedback for each of `specs` (keyed by ladder level) on one fixed subsample of a
-    gradient stream: `feed` one step's gradients (per key, the same shapes every step) 2W times;
-    the last call returns the `WindowResult`. With `cumulative`, what is fed are running totals
-    (the PS's parameters) and a step's gradient is the change since the previous feed (one more
-    feed: the first only sets the base)."""
+    gradient stream: `feed` one step's gradients (per key, the same shapes every step) `warm` + W
+    times (`warm` W // 2 unless given: the residuals of error feedback around a contraction settle
+    within a few steps, top-k's slowly whatever the wait); the last call returns the `WindowResult`,
+    the call after `interim` measured steps (W // 4 unless given; 0: none) an interim one. With
+    `cumulative`, what is fed are running totals (the PS's parameters) and a step's gradient is the
+    change since the previous feed (one more feed: the first only sets the base)."""
 
-    def __init__(self, specs: dict[int, str], *, window: int, numel: int = WINDOW_SAMPLE_NUMEL, cumulative: bool = False) -> None:
+    def __init__(
+        self,
+        specs: dict[int, str],
+        *,
+        window: int,
+        numel: int = WINDOW_SAMPLE_NUMEL,
+        cumulative: bool = False,
+        warm: int | None = None,
+        interim: int | None = None,
+    ) -> None:
         if window < 2:
             raise ValueError(f"a progress window needs at least 2 steps, got {window}")
         self.window = window
+        self.warm = window // 2 if warm is None else warm
+        self.interim = window // 4 if interim is None else interim
         self.numel = numel
         self.cumulative = cumulative
         self.specs = dict(specs)
@@ -110,7 +126,7 @@ class WindowProbe:
 
     @property
     def done(self) -> bool:
-        return self.fed >= 2 * self.window
+        return self.fed >= self.warm + self.window
 
     def feed(self, tensors: Sequence[torch.Tensor]) -> WindowResult | None:
         """Take in one step; returns the result at the window's last step, None before. A change of
@@ -129,8 +145,8 @@ class WindowProbe:
         if not sample or not all(bool(torch.isfinite(x).all()) for x in sample):
             self._restart()
             return None
-        measuring = self.fed >= self.window
-        if self.fed == self.window:
+        measuring = self.fed >= self.warm
+        if self.fed == self.warm:
             self._start = {lv: [r.clone() for r in rs] for lv, rs in self._residual.items()}
             self._sum = [torch.zeros_like(x) for x in sample]
         for level in list(self.specs):
@@ -140,7 +156,11 @@ class WindowProbe:
                 acc.add_(x)
             self._energy_sum += sum(float(torch.dot(x.reshape(-1), x.reshape(-1))) for x in sample)
         self.fed += 1
-        return self._result() if self.done else None
+        if self.done:
+            return self._result(self.window)
+        if 2 <= self.interim < self.window and self.fed == self.warm + self.interim:
+            return self._result(self.interim)
+        return None
 
     def _step_level(self, level: int, sample: list[torch.Tensor]) -> None:
         """One error-feedback step of `level` on every key; a failing codec drops the level."""
@@ -162,7 +182,7 @@ class WindowProbe:
             for store in (self.specs, self._codecs, self._residual, self._start):
                 store.pop(level, None)
 
-    def _result(self) -> WindowResult:
+    def _result(self, steps: int) -> WindowResult:
         sum_energy = sum(float(torch.dot(s.reshape(-1), s.reshape(-1))) for s in self._sum)
         progress = {}
         for level, residual in self._residual.items():
@@ -173,7 +193,8 @@ class WindowProbe:
             q = window_progress(sum_energy, error)
             if q is not None:
                 progress[level] = q
-        return WindowResult(progress, noise_scale(sum_energy, self._energy_sum, self.window), self.window)
+        noise = noise_scale(sum_energy, self._energy_sum, steps)
+        return WindowResult(progress, noise, steps, interim=steps < self.window)
 
     def _restart(self) -> None:
         self._codecs.clear()

@@ -201,8 +201,10 @@ class UplinkController:
 
     def window_due(self) -> bool:
         """Whether this step's local gradient goes to a progress window (`feed_window`), on the
-        policy's schedule counted from `PROGRESS_START_STEP` as the candidate rounds'."""
-        return self._step >= PROGRESS_START_STEP and self.loop.window_due(self._step - PROGRESS_START_STEP)
+        policy's schedule counted from the first step after `STARTUP_STEPS`: a window step (a few
+        ms) is no candidate round (~0.1 s), and until the first window ends PowerSGD is priced by
+        its prior (0.05), which on a bandwidth-bound model is most of the way to the target."""
+        return self._step > STARTUP_STEPS and self.loop.window_due(self._step - STARTUP_STEPS - 1)
 
     def feed_window(self, tensors: list[Any]) -> None:
         """This step's local gradient per key (before error feedback) for the window under way:

@@ -52,7 +52,7 @@ class Policy(ABC):
 
     def progress_window(self, step: int) -> tuple[list[int], int]:
         """Ladder levels to run a progress window for (`netsense.compression.window`: error feedback
-        on a fixed subsample of the gradients fed from `step` on, 2W steps), and W. Asked only while
+        on a fixed subsample of the gradients fed from `step` on, 1.5 W steps), and W. Asked only while
         no window runs. Default: none."""
         return [], 0
 

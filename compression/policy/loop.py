@@ -109,12 +109,14 @@ class PolicyLoop:
 
     def feed_window(self, tensors: list[torch.Tensor]) -> WindowResult | None:
         """One step of the window under way (the uplink's gradients, the downlink's parameters, per
-        key); at its last step the result goes to the policy (`Policy.observe_window`) and is returned."""
+        key); an interim result and the final one go to the policy (`Policy.observe_window`) and
+        are returned."""
         if self.window is None:
             return None
         result = self.window.feed(tensors)
         if result is not None:
-            self.window = None
+            if not result.interim:
+                self.window = None
             self.policy.observe_window(result)
         return result
 

@@ -68,10 +68,11 @@ class NetsensePolicySettings:
     progress_window: int = 16
     """W of the progress windows (`netsense.compression.window`): every `progress_every` steps,
     within `progress_budget`, every lossy level runs error feedback on a fixed 2^14-element
-    subsample of the next 2W steps' gradients and is priced by what stays out of the last W
+    subsample of the next 1.5 W steps' gradients and is priced by what stays out of the last W
     steps' update against that update's energy, SGD noise included; that q_W replaces one step's
     figure for good (0: one step's error only, as before 2026-12-01). Longer windows credit error
-    feedback's re-sends more; 16 keeps a window's 2W steps short beside a run's hundreds."""
+    feedback's re-sends more; 16 keeps a window's 24 steps short beside a run's hundreds (an
+    interim figure after W/4 measured steps stands in for the priors until the window ends)."""
     measured_costs: bool = True
     """Predict with each level's measured encode/decode seconds per MB (`observe_costs`: the
     sender's timings and the candidate rounds) instead of the ladder's figures once timed."""

@@ -55,17 +55,25 @@ class ProgressEstimate:
         """Whether each level's q has been measured (a lossless level needs no measurement)."""
         self.windowed = [False] * len(ladder)
         """Whether each level has a windowed q (`update_window`): then one step's figures no longer count."""
+        self.interim = [False] * len(ladder)
+        """Whether each level's q is an interim window's (it, too, stops one step's figures)."""
         self.noise: NoiseScale | None = None
         """The gradient noise scale of the latest progress window (signal and noise EWMAs)."""
 
     def update(self, level: int, q: float) -> None:
         """Fold in one one-step measurement of level `level` (the first replaces the prior outright);
         ignored once the level has a windowed q: one step's error overprices error feedback."""
-        if not self.windowed[level]:
+        if not self.windowed[level] and not self.interim[level]:
             self._fold(level, q)
 
-    def update_window(self, level: int, q: float) -> None:
-        """Fold in a windowed q_W of `level`; the first replaces whatever one-step figure it had."""
+    def update_window(self, level: int, q: float, *, interim: bool = False) -> None:
+        """Fold in a windowed q_W of `level`; the first replaces whatever one-step figure it had.
+        An interim q_W (fewer steps credited) stands in only until the level's first full one."""
+        if interim:
+            if not self.windowed[level]:
+                self.values[level] = min(1.0, max(self.floor, q))
+                self.measured[level] = self.interim[level] = True
+            return
         if not self.windowed[level]:
             self.measured[level] = False
         self.windowed[level] = True

@@ -74,7 +74,7 @@ def run_windows(specs: dict[int, str], *, window: int, windows: int, g2: float, 
     for _ in range(windows):
         probe = WindowProbe(specs, window=window)
         result = None
-        while result is None:
+        while result is None or result.interim:
             result = probe.feed(next(grads))
         results.append(result)
     return results
@@ -108,7 +108,7 @@ def test_a_codec_that_withholds_coordinates_is_priced_by_what_stays_out() -> Non
     # The window's update misses sum(g) on the dropped half exactly: q = |sum g|^2 / (|sum g|^2 + |sum g_half|^2).
     gen = torch.Generator().manual_seed(3)
     grads = [[torch.randn(D, generator=gen) + 1.0] for _ in range(8)]
-    probe = WindowProbe({3: "winfakedrop"}, window=4)
+    probe = WindowProbe({3: "winfakedrop"}, window=4, warm=4)
     result = None
     for g in grads:
         result = probe.feed(g)
@@ -157,7 +157,7 @@ def test_noise_dominated_streams_price_qsgd4_close_to_one() -> None:
     one_step = measure_progress(make("qsgd:4"), next(grads))
     probe = WindowProbe({2: "qsgd:4", 5: "topk:0.001+fp16"}, window=16)
     result = None
-    while result is None:
+    while result is None or result.interim:
         result = probe.feed(next(grads))
     assert result.noise.ratio > 10
     # One step: omega ~1.4, q 0.42; the window misses two steps' errors against 16 steps of noise.
@@ -170,7 +170,7 @@ def test_cumulative_stream_is_differenced_and_bad_input_restarts() -> None:
     # The PS feeds parameters: the probe's gradients are their changes. Same stream both ways, same q.
     gen = torch.Generator().manual_seed(4)
     steps = [torch.randn(256, generator=gen) + 0.5 for _ in range(8)]
-    direct, cumul = WindowProbe({1: "qsgd:4"}, window=4), WindowProbe({1: "qsgd:4"}, window=4, cumulative=True)
+    direct, cumul = WindowProbe({1: "qsgd:4"}, window=4, warm=4), WindowProbe({1: "qsgd:4"}, window=4, warm=4, cumulative=True)
     params = torch.zeros(256)
     assert cumul.feed([params.clone()]) is None  # the base
     r1 = r2 = None
@@ -179,7 +179,7 @@ def test_cumulative_stream_is_differenced_and_bad_input_restarts() -> None:
         r1, r2 = direct.feed([s]), cumul.feed([params.clone()])
     assert r1 is not None and r2 is not None
     assert abs(r1.noise.signal - r2.noise.signal) < 1e-3 * abs(r1.noise.signal)
-    probe = WindowProbe({1: "qsgd:4"}, window=2)
+    probe = WindowProbe({1: "qsgd:4"}, window=2, warm=2)
     probe.feed([torch.ones(8)])
     probe.feed([torch.full((8,), math.nan)])  # a non-finite gradient: the window starts over
     assert probe.fed == 0
@@ -192,3 +192,16 @@ def make(spec: str):
     from netsense.compression import make_codec
 
     return make_codec(spec)
+
+
+def test_an_interim_result_comes_after_a_quarter_of_the_measured_steps_and_prices_lower() -> None:
+    gen = torch.Generator().manual_seed(5)
+    grads = stream(gen, g2=1.0, tr=16.0)
+    probe = WindowProbe({1: "winfakenoise"}, window=16)
+    results = []
+    for step in range(24):
+        r = probe.feed(next(grads))
+        if r is not None:
+            results.append((step, r))
+    assert [(step, r.interim, r.steps) for step, r in results] == [(11, True, 4), (23, False, 16)]
+    assert results[0][1].progress[1] < results[1][1].progress[1]  # fewer re-sends credited
