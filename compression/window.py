@@ -13,7 +13,8 @@ B' = W B, with e = |D|^2 / (W^2 |G|^2): compression error costs progress only re
 gradient noise that SGD carries anyway. W = 1 gives back the one-step 1 / (1 + error / energy).
 
 `WindowProbe` runs error feedback for every candidate level on its own residuals, on one fixed
-subsample of the real gradient stream: W/2 steps to fill the residuals, W steps measured. The same
+subsample of the real gradient stream (whole keys for low-rank levels, whose error depends on the
+matrix's size): W/2 steps to fill the residuals, W steps measured. The same
 W measured steps give the gradient noise scale (the pairwise estimator: |G|^2 from the cross
 products of different steps, tr(Sigma_B) from the rest), reported as B_noise / B. Sans I/O.
 """
@@ -30,6 +31,7 @@ import torch
 from netsense.errors import CompressionError
 
 from .base import Codec, make_codec
+from .lowrank import PowerSGD
 from .progress import subsample
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,11 @@ log = logging.getLogger(__name__)
 WINDOW_SAMPLE_NUMEL = 1 << 14
 """Elements of the fixed subsample a window runs on: 1.5 W codec calls per level per window, so a
 quarter of a one-step candidate round's sample (top-k 0.1% still keeps 16 entries)."""
+
+
+def sees_whole_keys(spec: str) -> bool:
+    """Whether a window runs `spec` on whole keys rather than on the subsample (low-rank codecs)."""
+    return isinstance(make_codec(spec), PowerSGD)
 
 
 @dataclass(frozen=True)
@@ -114,13 +121,14 @@ class WindowProbe:
         self.numel = numel
         self.cumulative = cumulative
         self.specs = dict(specs)
+        # Low-rank levels see whole keys: a rank-r fit to a row subsample keeps far more of a
+        # noisy matrix's energy than the same fit to the matrix (4 of 6 rows: nearly all), so on
+        # a subsample PowerSGD's q_W came out 0.96 where the whole keys gave 0.73.
+        self._whole = {level for level, spec in self.specs.items() if sees_whole_keys(spec)}
+        self._streams = {False: _Stream(), True: _Stream()}  # keyed by "whole keys"
         self._codecs: dict[int, list[Codec]] = {}
         self._residual: dict[int, list[torch.Tensor]] = {}
         self._start: dict[int, list[torch.Tensor]] = {}
-        self._shapes: list[tuple[int, ...]] | None = None
-        self._base: list[torch.Tensor] | None = None
-        self._sum: list[torch.Tensor] = []
-        self._energy_sum = 0.0
         self.fed = 0
         """Gradient steps taken in (the base of a cumulative stream not counted)."""
 
@@ -131,30 +139,38 @@ class WindowProbe:
     def feed(self, tensors: Sequence[torch.Tensor]) -> WindowResult | None:
         """Take in one step; returns the result at the window's last step, None before. A change of
         shapes (a key appeared or vanished) or a non-finite gradient restarts the window."""
-        sample = subsample(tensors, self.numel)
-        shapes = [tuple(x.shape) for x in sample]
-        if self._shapes is not None and shapes != self._shapes:
-            log.debug("progress window restarted: gradient shapes changed")
+        kinds = {level in self._whole for level in self.specs} or {False}
+        samples: dict[bool, list[torch.Tensor]] = {}
+        for whole in kinds:
+            sample = subsample(tensors, 1 << 62 if whole else self.numel)
+            stream = self._streams[whole]
+            shapes = [tuple(x.shape) for x in sample]
+            if stream.shapes is not None and shapes != stream.shapes:
+                log.debug("progress window restarted: gradient shapes changed")
+                self._restart()
+                stream = self._streams[whole]
+            stream.shapes = shapes
+            if self.cumulative:
+                base, stream.base = stream.base, sample
+                if base is None:
+                    continue
+                sample = [x - b for x, b in zip(sample, base)]
+            samples[whole] = sample
+        if len(samples) < len(kinds):
+            return None  # the base of a cumulative stream
+        if not all(x.numel() and bool(torch.isfinite(x).all()) for sample in samples.values() for x in sample):
             self._restart()
-        self._shapes = shapes
-        if self.cumulative:
-            base, self._base = self._base, sample
-            if base is None:
-                return None
-            sample = [x - b for x, b in zip(sample, base)]
-        if not sample or not all(bool(torch.isfinite(x).all()) for x in sample):
-            self._restart()
+            return None
+        if not all(samples.values()):
             return None
         measuring = self.fed >= self.warm
         if self.fed == self.warm:
             self._start = {lv: [r.clone() for r in rs] for lv, rs in self._residual.items()}
-            self._sum = [torch.zeros_like(x) for x in sample]
         for level in list(self.specs):
-            self._step_level(level, sample)
+            self._step_level(level, samples[level in self._whole])
         if measuring:
-            for acc, x in zip(self._sum, sample):
-                acc.add_(x)
-            self._energy_sum += sum(float(torch.dot(x.reshape(-1), x.reshape(-1))) for x in sample)
+            for whole, sample in samples.items():
+                self._streams[whole].add(sample)
         self.fed += 1
         if self.done:
             return self._result(self.window)
@@ -183,24 +199,42 @@ class WindowProbe:
                 store.pop(level, None)
 
     def _result(self, steps: int) -> WindowResult:
-        sum_energy = sum(float(torch.dot(s.reshape(-1), s.reshape(-1))) for s in self._sum)
         progress = {}
         for level, residual in self._residual.items():
             start = self._start.get(level)
             if start is None:
                 continue
             error = sum(float((a - b).square().sum()) for a, b in zip(start, residual))
-            q = window_progress(sum_energy, error)
+            q = window_progress(self._streams[level in self._whole].sum_energy(), error)
             if q is not None:
                 progress[level] = q
-        noise = noise_scale(sum_energy, self._energy_sum, steps)
+        stream = self._streams[False] if self._streams[False].sum else self._streams[True]
+        noise = noise_scale(stream.sum_energy(), stream.energy_sum, steps)
         return WindowResult(progress, noise, steps, interim=steps < self.window)
 
     def _restart(self) -> None:
         self._codecs.clear()
         self._residual.clear()
         self._start.clear()
-        self._sum = []
-        self._energy_sum = 0.0
-        self._base = None
+        self._streams = {False: _Stream(), True: _Stream()}
         self.fed = 0
+
+
+class _Stream:
+    """One view of the gradient stream (a subsample, or whole keys): its measured steps' sums."""
+
+    def __init__(self) -> None:
+        self.shapes: list[tuple[int, ...]] | None = None
+        self.base: list[torch.Tensor] | None = None  # the last running total (cumulative streams)
+        self.sum: list[torch.Tensor] = []  # sum of g over the measured steps, per key
+        self.energy_sum = 0.0  # sum of |g|^2 over the measured steps
+
+    def add(self, sample: list[torch.Tensor]) -> None:
+        if not self.sum:
+            self.sum = [torch.zeros_like(x) for x in sample]
+        for acc, x in zip(self.sum, sample):
+            acc.add_(x)
+        self.energy_sum += sum(float(torch.dot(x.reshape(-1), x.reshape(-1))) for x in sample)
+
+    def sum_energy(self) -> float:
+        return sum(float(torch.dot(x.reshape(-1), x.reshape(-1))) for x in self.sum)

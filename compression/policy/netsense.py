@@ -12,7 +12,7 @@ import math
 from dataclasses import replace
 
 from ..progress import DEFAULT_SAMPLE_NUMEL
-from ..window import WINDOW_SAMPLE_NUMEL, WindowResult
+from ..window import WINDOW_SAMPLE_NUMEL, WindowResult, sees_whole_keys
 from .bandwidth import BandwidthEstimate
 from .base import Policy
 from .costs import CodecCosts, TransportCost
@@ -209,7 +209,7 @@ class NetsensePolicy(Policy):
         whatever they measure), every lossy level before the law has predicted. The first window
         at the first step asked (priors are worst cases: until it ends, PowerSGD is priced 0.05),
         later ones on the candidate rounds' schedule (`progress_every`), when the time since the last window is at least the
-        window's predicted cost (1.5 W codec calls per level on its sample) over `progress_budget`;
+        window's predicted cost (1.5 W codec calls per level on its sample: whole keys for low-rank levels) over `progress_budget`;
         W is `progress_window`."""
         s = self.settings
         if not s.progress_aware or s.progress_window < 2 or s.progress_every <= 0:
@@ -221,7 +221,8 @@ class NetsensePolicy(Policy):
         if not levels:
             return [], 0
         if self._window_at is not None and s.progress_budget > 0:
-            cost = 1.5 * s.progress_window * sum(self.costs.level(i).codec_s(4 * WINDOW_SAMPLE_NUMEL) for i in levels)
+            sample = {i: self._payload_bytes if sees_whole_keys(self.ladder[i].spec) else 4 * WINDOW_SAMPLE_NUMEL for i in levels}
+            cost = 1.5 * s.progress_window * sum(self.costs.level(i).codec_s(sample[i]) for i in levels)
             if (self._now_s - self._window_at) * s.progress_budget < cost:
                 return [], 0
         self._window_at = self._now_s

@@ -205,3 +205,23 @@ def test_an_interim_result_comes_after_a_quarter_of_the_measured_steps_and_price
             results.append((step, r))
     assert [(step, r.interim, r.steps) for step, r in results] == [(11, True, 4), (23, False, 16)]
     assert results[0][1].progress[1] < results[1][1].progress[1]  # fewer re-sends credited
+
+
+def test_low_rank_levels_see_whole_keys_and_are_not_flattered_by_a_row_subsample() -> None:
+    # A rank-2 fit to 8 of 512 rows keeps far more of a noisy matrix than the fit to all 512 rows.
+    gen = torch.Generator().manual_seed(6)
+    signal = torch.randn(512, 512, generator=gen) * 0.1
+
+    def q(probe: WindowProbe) -> float:
+        result = None
+        while result is None or result.interim:
+            result = probe.feed([signal + torch.randn(512, 512, generator=gen)])
+        return result.progress[2]
+
+    whole = WindowProbe({1: "qsgd:4", 2: "powersgd:2"}, window=8, numel=1 << 12)
+    q_whole = q(whole)
+    assert whole._residual[2][0].shape == (512, 512) and whole._residual[1][0].numel() <= 1 << 12
+    rows = WindowProbe({2: "powersgd:2"}, window=8, numel=1 << 12)
+    rows._whole.clear()  # what the probe did before whole keys: the row subsample
+    assert q(rows) > q_whole + 0.1
+    assert abs(q(WindowProbe({2: "powersgd:2"}, window=8, numel=1 << 14)) - q_whole) < 0.03  # whole keys: the sample size does not matter
