@@ -225,3 +225,21 @@ def test_low_rank_levels_see_whole_keys_and_are_not_flattered_by_a_row_subsample
     rows._whole.clear()  # what the probe did before whole keys: the row subsample
     assert q(rows) > q_whole + 0.1
     assert abs(q(WindowProbe({2: "powersgd:2"}, window=8, numel=1 << 14)) - q_whole) < 0.03  # whole keys: the sample size does not matter
+
+
+def test_a_window_step_runs_on_one_thread_and_restores_the_setting() -> None:
+    seen: list[int] = []
+
+    class Spy(_Fake):
+        def transform(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(torch.get_num_threads())
+            return x
+
+    register_codec("winfakespy", lambda arg: Spy("winfakespy"))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        WindowProbe({1: "winfakespy"}, window=4).feed([torch.ones(8)])
+        assert seen == [1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
