@@ -63,6 +63,28 @@ def sender_encode_s(codec: Codec, sample: LevelSample) -> float:
     return sample.encode_s if codec.lossless else sample.encode_s + sample.decode_s
 
 
+def subsample(tensors: Iterable[torch.Tensor], max_numel: int) -> list[torch.Tensor]:
+    """Dense fp32 copies of the non-empty `tensors`, whole while their total fits `max_numel`;
+    beyond that each keeps an evenly spaced subsample of its share (rows of a matrix, elements of a
+    vector; see `measure_level`). The same shapes always give the same positions, so a stream of
+    gradients subsampled step after step is one fixed set of coordinates (`netsense.compression.window`)."""
+    items = [t.detach().float() for t in tensors if t.numel() > 0]
+    total = sum(t.numel() for t in items)
+    out = []
+    for x in items:
+        share = max(1, x.numel() * max_numel // total)
+        if x.numel() > share:
+            if x.dim() >= 2:
+                rows = max(1, x.shape[0] * share // x.numel())
+                x = x[:: max(1, x.shape[0] // rows)][:rows]
+            else:
+                x = x.reshape(-1)[:: x.numel() // share][:share]
+        # Dense strides, not just `contiguous()`: a one-element subsample keeps its stride (16 seen),
+        # which `is_contiguous` accepts and a codec's byte view of the cast does not.
+        out.append(x.clone(memory_format=torch.contiguous_format))
+    return out
+
+
 def measure_progress(codec: Codec, tensors: Iterable[torch.Tensor], *, max_numel: int = DEFAULT_SAMPLE_NUMEL) -> float | None:
     """q of `codec` applied to each tensor on its own (as the uplink applies it per key); see
     `measure_level`, which also times it."""
@@ -80,23 +102,12 @@ def measure_level(codec: Codec, tensors: Iterable[torch.Tensor], *, max_numel: i
     are the codec's own (no error feedback), per key like the real send: a cost sample for levels
     the policy has not sent.
     """
-    items = [t.detach().float() for t in tensors if t.numel() > 0]
-    total = sum(t.numel() for t in items)
-    if total == 0:
+    items = subsample(tensors, max_numel)
+    if not items:
         return None
     energy = error = encode_s = decode_s = 0.0
     numel = 0
     for x in items:
-        share = max(1, x.numel() * max_numel // total)
-        if x.numel() > share:
-            if x.dim() >= 2:
-                rows = max(1, x.shape[0] * share // x.numel())
-                x = x[:: max(1, x.shape[0] // rows)][:rows]
-            else:
-                x = x.reshape(-1)[:: x.numel() // share][:share]
-        # Dense strides, not just `contiguous()`: a one-element subsample keeps its stride (16 seen),
-        # which `is_contiguous` accepts and a codec's byte view of the cast does not.
-        x = x.clone(memory_format=torch.contiguous_format)
         t0 = time.perf_counter()
         payload = codec.encode(x)
         t1 = time.perf_counter()

@@ -120,9 +120,12 @@ class DownlinkController:
 
     def measure(self, version: int, params: dict[str, torch.Tensor], shadow: dict[str, torch.Tensor]) -> dict[int, float]:
         """At the start of `version`'s step: measure the candidates of the last snapshot if it was
-        taken one update ago, then snapshot the shadow when the policy asks for candidates now.
+        taken one update ago, then snapshot the shadow when the policy asks for candidates now; and
+        feed the parameters to a progress window under way (its steps are their changes).
         Returns the q measured per level (fed to the policy with the timings)."""
         measured: dict[int, float] = {}
+        if version > 0 and self.loop.window_due(version):  # the window diffs parameters into updates
+            self.loop.feed_window(list(params.values()))
         snap, self._snapshot = self._snapshot, None
         if snap is not None and snap[0] + 1 == version and snap[2].keys() == params.keys():
             update = [params[k] - snap[2][k] for k in params]

@@ -95,11 +95,14 @@ class GradientEncoder:
                 sources[slot.key] = source
 
     def track_progress(self, level: int | None, spec: str) -> None:
-        """Feed the policy the progress efficiency q of the level just sent (error feedback's sums)
-        and, when it asks, of candidate levels measured on g + r, the next step's likely input."""
+        """Feed the policy the progress efficiency q of the level just sent (error feedback's sums),
+        this step's gradient to a progress window under way, and, when it asks, candidate levels
+        measured on g + r, the next step's likely input."""
         if self.uplink.policy.wants_gradient_norm:
             self.uplink.observe_gradient(self.gradient_norm())
         self.observe_progress(level, spec)
+        if self.uplink.window_due():
+            self.uplink.feed_window([slot.view(slot.param.grad) for slot in self.slots if slot.param.grad is not None])
         candidates = self.uplink.progress_candidates()
         if not candidates:
             return

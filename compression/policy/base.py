@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from .decision import ChooseRequest, Decision, SendReport, predict_request
+from ..window import WindowResult
 from .ladder import Ladder, Level, level_for
 from .link import LinkState
 
@@ -48,6 +49,19 @@ class Policy(ABC):
         """Ladder levels whose q the caller should measure on this step's gradient (cheaply, off the
         critical path) and report with `observe_progress`. Default: none."""
         return []
+
+    def progress_window(self, step: int) -> tuple[list[int], int]:
+        """Ladder levels to run a progress window for (`netsense.compression.window`: error feedback
+        on a fixed subsample of the gradients fed from `step` on, 1.5 W steps), and W. Asked only while
+        no window runs. Default: none."""
+        return [], 0
+
+    def observe_window(self, result: WindowResult) -> None:
+        """What a progress window measured: q_W per level and the gradient noise scale. Default: ignored."""
+
+    def observe_ratio(self, *, level: int, ratio: float) -> None:
+        """The wire ratio of ladder level `level` measured on the run's own tensor shapes (a
+        low-rank codec's depends on them). Default: ignored (the ladder's nominal ratio stands)."""
 
     wants_gradient_norm: bool = False
     """Whether the caller should compute each step's gradient norm for `observe_gradient` (a pass

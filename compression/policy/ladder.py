@@ -26,7 +26,7 @@ from netsense.errors import CompressionError, ConfigError
 
 from ..base import make_codec
 
-DEFAULT_LADDER = "fp32,fp16,qsgd:8,qsgd:4,topk:0.1+fp16,topk:0.01+fp16,topk:0.001+fp16"
+DEFAULT_LADDER = "fp32,fp16,qsgd:8,qsgd:4,powersgd:4,powersgd:2,topk:0.01+fp16,powersgd:1,topk:0.001+fp16"
 """The default ladder (docs/POLICIES.md, "The ladder"): fp32 -> 16-bit -> 8/4-bit stochastic
 quantization -> top-k 10%, 1%, 0.1%."""
 

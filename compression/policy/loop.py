@@ -3,7 +3,8 @@
 Each direction runs the same cycle: time the compute between sends (an EWMA), ask the policy for a
 level, feed back what the send cost and the encode took (skipping a level's first encode, which
 pays lazy set-up), measure candidate levels on a gradient sample, count the levels sent, write the
-decision log. `PolicyLoop` is that cycle; `netsense.worker.uplink` and `netsense.ps.downlink` read
+decision log, and run the progress windows (`netsense.compression.window`) on the stream of
+gradients (the uplink) or of parameters (the downlink, whose steps are their changes). `PolicyLoop` is that cycle; `netsense.worker.uplink` and `netsense.ps.downlink` read
 the connections and clocks and hand it plain values.
 """
 
@@ -16,6 +17,7 @@ import torch
 
 from ..base import Codec, make_codec
 from ..progress import WARM_UP_NUMEL, measure_level
+from ..window import WindowProbe, WindowResult
 from .base import Policy
 from .decision import ChooseRequest, Decision, SendReport
 from .decisionlog import DecisionLog
@@ -48,6 +50,9 @@ class PolicyLoop:
         their state and the sends' codecs must not see the samples."""
         self.log = DecisionLog(decision_log, direction=direction, extra=log_fields) if decision_log else None
         self._warm: set[int] = set()  # levels encoded once: their first encode paid lazy set-up
+        self.window: WindowProbe | None = None
+        """The progress window under way, None between windows."""
+        self._cumulative = direction == "down"  # the downlink feeds parameters, not gradients
 
     def time_compute(self, sample_s: float) -> None:
         """Fold one compute-time sample into the EWMA."""
@@ -91,13 +96,41 @@ class PolicyLoop:
                 measured[level] = q
         return measured
 
+    def window_due(self, step: int) -> bool:
+        """Whether `feed_window` wants this step's tensors: a window is under way, or the policy
+        starts one at `step` (`Policy.progress_window`)."""
+        if self.window is None:
+            levels, steps = self.policy.progress_window(step)
+            if not levels or steps < 2:
+                return False
+            specs = {level: self.policy.ladder[level].spec for level in levels}
+            self.window = WindowProbe(specs, window=steps, cumulative=self._cumulative)
+        return True
+
+    def feed_window(self, tensors: list[torch.Tensor]) -> WindowResult | None:
+        """One step of the window under way (the uplink's gradients, the downlink's parameters, per
+        key); an interim result and the final one go to the policy (`Policy.observe_window`) and
+        are returned."""
+        if self.window is None:
+            return None
+        result = self.window.feed(tensors)
+        if result is not None:
+            if not result.interim:
+                self.window = None
+            self.policy.observe_window(result)
+        return result
+
     def _codec(self, level: int, tensors: list[torch.Tensor]) -> Codec:
         """The candidate codec of `level`; a new one is called once on a small sample of `tensors`
-        first: a first call pays lazy set-up (2-10x), which must not count as the level's cost."""
+        first: a first call pays lazy set-up (2-10x), which must not count as the level's cost.
+        A new one also reports the level's wire ratio on the tensors' real shapes (`measure_ratio`)."""
         codec = self.codecs.get(level)
         if codec is None:
             codec = self.codecs[level] = make_codec(self.policy.ladder[level].spec)
             measure_level(codec, tensors, max_numel=WARM_UP_NUMEL)
+            ratio = measure_ratio(self.policy.ladder[level].spec, tensors)
+            if ratio is not None:
+                self.policy.observe_ratio(level=level, ratio=ratio)
         return codec
 
     def write(
@@ -111,3 +144,15 @@ class PolicyLoop:
     def close(self) -> None:
         if self.log is not None:
             self.log.close()
+
+
+def measure_ratio(spec: str, tensors: list[torch.Tensor]) -> float | None:
+    """Wire bytes over fp32 bytes of `spec` on random tensors of `tensors`' shapes, each key on its
+    own (a fresh codec): a low-rank codec's ratio depends on the shapes, which subsamples distort.
+    One full-size encode per level, once per run; None for no elements."""
+    dense = sum(4 * t.numel() for t in tensors)
+    if dense == 0:
+        return None
+    codec, gen = make_codec(spec), torch.Generator().manual_seed(0)
+    wire = sum(codec.encode(torch.randn(t.shape, generator=gen)).wire_size for t in tensors if t.numel() > 0)
+    return wire / dense

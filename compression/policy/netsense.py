@@ -9,8 +9,10 @@ estimate in `bandwidth`, the settings in `netsense_settings`.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ..progress import DEFAULT_SAMPLE_NUMEL
+from ..window import WINDOW_SAMPLE_NUMEL, WindowResult, sees_whole_keys
 from .bandwidth import BandwidthEstimate
 from .base import Policy
 from .costs import CodecCosts, TransportCost
@@ -56,6 +58,9 @@ class NetsensePolicy(Policy):
         self._last_send_slow = False  # the last send took much longer than predicted
         self._min_rtt_s = 0.0
         self._round: tuple[int, float] | None = None  # step and link time of the latest candidate round
+        self._window_at: float | None = None  # link time the latest progress window started
+        self._ratios: dict[int, float] = {}  # wire ratios measured on the run's shapes (`observe_ratio`)
+        self._contenders: list[int] | None = None  # levels the law could accept at q = 1 (last decision)
 
     @property
     def level(self) -> int | None:
@@ -105,6 +110,8 @@ class NetsensePolicy(Policy):
             # it overstates comm time, so it may choose only among levels that lose no measurable
             # progress (fp32, fp16, and 8-bit once measured): the worst it costs is a cast.
             preds = [p if q[i] >= 1 - s.progress_tol else math.inf for i, p in enumerate(preds)]
+        best = min(p / qi for p, qi in zip(preds, q))
+        self._contenders = [i for i, p in enumerate(preds) if p <= (1 + s.eps) * best]
         reason = self.hold.step(preds, q, bw) + (" (lower bound B)" if bound is not None else "")
         index = self.level
         assert index is not None
@@ -181,6 +188,46 @@ class NetsensePolicy(Policy):
         if 0 <= level < len(self.ladder) and math.isfinite(progress):
             self.progress.update(level, progress)
 
+    def observe_window(self, result: WindowResult) -> None:
+        """Folds a progress window's q_W into each level's q (it replaces one-step figures for good)
+        and its noise scale into the estimate (`ProgressEstimate.noise`)."""
+        for level, q in result.progress.items():
+            if 0 <= level < len(self.ladder) and math.isfinite(q):
+                self.progress.update_window(level, q, interim=result.interim)
+        if not result.interim and math.isfinite(result.noise.signal) and math.isfinite(result.noise.noise):
+            self.progress.update_noise(result.noise)
+
+    def observe_ratio(self, *, level: int, ratio: float) -> None:
+        """A level's wire ratio on the run's shapes replaces the nominal one (PowerSGD's nominal
+        ratio assumes one square matrix: 4x too small for wide-mlp's keys)."""
+        if 0 <= level < len(self.ladder) and math.isfinite(ratio) and ratio > 0:
+            self._ratios[level] = ratio
+
+    def progress_window(self, step: int) -> tuple[list[int], int]:
+        """The lossy levels that could win: those whose predicted step P_l is within (1 + eps) of
+        the last decision's best cost C* (at q = 1 they would be accepted; the others cannot be,
+        whatever they measure), every lossy level before the law has predicted. The first window
+        at the first step asked (priors are worst cases: until it ends, PowerSGD is priced 0.05),
+        later ones on the candidate rounds' schedule (`progress_every`), when the time since the last window is at least the
+        window's predicted cost (1.5 W codec calls per level on its sample: whole keys for low-rank levels) over `progress_budget`;
+        W is `progress_window`."""
+        s = self.settings
+        if not s.progress_aware or s.progress_window < 2 or s.progress_every <= 0:
+            return [], 0
+        if step % s.progress_every and self._window_at is not None:  # the first window starts at once
+            return [], 0
+        contend = self._contenders
+        levels = [i for i, lv in enumerate(self.ladder) if not lv.lossless and (contend is None or i in contend)]
+        if not levels:
+            return [], 0
+        if self._window_at is not None and s.progress_budget > 0:
+            sample = {i: self._payload_bytes if sees_whole_keys(self.ladder[i].spec) else 4 * WINDOW_SAMPLE_NUMEL for i in levels}
+            cost = 1.5 * s.progress_window * sum(self.costs.level(i).codec_s(sample[i]) for i in levels)
+            if (self._now_s - self._window_at) * s.progress_budget < cost:
+                return [], 0
+        self._window_at = self._now_s
+        return levels, s.progress_window
+
     def progress_candidates(self, step: int) -> list[int]:
         """Every lossy level, every `progress_every` steps (from step 0) within `progress_budget` of
         the time: priors are worst-case bounds, so a level is judged on its measured q before long,
@@ -225,8 +272,10 @@ class NetsensePolicy(Policy):
         )
 
     def _levels_now(self) -> list[Level]:
-        """The ladder with measured codec costs where timed (the ladder's figures otherwise)."""
-        return self.costs.levels() if self.settings.measured_costs else list(self.ladder)
+        """The ladder with measured codec costs where timed (the ladder's figures otherwise) and
+        wire ratios measured on the run's shapes where known."""
+        levels = self.costs.levels() if self.settings.measured_costs else list(self.ladder)
+        return [replace(lv, ratio=self._ratios[i]) if i in self._ratios else lv for i, lv in enumerate(levels)]
 
     def _per_byte_s(self) -> float:
         """The transport's measured marginal seconds per wire byte (0 while unknown or off)."""

@@ -65,6 +65,14 @@ class NetsensePolicySettings:
     (to the next multiple) until the time since the last one is at least its predicted cost (every
     lossy level's measured codec time on the sample) over this share (0: no limit). Unshaped, a
     round took 15-30 ms on a 15-18 ms step: every 50 steps that was ~5 % of the run."""
+    progress_window: int = 16
+    """W of the progress windows (`netsense.compression.window`): every `progress_every` steps,
+    within `progress_budget`, every lossy level runs error feedback on a fixed 2^14-element
+    subsample of the next 1.5 W steps' gradients and is priced by what stays out of the last W
+    steps' update against that update's energy, SGD noise included; that q_W replaces one step's
+    figure for good (0: one step's error only, as before 2026-12-01). Longer windows credit error
+    feedback's re-sends more; 16 keeps a window's 24 steps short beside a run's hundreds (an
+    interim figure after W/4 measured steps stands in for the priors until the window ends)."""
     measured_costs: bool = True
     """Predict with each level's measured encode/decode seconds per MB (`observe_costs`: the
     sender's timings and the candidate rounds) instead of the ladder's figures once timed."""
@@ -98,4 +106,5 @@ class NetsensePolicySettings:
         require(0 < s.progress_floor <= 1, n, "progress_floor", s.progress_floor, "in (0, 1]")
         require(s.progress_every >= 0, n, "progress_every", s.progress_every, ">= 0")
         require(0 <= s.progress_budget < 1, n, "progress_budget", s.progress_budget, "in [0, 1)")
+        require(s.progress_window == 0 or s.progress_window >= 2, n, "progress_window", s.progress_window, "0 or >= 2")
         require(s.cost_window >= 1, n, "cost_window", s.cost_window, ">= 1")

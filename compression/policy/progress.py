@@ -1,6 +1,7 @@
-"""What a policy makes of progress efficiency q (`netsense.compression.progress` measures it): one
-EWMA per ladder level, seeded with the codec's conservative prior (`Level.progress`), and the hand-off
-of one candidate measurement (its q and what the codec cost) to the policy."""
+"""What a policy makes of progress efficiency q: one EWMA per ladder level, seeded with the codec's
+conservative prior (`Level.progress`), fed one step's figures (`netsense.compression.progress`) until
+a progress window (`netsense.compression.window`) has priced the level over several steps; and the
+hand-off of one candidate measurement (its q and what the codec cost) to the policy."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from ..base import Codec
 from ..progress import measure_level, sender_encode_s
+from ..window import NoiseScale
 from .ladder import Ladder
 
 
@@ -51,9 +53,44 @@ class ProgressEstimate:
         """Current q per level, in ladder order."""
         self.measured = [lv.lossless for lv in ladder]
         """Whether each level's q has been measured (a lossless level needs no measurement)."""
+        self.windowed = [False] * len(ladder)
+        """Whether each level has a windowed q (`update_window`): then one step's figures no longer count."""
+        self.interim = [False] * len(ladder)
+        """Whether each level's q is an interim window's (it, too, stops one step's figures)."""
+        self.noise: NoiseScale | None = None
+        """The gradient noise scale of the latest progress window (signal and noise EWMAs)."""
 
     def update(self, level: int, q: float) -> None:
-        """Fold in one measurement of level `level`; the first replaces the prior outright."""
+        """Fold in one one-step measurement of level `level` (the first replaces the prior outright);
+        ignored once the level has a windowed q: one step's error overprices error feedback."""
+        if not self.windowed[level] and not self.interim[level]:
+            self._fold(level, q)
+
+    def update_window(self, level: int, q: float, *, interim: bool = False) -> None:
+        """Fold in a windowed q_W of `level`; the first replaces whatever one-step figure it had.
+        An interim q_W (fewer steps credited) stands in only until the level's first full one."""
+        if interim:
+            if not self.windowed[level]:
+                self.values[level] = min(1.0, max(self.floor, q))
+                self.measured[level] = self.interim[level] = True
+            return
+        if not self.windowed[level]:
+            self.measured[level] = False
+        self.windowed[level] = True
+        self._fold(level, q)
+
+    def update_noise(self, noise: NoiseScale) -> None:
+        """Fold in a window's noise scale: signal and noise separately (a ratio of means, not a mean
+        of ratios, which one window with |G|^2 ~ 0 would swamp)."""
+        if self.noise is None:
+            self.noise = noise
+            return
+        a = self.alpha
+        self.noise = NoiseScale(
+            signal=a * noise.signal + (1 - a) * self.noise.signal, noise=a * noise.noise + (1 - a) * self.noise.noise
+        )
+
+    def _fold(self, level: int, q: float) -> None:
         q = min(1.0, max(self.floor, q))
         if not self.measured[level]:
             self.values[level], self.measured[level] = q, True

@@ -108,11 +108,11 @@ def test_level_cost_arithmetic() -> None:
 
 
 def test_default_ladder_when_codecs_registered() -> None:
-    missing = {"qsgd", "topk"} - set(codec_names())
+    missing = {"qsgd", "topk", "powersgd"} - set(codec_names())
     if missing:
         pytest.skip(f"codecs {sorted(missing)} not registered yet")
     ladder = Ladder.default()
-    assert len(ladder) == 7 and ladder.spec.split(",")[0] == "fp32"
+    assert len(ladder) == 9 and ladder.spec.split(",")[0] == "fp32"
     assert ladder[0].lossless and not any(lv.lossless for lv in ladder.levels[1:])
     assert DEFAULT_LADDER.split(",")[-1] == "topk:0.001+fp16"
     assert ladder[-1].ratio < 0.01

@@ -1,0 +1,124 @@
+"""The policy's side of the progress windows: schedule, pricing that outlasts one step's figures,
+the loop that feeds them, and wire ratios measured on the run's shapes."""
+
+from __future__ import annotations
+
+import torch
+
+import netsense.compression  # noqa: F401  (registers the codecs the ladder names)
+from netsense.compression.policy import ChooseRequest, make_policy
+from netsense.compression.policy.ladder import DEFAULT_LADDER, Ladder
+from netsense.compression.policy.link import LinkState
+from netsense.compression.policy.loop import PolicyLoop, measure_ratio
+from netsense.compression.policy.netsense import NetsensePolicy
+from netsense.compression.window import NoiseScale, WindowResult
+
+S = 1_349_160  # wide-mlp's dense fp32 gradient
+LADDER = Ladder.parse(DEFAULT_LADDER, numel=S // 4)
+Q4 = LADDER.find("qsgd:4")
+SHAPES = [(544, 64), (544,), (544, 544), (544,), (10, 544), (10,)]
+
+
+def policy(**settings: object) -> NetsensePolicy:
+    p = make_policy("netsense", LADDER, **settings)
+    assert isinstance(p, NetsensePolicy)
+    return p
+
+
+def choose(p: NetsensePolicy, bw_Bps: float, step: int, t: float) -> int:
+    lk = LinkState(time_s=t, bandwidth_Bps=bw_Bps, min_rtt_s=0.02, srtt_s=0.02)
+    d = p.choose(ChooseRequest(link=lk, payload_bytes=S, compute_s=0.001, step=step))
+    assert d.level is not None
+    return d.level
+
+
+def result(progress: dict[int, float]) -> WindowResult:
+    return WindowResult(progress, NoiseScale(signal=1.0, noise=30.0), steps=16)
+
+
+def test_a_windowed_q_replaces_one_step_figures_for_good() -> None:
+    p = policy()
+    p.observe_progress(level=Q4, progress=0.3)  # one step of qsgd:4 on heavy-tailed gradients
+    assert p.progress[Q4] == 0.3
+    p.observe_window(result({Q4: 0.95}))
+    assert p.progress[Q4] == 0.95  # the first window replaces the one-step figure outright
+    p.observe_progress(level=Q4, progress=0.3)
+    assert p.progress[Q4] == 0.95  # and later one-step figures no longer count
+    p.observe_window(result({Q4: 0.85}))
+    assert abs(p.progress[Q4] - (0.3 * 0.85 + 0.7 * 0.95)) < 1e-9
+    fresh = policy()
+    fresh.observe_window(WindowResult({Q4: 0.6}, NoiseScale(1.0, 1.0), steps=4, interim=True))
+    assert fresh.progress[Q4] == 0.6 and fresh.progress.noise is None  # interim: stands in for the prior
+    fresh.observe_progress(level=Q4, progress=0.3)
+    assert fresh.progress[Q4] == 0.6
+    fresh.observe_window(result({Q4: 0.9}))
+    assert fresh.progress[Q4] == 0.9  # the full window replaces it outright
+    fresh.observe_window(WindowResult({Q4: 0.5}, NoiseScale(1.0, 1.0), steps=4, interim=True))
+    assert fresh.progress[Q4] == 0.9  # and later interims do not count
+    assert p.progress.noise is not None and p.progress.noise.ratio == 30.0
+
+
+def test_a_window_can_make_the_law_pick_powersgd_over_qsgd() -> None:
+    # 50 Mbit/s, wide-mlp: qsgd:4 sends 171 kB (27 ms), powersgd:2 ~23 kB (4 ms). With one step's
+    # figures (cold PowerSGD ~0.05) qsgd:4 wins; once windows price both, PowerSGD does.
+    p = policy()
+    for i, lv in enumerate(LADDER):
+        if not lv.lossless:
+            p.observe_costs(level=i, dense_bytes=S, encode_s=0.002, decode_s=0.0005)
+            p.observe_ratio(level=i, ratio=measure_ratio(lv.spec, [torch.zeros(s) for s in SHAPES]) or 1.0)
+    p.observe_progress(level=Q4, progress=0.9)
+    before = [choose(p, 6.25e6, step, step * 0.05) for step in range(20)]
+    assert before[-1] == Q4
+    windowed = {i: 0.5 if lv.spec.startswith("topk") else 0.9 for i, lv in enumerate(LADDER) if not lv.lossless}
+    p.observe_window(result({**windowed, Q4: 0.97}))
+    after = [choose(p, 6.25e6, step, step * 0.05) for step in range(20, 40)]
+    assert LADDER[after[-1]].spec.startswith("powersgd")
+
+
+def test_windows_are_asked_for_the_levels_that_could_win_within_the_budget() -> None:
+    p = policy(progress_budget=0.01)
+    levels, w = p.progress_window(0)
+    assert w == 16 and levels == [i for i, lv in enumerate(LADDER) if not lv.lossless]  # nothing predicted yet
+    assert p.progress_window(1) == ([], 0)  # off the `progress_every` schedule
+    assert policy().progress_window(3)[1] == 16  # but the first window starts at once
+    for i, lv in enumerate(LADDER):
+        if not lv.lossless:  # top-k ~15 ms/MB here, the others ~2
+            encode = 0.02 if lv.spec.startswith("topk") else 0.003
+            p.observe_costs(level=i, dense_bytes=S, encode_s=encode, decode_s=0.001)
+    # Unshaped (10 Gbit/s): a heavy level's codec time alone exceeds fp16's whole step, so only
+    # the light levels could win; a window costs 2 * 16 * sum of their codec time on its sample.
+    choose(p, 1.25e9, 50, 1000.0)
+    levels, _ = p.progress_window(50)
+    assert levels and all(not LADDER[i].lossless for i in levels)
+    assert LADDER.find("topk:0.001+fp16") not in levels
+    choose(p, 1.25e9, 100, 1000.01)
+    assert p.progress_window(100) == ([], 0)  # 10 ms after the last: over the budget
+    assert policy(progress_window=0).progress_window(0) == ([], 0)  # off
+
+
+def test_the_loop_runs_a_window_on_the_stream_and_feeds_the_policy() -> None:
+    p = policy(progress_every=1)
+    loop = PolicyLoop(p, direction="up")
+    gen = torch.Generator().manual_seed(0)
+    base = [torch.randn(s, generator=gen) * 0.05 for s in SHAPES]
+    step, result = 0, None
+    while result is None or result.interim:
+        assert loop.window_due(step)
+        result = loop.feed_window([b + torch.randn(b.shape, generator=gen) for b in base])
+        step += 1
+    assert step == 24 and loop.window is None
+    assert set(result.progress) == {i for i, lv in enumerate(LADDER) if not lv.lossless}
+    assert all(p.progress.windowed[i] for i in result.progress)
+    assert result.noise.ratio > 10  # noise 1 per element against a 0.05 signal
+    assert result.progress[Q4] > 0.9 and result.progress[Q4] > result.progress[LADDER.find("topk:0.001+fp16")]
+
+
+def test_powersgd_ratio_is_measured_on_the_keys_shapes() -> None:
+    tensors = [torch.zeros(s) for s in SHAPES]
+    ratio = measure_ratio("powersgd:2", tensors)
+    assert ratio is not None and 0.012 < ratio < 0.02  # factors of each matrix, biases dense
+    default = Ladder.default()  # nominal ratios at 2^20 elements, as one square matrix
+    assert default[default.find("powersgd:2")].ratio < ratio / 4  # 4x too small for these keys
+    flat = measure_ratio("qsgd:4", [t.reshape(-1) for t in tensors])  # elementwise: shapes do not matter
+    assert flat is not None and abs(measure_ratio("qsgd:4", tensors) - flat) < 1e-3 * flat  # type: ignore[operator]
+    assert measure_ratio("fp16", []) is None

@@ -1,0 +1,245 @@
+"""Windowed progress (compression/window.py) on synthetic gradient streams whose answer is known."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from netsense.compression import Codec, Payload, register_codec
+from netsense.compression.progress import measure_progress
+from netsense.compression.window import WindowProbe, noise_scale, window_progress
+
+D = 4096  # elements per stream: below the probe's sample size, so it sees every one
+
+
+class _Fake(Codec):
+    """Decodes what it was last given, transformed: a codec whose error is known exactly."""
+
+    lossless = False
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        self._last: torch.Tensor | None = None
+
+    def encode(self, tensor: torch.Tensor) -> Payload:
+        self._last = tensor.detach().clone()
+        return Payload(self.spec, tuple(tensor.shape), "float32", (b"",))
+
+    def decode(self, payload: Payload, *, device: torch.device | str = "cpu") -> torch.Tensor:
+        assert self._last is not None
+        return self.transform(self._last)
+
+    def transform(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class DropHalf(_Fake):
+    """Never sends the second half of the coordinates: its residual there grows step after step."""
+
+    def transform(self, x: torch.Tensor) -> torch.Tensor:
+        out = x.clone()
+        out.reshape(-1)[x.numel() // 2 :] = 0
+        return out
+
+
+class AddNoise(_Fake):
+    """Unbiased: adds fresh Gaussian noise, NOISE_ENERGY per step over all keys (shared by size)."""
+
+    gen = torch.Generator().manual_seed(7)
+
+    def transform(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.randn(x.shape, generator=self.gen) * math.sqrt(NOISE_ENERGY / D)
+
+
+NOISE_ENERGY = 50.0
+register_codec("winfakedrop", lambda arg: DropHalf("winfakedrop"))
+register_codec("winfakenoise", lambda arg: AddNoise("winfakenoise"))
+
+
+def stream(gen: torch.Generator, *, g2: float, tr: float):
+    """Gradients g = G + noise with |G|^2 = g2 and tr(Sigma) = tr, as one 1-D key and one matrix key."""
+    g = torch.randn(D, generator=gen)
+    g *= math.sqrt(g2) / g.norm()
+    while True:
+        x = g + torch.randn(D, generator=gen) * math.sqrt(tr / D)
+        yield [x[: D // 2], x[D // 2 :].reshape(32, -1)]
+
+
+def run_windows(specs: dict[int, str], *, window: int, windows: int, g2: float, tr: float, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    grads = stream(gen, g2=g2, tr=tr)
+    results = []
+    for _ in range(windows):
+        probe = WindowProbe(specs, window=window)
+        result = None
+        while result is None or result.interim:
+            result = probe.feed(next(grads))
+        results.append(result)
+    return results
+
+
+def test_noise_scale_is_exact_on_two_known_steps() -> None:
+    # g1 = (1, 1), g2 = (1, -1): cross product 0 -> |G|^2 0; mean |g|^2 = 2 -> noise 2.
+    ns = noise_scale(sum_energy=4.0, energy_sum=4.0, steps=2)
+    assert ns.signal == 0 and ns.noise == 2 and ns.ratio == math.inf
+    with pytest.raises(ValueError):
+        noise_scale(1.0, 1.0, 1)
+
+
+@pytest.mark.parametrize(("g2", "tr"), [(1.0, 20.0), (4.0, 1.0)])
+def test_noise_scale_estimate_converges_to_the_stream(g2: float, tr: float) -> None:
+    results = run_windows({}, window=8, windows=40, g2=g2, tr=tr)
+    signal = sum(r.noise.signal for r in results) / len(results)
+    noise = sum(r.noise.noise for r in results) / len(results)
+    assert signal == pytest.approx(g2, rel=0.25)
+    assert noise == pytest.approx(tr, rel=0.1)
+    assert noise / signal == pytest.approx(tr / g2, rel=0.35)
+
+
+def test_window_progress_formula() -> None:
+    assert window_progress(3.0, 1.0) == 0.75
+    assert window_progress(0.0, 1.0) is None
+    assert window_progress(2.0, -1.0) == 1.0
+
+
+def test_a_codec_that_withholds_coordinates_is_priced_by_what_stays_out() -> None:
+    # The window's update misses sum(g) on the dropped half exactly: q = |sum g|^2 / (|sum g|^2 + |sum g_half|^2).
+    gen = torch.Generator().manual_seed(3)
+    grads = [[torch.randn(D, generator=gen) + 1.0] for _ in range(8)]
+    probe = WindowProbe({3: "winfakedrop"}, window=4, warm=4)
+    result = None
+    for g in grads:
+        result = probe.feed(g)
+    assert result is not None and probe.done
+    total = sum(g[0] for g in grads[4:])
+    half = total[D // 2 :]
+    expected = float(total.square().sum()) / float(total.square().sum() + half.square().sum())
+    assert result.progress[3] == pytest.approx(expected, rel=1e-5)
+
+
+def test_an_unbiased_codec_gets_the_q_the_formula_gives() -> None:
+    # Under error feedback an additive noise n_t is re-sent next step: the window misses n_start - n_end,
+    # energy 2 * NOISE_ENERGY, against E|sum g|^2 = W^2 |G|^2 + W tr.
+    w, g2, tr = 8, 1.0, 16.0
+    results = run_windows({1: "winfakenoise"}, window=w, windows=30, g2=g2, tr=tr)
+    mean_q = sum(r.progress[1] for r in results) / len(results)
+    sum_energy = w * w * g2 + w * tr
+    expected = sum_energy / (sum_energy + 2 * NOISE_ENERGY)
+    assert mean_q == pytest.approx(expected, abs=0.04)
+    one_step = (g2 + tr) / (g2 + tr + NOISE_ENERGY)  # what one step's error/energy ratio gives
+    assert mean_q > one_step + 0.2
+
+
+def test_error_feedback_prices_a_biased_codec_above_its_one_step_error() -> None:
+    gen = torch.Generator().manual_seed(1)
+    grads = stream(gen, g2=4.0, tr=4.0)
+    one_step = measure_progress(make("topk:0.1"), next(grads))
+    results = run_windows({4: "topk:0.1"}, window=8, windows=6, g2=4.0, tr=4.0)
+    windowed = min(r.progress[4] for r in results)
+    assert one_step is not None and one_step < 0.5
+    assert windowed > one_step + 0.2
+
+
+def test_noise_dominated_streams_price_qsgd4_close_to_one() -> None:
+    # Heavy-tailed noise (a few large coordinates) makes one step of qsgd:4 costly; over a window the
+    # re-sent error is small beside the noise that SGD carries anyway.
+    gen = torch.Generator().manual_seed(2)
+    g = torch.randn(D, generator=gen) * 0.01
+
+    def heavy():
+        while True:
+            n = torch.randn(D, generator=gen) * (torch.rand(D, generator=gen) < 0.01) * 30
+            yield [g + n + 0.1 * torch.randn(D, generator=gen)]
+
+    grads = heavy()
+    one_step = measure_progress(make("qsgd:4"), next(grads))
+    probe = WindowProbe({2: "qsgd:4", 5: "topk:0.001+fp16"}, window=16)
+    result = None
+    while result is None or result.interim:
+        result = probe.feed(next(grads))
+    assert result.noise.ratio > 10
+    # One step: omega ~1.4, q 0.42; the window misses two steps' errors against 16 steps of noise.
+    assert one_step is not None and one_step < 0.5
+    assert result.progress[2] > max(0.8, 1.8 * one_step)
+    assert result.progress[5] < result.progress[2]
+
+
+def test_cumulative_stream_is_differenced_and_bad_input_restarts() -> None:
+    # The PS feeds parameters: the probe's gradients are their changes. Same stream both ways, same q.
+    gen = torch.Generator().manual_seed(4)
+    steps = [torch.randn(256, generator=gen) + 0.5 for _ in range(8)]
+    direct, cumul = WindowProbe({1: "qsgd:4"}, window=4, warm=4), WindowProbe({1: "qsgd:4"}, window=4, warm=4, cumulative=True)
+    params = torch.zeros(256)
+    assert cumul.feed([params.clone()]) is None  # the base
+    r1 = r2 = None
+    for s in steps:
+        params += s
+        r1, r2 = direct.feed([s]), cumul.feed([params.clone()])
+    assert r1 is not None and r2 is not None
+    assert abs(r1.noise.signal - r2.noise.signal) < 1e-3 * abs(r1.noise.signal)
+    probe = WindowProbe({1: "qsgd:4"}, window=2, warm=2)
+    probe.feed([torch.ones(8)])
+    probe.feed([torch.full((8,), math.nan)])  # a non-finite gradient: the window starts over
+    assert probe.fed == 0
+    probe.feed([torch.ones(8)])
+    probe.feed([torch.ones(4)])  # the shapes changed: starts over with this step
+    assert probe.fed == 1
+
+
+def make(spec: str):
+    from netsense.compression import make_codec
+
+    return make_codec(spec)
+
+
+def test_an_interim_result_comes_after_a_quarter_of_the_measured_steps_and_prices_lower() -> None:
+    gen = torch.Generator().manual_seed(5)
+    grads = stream(gen, g2=1.0, tr=16.0)
+    probe = WindowProbe({1: "winfakenoise"}, window=16)
+    results = []
+    for step in range(24):
+        r = probe.feed(next(grads))
+        if r is not None:
+            results.append((step, r))
+    assert [(step, r.interim, r.steps) for step, r in results] == [(11, True, 4), (23, False, 16)]
+    assert results[0][1].progress[1] < results[1][1].progress[1]  # fewer re-sends credited
+
+
+def test_low_rank_levels_see_whole_keys_and_are_not_flattered_by_a_row_subsample() -> None:
+    # A rank-2 fit to 8 of 512 rows keeps far more of a noisy matrix than the fit to all 512 rows.
+    gen = torch.Generator().manual_seed(6)
+    signal = torch.randn(512, 512, generator=gen) * 0.1
+
+    def q(probe: WindowProbe) -> float:
+        result = None
+        while result is None or result.interim:
+            result = probe.feed([signal + torch.randn(512, 512, generator=gen)])
+        return result.progress[2]
+
+    whole = WindowProbe({1: "qsgd:4", 2: "powersgd:2"}, window=8, numel=1 << 12)
+    q_whole = q(whole)
+    assert whole._residual[2][0].shape == (512, 512) and whole._residual[1][0].numel() <= 1 << 12
+    rows = WindowProbe({2: "powersgd:2"}, window=8, numel=1 << 12)
+    rows._whole.clear()  # what the probe did before whole keys: the row subsample
+    assert q(rows) > q_whole + 0.1
+    assert abs(q(WindowProbe({2: "powersgd:2"}, window=8, numel=1 << 14)) - q_whole) < 0.03  # whole keys: the sample size does not matter
+
+
+def test_a_window_step_runs_on_one_thread_and_restores_the_setting() -> None:
+    seen: list[int] = []
+
+    class Spy(_Fake):
+        def transform(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(torch.get_num_threads())
+            return x
+
+    register_codec("winfakespy", lambda arg: Spy("winfakespy"))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        WindowProbe({1: "winfakespy"}, window=4).feed([torch.ones(8)])
+        assert seen == [1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
