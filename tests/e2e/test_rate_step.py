@@ -137,11 +137,13 @@ def fits(rec: dict[str, Any], ladder: Ladder, mbit: float, eps: float) -> bool:
 def reaction_times(run: RateStepRun) -> tuple[float | None, float | None, dict[str, Any]]:
     """Per worker, seconds from the drop to its first decision whose level fits the budget at 20 Mbit/s,
     and from the rise to its first decision (not a probe) lighter than the level it held when the
-    rate rose; the slower worker's times (None when a worker never got there). A worker that held
-    no heavier a level at 20 Mbit/s than at the end of the first 100 Mbit/s phase has nothing
-    lighter to return to (0 s): with 4 MB of gradients and 0.8 s of compute, qsgd:4 and qsgd:8
-    price within a few % of each other at 50 Mbit/s per worker (measured q of qsgd:4 0.97), so the
-    law may pick qsgd:4 at both rates. Withdrawn decisions (redecided mid-push) are not levels held."""
+    rate rose; the slower worker's times (None when a worker never got there). A worker whose level
+    held at 20 Mbit/s already meets the budget at 100 Mbit/s (`fits`, with that decision's own
+    q per level, the true rate instead of its estimate) has nothing lighter to return to (0 s):
+    with 4 MB of gradients and 0.8 s of compute, qsgd:4 and qsgd:8 price within a few % of each
+    other at 50 Mbit/s per worker (windowed q of qsgd:4 0.996), so the law may rightly hold qsgd:4 at
+    both rates. (The old rule compared with the level held before the drop, which can be a choice
+    made while qsgd:4 still had its prior.) Withdrawn decisions (redecided mid-push) are not levels held."""
     ladder, eps = Ladder.parse(DEFAULT_LADDER), NetsensePolicySettings().eps
     fit_s: list[float | None] = []
     light_s: list[float | None] = []
@@ -151,11 +153,11 @@ def reaction_times(run: RateStepRun) -> tuple[float | None, float | None, dict[s
         low = [r for r in recs if run.t_down <= r["t"] < run.t_up]
         fit_s.append(next((r["t"] - run.t_down for r in low if fits(r, ladder, LOW_MBIT, eps)), None))
         kept = [r for r in recs if not r["reason"].startswith("probe") and not r.get("withdrawn")]
-        before = [r["level"] for r in kept if r["t"] < run.t_down][-1:]
-        held = [r["level"] for r in kept if run.t_down <= r["t"] < run.t_up][-1:]
+        held_recs = [r for r in kept if run.t_down <= r["t"] < run.t_up][-1:]
+        held = [r["level"] for r in held_recs]
         high = [r for r in kept if r["t"] >= run.t_up]
-        if held and before and held[0] <= before[0]:
-            light_s.append(0.0)  # it held its 100 Mbit/s level through the drop: nothing lighter to return to
+        if held_recs and fits(held_recs[0], ladder, HIGH_MBIT, eps):
+            light_s.append(0.0)  # its 20 Mbit/s level is right at 100 Mbit/s too: nothing lighter to return to
         else:
             light_s.append(next((r["t"] - run.t_up for r in high if held and r["level"] < held[0]), None))
         info[f"w{rank}"] = {
