@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from netsense.compression.policy.decisionlog import read_decision_log
+from netsense.transport.emulation.bottleneck import TICK_S
 
 from .test_launch import _launch, _procs_mentioning
 
@@ -31,7 +32,9 @@ def test_launch_through_emulated_link_with_netsense_policy(tmp_path: Path) -> No
         recs = read_decision_log(tmp_path / "run" / name)
         assert len(recs) >= steps - 1, name
         rtts = [r["min_rtt_s"] for r in recs if r["min_rtt_s"] is not None]
-        # every packet crossed the emulator both ways: no RTT below the configured round trip
-        assert rtts and min(rtts) >= 2 * ONE_WAY_S * 0.95, (name, min(rtts, default=None))
+        # every packet crossed the emulator both ways: no RTT below the configured round trip, less
+        # the emulator's early release (a wake-up hands on what is due within TICK_S, each way; CI
+        # at load 9 saw 9.0 ms of 10)
+        assert rtts and min(rtts) >= 2 * (ONE_WAY_S - TICK_S), (name, min(rtts, default=None))
         assert {r["policy"] for r in recs} == {"netsense"}, name
     assert not _procs_mentioning(str(tmp_path / "run"))
