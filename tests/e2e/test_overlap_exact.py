@@ -1,0 +1,103 @@
+"""Full duplex (overlap + pipelined push/pull) gives bit for bit the parameters of the plain
+synchronous step: same seeds, same batches, sync PS, one PS or two shards, fp32 and fp16 pushes.
+
+This is what makes it the default (docs/ARCHITECTURE.md, "Overlap"): a test that compares with a
+tolerance would not notice a step pulled one version late, so the comparison here is `torch.equal`,
+and `test_a_stale_pull_is_caught` shows it catches one."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from netsense.ps.store.encode import UpdateEncoder
+from netsense.worker.optimizer import NetSenseOptimizer
+
+from ..conftest import start_ps, stop_ps
+
+STEPS = 5
+OPTIMIZER = {"name": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 1e-3}
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.Tanh(), torch.nn.Linear(32, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+
+def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 * step + rank)
+    n = 4 + rank
+    return torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def _train(certs, shards: int, overlap: bool, codec: str) -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]:  # type: ignore[no-untyped-def]
+    """Two workers, `STEPS` steps on fresh PS shards; (the PS's parameters, each replica's)."""
+    servers = [start_ps(certs) for _ in range(shards)]
+    models = [_model(), _model()]
+    opts: list[NetSenseOptimizer | None] = [None, None]
+    errors: list[BaseException] = []
+
+    def work(rank: int) -> None:
+        try:
+            opt = opts[rank] = NetSenseOptimizer(
+                models[rank], connect=[ps.connect_settings() for ps in servers], rank=rank, world_size=2,
+                worker_id=f"w{rank}", optimizer=OPTIMIZER, codec=codec, bucket_bytes=512,
+                overlap=overlap, overlap_bucket_bytes=512,
+            )  # fmt: skip
+            for step in range(STEPS):
+                x, y = _batch(step, rank)
+                opt.zero_grad(samples=len(x))
+                torch.nn.functional.cross_entropy(models[rank](x), y).backward()
+                opt.step(samples=len(x))
+        except BaseException as exc:  # surfaced in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(90)
+        for o in opts:
+            if o is not None:
+                o.close()
+        assert not errors, errors
+        assert all(ps.server.store.version == STEPS for ps in servers)
+        params = {k: v.clone() for ps in servers for k, v in ps.server.store.params.items()}
+    finally:
+        for ps in servers:
+            stop_ps(ps)
+    return params, [{n: p.detach().clone() for n, p in m.named_parameters()} for m in models]
+
+
+def _mismatches(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
+    """Keys whose tensors differ in any bit."""
+    return sorted(k for k in a if k not in b or not torch.equal(a[k], b[k]))
+
+
+@pytest.mark.parametrize("shards", [1, 2], ids=["one-ps", "two-shards"])
+@pytest.mark.parametrize("codec", ["fp32", "fp16"])
+def test_full_duplex_equals_the_plain_step_bit_for_bit(certs, shards: int, codec: str) -> None:  # type: ignore[no-untyped-def]
+    plain, plain_replicas = _train(certs, shards, overlap=False, codec=codec)
+    duplex, duplex_replicas = _train(certs, shards, overlap=True, codec=codec)
+    assert _mismatches(duplex, plain) == []
+    for replica in plain_replicas + duplex_replicas:  # every replica holds the PS's parameters
+        assert _mismatches(replica, plain) == []
+
+
+def test_a_stale_pull_is_caught(certs, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """A PS whose keyed pulls send a key's value from before the update (its shadow advances as
+    usual): the replicas compute on stale parameters, and the bit-for-bit comparison says so."""
+    plain, _ = _train(certs, 1, overlap=False, codec="fp32")
+    fresh = UpdateEncoder.encode_key
+
+    def stale(self, key, param, spec):  # type: ignore[no-untyped-def]
+        payload, value = fresh(self, key, self.shadow[key], spec)  # the version before this update
+        return payload, fresh(self, key, param, spec)[1]
+
+    monkeypatch.setattr(UpdateEncoder, "encode_key", stale)
+    duplex, replicas = _train(certs, 1, overlap=True, codec="fp32")
+    assert _mismatches(duplex, plain) != []
+    assert _mismatches(replicas[0], duplex) != []
