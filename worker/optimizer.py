@@ -32,6 +32,7 @@ from netsense.errors import ConfigError
 from .amp import scaler_verdict, unscale
 from .client import PSClient, StepFields
 from .connect import ConnectSettings
+from .duplex import duplex_blocker
 from .encoding import GradientEncoder, bucketize
 from .exchange import Exchange, StepResult
 from .hparams import check_groups, group_defaults, optimizer_name, step_fields
@@ -88,7 +89,11 @@ class NetSenseOptimizer(torch.optim.Optimizer):
     only moves gradients up and parameters down. Rank 0's initial parameters win: other ranks
     are overwritten with them at construction.
 
-    ``overlap=True`` pushes keys from gradient hooks during backward (`worker/overlap.py`); pushes
+    ``overlap=True`` pushes keys from gradient hooks during backward (`worker/overlap.py`) and,
+    against a sync PS, pulls each bucket's keys as soon as the PS applied them: full duplex, bit for
+    bit the plain step's result. ``overlap=None`` turns it on wherever that holds and the policy needs
+    no redecide (`worker/duplex.py`; the training loop's default); the API's default stays off,
+    since a caller may accumulate gradients over several backwards or scale them (GradScaler). Pushes
     need the batch's sample count, which is the last `step()`'s unless ``zero_grad(samples=n)``
     says otherwise (the first step without it is not overlapped). One backward per step: the
     hooks would push the first of several accumulated backwards.
@@ -119,7 +124,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         ladder: str | None = None,
         decision_log: str | os.PathLike[str] | None = None,
         policy_settings: dict[str, object] | None = None,
-        overlap: bool = False,
+        overlap: bool | None = False,
         overlap_bucket_bytes: int = 1 << 20,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]] | None = None,
     ) -> None:
@@ -145,8 +150,6 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         """Per-step level choice and the decision log (docs/POLICIES.md)."""
         self._encoder = GradientEncoder(self.slots, self.uplink, version=lambda: self._replica.version)
         self.bucket_bytes = bucket_bytes
-        self.overlap = overlap
-        """Push keys from gradient hooks during backward (see `worker/overlap.py`)."""
         self.overlap_bucket_bytes = overlap_bucket_bytes
         """Bucket size of the pushes sent from hooks: smaller than `bucket_bytes`, so the first push
         leaves early in backward (a 4 MiB bucket held the whole 4 MB test MLP until backward ended)."""
@@ -165,8 +168,22 @@ class NetSenseOptimizer(torch.optim.Optimizer):
             rank=rank,
             world_size=world_size,
             optimizer=optimizer or {},
-            overlap=overlap,
+            overlap=bool(overlap),
         )
+        self.duplex_off: str | None = None
+        """With ``overlap=None``: why the step stayed half duplex (None: it is full duplex, or overlap was given)."""
+        if overlap is None:
+            self.duplex_off = duplex_blocker(
+                asynchronous=any(c.welcome is not None and c.welcome.staleness >= 0 for c in self._exchange.clients),
+                state_on_ps=any(self._replica.state_on_ps),
+                redecides=type(self.uplink.policy).redecide is not Policy.redecide,
+            )
+            overlap = self.duplex_off is None
+            log.info("full-duplex step %s", "on" if overlap else f"off: {self.duplex_off} (--overlap forces it)")
+        self.overlap = overlap
+        """Push keys from gradient hooks during backward and, against a sync PS, pull each bucket's
+        keys as soon as they are applied (see `worker/overlap.py`)."""
+        self._exchange.overlap = overlap
         self._hooks = (
             [s.param.register_post_accumulate_grad_hook(self._grad_ready) for s in self.slots if s.start == 0] if overlap else []
         )

@@ -101,3 +101,37 @@ def test_a_stale_pull_is_caught(certs, monkeypatch: pytest.MonkeyPatch) -> None:
     duplex, replicas = _train(certs, 1, overlap=True, codec="fp32")
     assert _mismatches(duplex, plain) != []
     assert _mismatches(replicas[0], duplex) != []
+
+
+class _WithBuffer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+@pytest.mark.parametrize(
+    ("case", "duplex"),
+    [("sync", True), ("async", False), ("buffers", False), ("netsense-policy", False), ("fp16-policy", True)],
+)
+def test_the_default_is_full_duplex_where_exact(certs, case: str, duplex: bool) -> None:  # type: ignore[no-untyped-def]
+    """``overlap=None`` (the training loop's default): on against a sync PS, off where the result or
+    the behaviour would differ (worker/duplex.py); ``overlap=False`` stays off everywhere."""
+    from netsense.ps.server import ServerSettings
+
+    ps = start_ps(certs, ServerSettings(port=0, staleness=1) if case == "async" else None)
+    try:
+        model = _WithBuffer() if case == "buffers" else _model()
+        policy = {"netsense-policy": "netsense", "fp16-policy": "fp16"}.get(case)
+        with NetSenseOptimizer(model, connect=ps.connect_settings(), overlap=None, policy=policy) as opt:
+            assert opt.overlap is duplex and (opt.duplex_off is None) is duplex and bool(opt._hooks) is duplex
+            x, y = _batch(0, 0)
+            opt.zero_grad(samples=len(x))
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            assert (opt.step(samples=len(x)).early_buckets > 0) is duplex
+        with NetSenseOptimizer(model, connect=ps.connect_settings(), overlap=False, policy=policy) as opt:
+            assert opt.overlap is False and not opt._hooks
+    finally:
+        stop_ps(ps)
