@@ -26,7 +26,7 @@ import torch
 
 from netsense.compression import Payload, make_codec
 from netsense.compression.feedback import ErrorFeedback
-from netsense.compression.policy import Decision, Policy, build_policy
+from netsense.compression.policy import Decision, FixedPolicy, Policy, build_policy
 from netsense.errors import ConfigError
 
 from .amp import scaler_verdict, unscale
@@ -170,6 +170,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
             optimizer=optimizer or {},
             overlap=bool(overlap),
         )
+        self._exchange.link_after_step = isinstance(self.uplink.policy, FixedPolicy)  # it only logs the path
         self.duplex_off: str | None = None
         """With ``overlap=None``: why the step stayed half duplex (None: it is full duplex, or overlap was given)."""
         if overlap is None:
