@@ -470,7 +470,13 @@ class NetSenseOptimizer(torch.optim.Optimizer):
                 self._push_early,
             )
         t = time.perf_counter()
-        for slot in self._param_slots[id(param)]:
+        slots = self._param_slots[id(param)]
+        if slots[0].key in early.payloads:  # its gradient already went (or waits) for this step
+            raise ConfigError(
+                "a second backward before step() with overlap: the hooks pushed the first backward's gradients; "
+                "accumulating gradients over several backwards needs overlap=False (--no-overlap)"
+            )
+        for slot in slots:
             early.add(self.owner[slot.key], slot.key, self._encoder.encode(slot.key, slot.view(param.grad), early.spec)[0])
         early.encode_s += time.perf_counter() - t
 

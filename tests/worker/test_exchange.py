@@ -68,3 +68,18 @@ def test_overlap_crosses_once_per_bucket_and_once_for_the_step(ps) -> None:  # t
             assert crossings == [*reads, "Exchange._push_bucket", "Exchange._step"], f"step {step}"
             assert stats.early_buckets == 1
             crossings.clear()
+
+
+def test_a_second_backward_before_step_is_refused_with_overlap(ps) -> None:  # type: ignore[no-untyped-def]
+    """Gradient accumulation cannot overlap: the first backward's gradients are already pushed.
+    Said at the second backward, instead of a duplicate-key refusal by the PS."""
+    import pytest
+
+    from netsense.errors import ConfigError
+
+    model = torch.nn.Linear(8, 4)
+    with NetSenseOptimizer(model, connect=ps.connect_settings(), worker_id="w0", overlap=True) as opt:
+        opt.zero_grad(samples=3)
+        model(torch.randn(3, 8)).sum().backward()
+        with pytest.raises(ConfigError, match="--no-overlap"):
+            model(torch.randn(3, 8)).sum().backward()
