@@ -171,13 +171,15 @@ class NetSenseOptimizer(torch.optim.Optimizer):
             overlap=bool(overlap),
         )
         self._exchange.link_after_step = isinstance(self.uplink.policy, FixedPolicy)  # it only logs the path
+        self._redecides = type(self.uplink.policy).redecide is not Policy.redecide
+        """The policy may redecide a slow push (else waiting for it to be slow is a crossing for nothing)."""
         self.duplex_off: str | None = None
         """With ``overlap=None``: why the step stayed half duplex (None: it is full duplex, or overlap was given)."""
         if overlap is None:
             self.duplex_off = duplex_blocker(
                 asynchronous=any(c.welcome is not None and c.welcome.staleness >= 0 for c in self._exchange.clients),
                 state_on_ps=any(self._replica.state_on_ps),
-                redecides=type(self.uplink.policy).redecide is not Policy.redecide,
+                redecides=self._redecides,
             )
             overlap = self.duplex_off is None
             log.info("full-duplex step %s", "on" if overlap else f"off: {self.duplex_off} (--overlap forces it)")
@@ -296,7 +298,9 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         stats = StepStats(codec=spec)
         payloads: dict[str, Payload] = dict(early.payloads) if early is not None else {}
         # What each payload stands for, kept while the policy may re-encode the push mid-flight.
-        sources: dict[str, torch.Tensor] | None = {} if redecide_after(decision) is not None and early is None else None
+        sources: dict[str, torch.Tensor] | None = (
+            {} if self._redecides and redecide_after(decision) is not None and early is None else None
+        )
         self._encoder.encode_rest(spec, payloads, sources)
         buckets = self._shard_buckets(payloads, early)
         # Candidate rounds (every `progress_every` steps) are timed before the push leaves: on the

@@ -83,3 +83,19 @@ def test_a_second_backward_before_step_is_refused_with_overlap(ps) -> None:  # t
         model(torch.randn(3, 8)).sum().backward()
         with pytest.raises(ConfigError, match="--no-overlap"):
             model(torch.randn(3, 8)).sum().backward()
+
+
+def test_a_fixed_policy_never_crosses_to_redecide_a_slow_push(ps, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Every push is "slow" here (redecided at once); a fixed policy cannot change its level, so
+    its step does not cross to ask (it did, once per slow push), while an adaptive one does."""
+    import netsense.worker.optimizer as optimizer_module
+
+    monkeypatch.setattr(optimizer_module, "redecide_after", lambda decision: 0.0)
+    model = torch.nn.Linear(8, 4)
+    for policy, asks in (("fp16", False), ("netsense", True)):
+        with NetSenseOptimizer(model, connect=ps.connect_settings(), worker_id=f"w-{policy}", policy=policy) as opt:
+            crossings = _count_crossings(opt)
+            for _ in range(3):
+                model(torch.randn(3, 8)).sum().backward()
+                opt.step(samples=3)
+            assert ("Exchange._redecide" in crossings) is asks, (policy, crossings)
