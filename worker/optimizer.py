@@ -175,6 +175,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         """The policy may redecide a slow push (else waiting for it to be slow is a crossing for nothing)."""
         self.duplex_off: str | None = None
         """With ``overlap=None``: why the step stayed half duplex (None: it is full duplex, or overlap was given)."""
+        self._auto_duplex = overlap is None  # the first full-duplex step may still turn it off (`_check_duplex`)
         if overlap is None:
             self.duplex_off = duplex_blocker(
                 asynchronous=any(c.welcome is not None and c.welcome.staleness >= 0 for c in self._exchange.clients),
@@ -348,9 +349,30 @@ class NetSenseOptimizer(torch.optim.Optimizer):
                 version=self.version,
             )
         self.uplink.mark_end()
+        if self._auto_duplex and early is not None:
+            self._check_duplex(payloads)
         self.last = stats
         self._step_end = time.perf_counter()
         return stats
+
+    def _check_duplex(self, payloads: dict[str, Payload]) -> None:
+        """``overlap=None``, after the first full-duplex step: if every shard's step fits in one hook
+        bucket, its one push leaves when backward ends and its pull waits for all of it, as in the
+        plain step, which then does the same with less work (measured: docs/BENCHMARKS.md), so the
+        hooks go. Either step gives the same parameters bit for bit."""
+        self._auto_duplex = False
+        shard_bytes = [0] * len(self._replica.shard_slots)
+        for key, p in payloads.items():
+            if key in self.owner:
+                shard_bytes[self.owner[key]] += p.wire_size
+        if max(shard_bytes) > self.overlap_bucket_bytes:
+            return
+        self.duplex_off = f"each shard's step is one bucket of <= {self.overlap_bucket_bytes} bytes: nothing to pipeline"
+        log.info("full-duplex step off: %s", self.duplex_off)
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        self.overlap = self._exchange.overlap = False
 
     def close(self) -> None:
         """Leave the job (BYE) and stop the network thread."""

@@ -135,3 +135,24 @@ def test_the_default_is_full_duplex_where_exact(certs, case: str, duplex: bool) 
             assert opt.overlap is False and not opt._hooks
     finally:
         stop_ps(ps)
+
+
+@pytest.mark.parametrize(("bucket_bytes", "stays"), [(1 << 20, False), (256, True)], ids=["one-bucket", "several-buckets"])
+def test_the_default_drops_the_hooks_when_a_step_is_one_bucket(certs, bucket_bytes: int, stays: bool) -> None:  # type: ignore[no-untyped-def]
+    """A step that fits in one hook bucket per shard has nothing to pipeline (its push leaves when
+    backward ends, its pull waits for all of it), so after its first step the default goes plain."""
+    ps = start_ps(certs)
+    try:
+        model = _model()
+        with NetSenseOptimizer(model, connect=ps.connect_settings(), overlap=None, overlap_bucket_bytes=bucket_bytes) as opt:
+            early = []
+            for step in range(3):
+                x, y = _batch(step, 0)
+                opt.zero_grad(samples=len(x))
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                early.append(opt.step(samples=len(x)).early_buckets)
+            assert early[0] > 0 and (all(n > 0 for n in early) if stays else early[1:] == [0, 0])
+            assert opt.overlap is stays and (opt.duplex_off is None) is stays and bool(opt._hooks) is stays
+            assert opt.version == 3
+    finally:
+        stop_ps(ps)
