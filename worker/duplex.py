@@ -12,6 +12,9 @@ step. It stays off, with the reason logged, where its result or its behaviour wo
 - an uplink policy that redecides a slow push mid-flight (adaptive policies): pipelined pushes are
   not withdrawable, so the default keeps the plain step where that matters.
 
+After the first full-duplex step the optimizer also drops it when every shard's step fitted in one
+hook bucket (`NetSenseOptimizer._check_duplex`): nothing of such a step can run in duplex.
+
 `--overlap` (``overlap=True``) still forces it on in every case, as before.
 """
 

@@ -50,8 +50,8 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--overlap", action=argparse.BooleanOptionalAction, default=None,
         help="full-duplex step: push each key from a gradient hook during backward and pull it as soon as the PS "
-        "applied it (same result bit for bit); default: on against a sync PS unless the model has buffers or the "
-        "policy redecides (netsense); --no-overlap: the plain push, barrier, pull step",
+        "applied it (same result bit for bit); default: on against a sync PS unless the model has buffers, the "
+        "policy redecides (netsense) or a step is one 1 MiB bucket; --no-overlap: the plain push, barrier, pull step",
     )  # fmt: skip
     p.add_argument("--job-id", metavar="ID", help="names the job to the PS, which refuses workers of another job "
                    "(default: train.job_id, else $NETSENSE_JOB_ID, else MODEL-sSEED; launch adds a random part)")
