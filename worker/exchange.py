@@ -3,9 +3,11 @@
 The training thread (`NetSenseOptimizer`) calls the public methods, and each of them is ONE
 crossing to the network thread (one `run_coroutine_threadsafe`); the private coroutines run
 there. A step's push + pull on every shard, with reconnects and retries, is one coroutine
-(`start_step`), so a step with a given codec crosses once. A step whose level a policy chooses
-crosses once more before it, to read the path (`read_link`): the choice needs the path as it is
-when `step()` starts, and the connection's state may only be read on the loop that runs it.
+(`start_step`), so a step with a given codec crosses once. A step whose level an adaptive policy
+chooses crosses once more before it, to read the path (`read_link`): the choice needs the path as
+it is when `step()` starts, and the connection's state may only be read on the loop that runs it.
+A fixed policy only logs the path, so for it (`link_after_step`) the step's coroutine reads the
+path as its last act and the next `read_link` takes that snapshot: one crossing per step.
 Redeciding a slow push (worker/redecide.py) adds one crossing (progress, the policy's verdict and
 the withdrawal at once) and, when pushes were withdrawn, one to hand over their re-encoded
 buckets. With overlap each bucket pushed from a gradient hook is a crossing of its own.
@@ -95,6 +97,10 @@ class Exchange:
         shard's bucket list, and that list (a replacement is written back for reconnect retries)."""
         self._reconnecting: set[int] = set()
         """Shards whose connection is being replaced: their link and pushes are not to be read."""
+        self.link_after_step = False
+        """The path is read at the end of each step, for the next `read_link` (a fixed policy, which
+        only logs it), instead of by a crossing of its own."""
+        self._link_after: LinkState | None = None  # that snapshot, taken once
         self.net = NetThread()
         """The private event loop (on its own thread) that runs every connection."""
         try:
@@ -108,8 +114,10 @@ class Exchange:
     # --- crossings: called on the training thread, one run_coroutine_threadsafe each ----------
 
     def read_link(self) -> LinkState:
-        """The path now; with shards, the one that bounds the push (`UplinkController.read_shards`)."""
-        return self.net.run(self._read_link())
+        """The path now; with shards, the one that bounds the push (`UplinkController.read_shards`).
+        With `link_after_step`, the path as the last step left it (no crossing)."""
+        link, self._link_after = self._link_after, None
+        return link if link is not None else self.net.run(self._read_link())
 
     def start_step(
         self,
@@ -198,6 +206,8 @@ class Exchange:
         params = await asyncio.gather(
             *(self._step_shard(i, b, samples, inflight[i] if inflight else [], started, tally) for i, b in enumerate(buckets))
         )
+        if self.link_after_step and all(c.conn is not None for c in self.clients):
+            self._link_after = await self._read_link()  # read by the training thread after this returns
         return StepResult(list(params), max(tally.push_s), max(tally.staleness))  # the slowest shard bounds the step
 
     async def _step_shard(

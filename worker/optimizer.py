@@ -26,12 +26,13 @@ import torch
 
 from netsense.compression import Payload, make_codec
 from netsense.compression.feedback import ErrorFeedback
-from netsense.compression.policy import Decision, Policy, build_policy
+from netsense.compression.policy import Decision, FixedPolicy, Policy, build_policy
 from netsense.errors import ConfigError
 
 from .amp import scaler_verdict, unscale
 from .client import PSClient, StepFields
 from .connect import ConnectSettings
+from .duplex import duplex_blocker
 from .encoding import GradientEncoder, bucketize
 from .exchange import Exchange, StepResult
 from .hparams import check_groups, group_defaults, optimizer_name, step_fields
@@ -88,7 +89,11 @@ class NetSenseOptimizer(torch.optim.Optimizer):
     only moves gradients up and parameters down. Rank 0's initial parameters win: other ranks
     are overwritten with them at construction.
 
-    ``overlap=True`` pushes keys from gradient hooks during backward (`worker/overlap.py`); pushes
+    ``overlap=True`` pushes keys from gradient hooks during backward (`worker/overlap.py`) and,
+    against a sync PS, pulls each bucket's keys as soon as the PS applied them: full duplex, bit for
+    bit the plain step's result. ``overlap=None`` turns it on wherever that holds and the policy needs
+    no redecide (`worker/duplex.py`; the training loop's default); the API's default stays off,
+    since a caller may accumulate gradients over several backwards or scale them (GradScaler). Pushes
     need the batch's sample count, which is the last `step()`'s unless ``zero_grad(samples=n)``
     says otherwise (the first step without it is not overlapped). One backward per step: the
     hooks would push the first of several accumulated backwards.
@@ -119,7 +124,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         ladder: str | None = None,
         decision_log: str | os.PathLike[str] | None = None,
         policy_settings: dict[str, object] | None = None,
-        overlap: bool = False,
+        overlap: bool | None = False,
         overlap_bucket_bytes: int = 1 << 20,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]] | None = None,
     ) -> None:
@@ -145,8 +150,6 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         """Per-step level choice and the decision log (docs/POLICIES.md)."""
         self._encoder = GradientEncoder(self.slots, self.uplink, version=lambda: self._replica.version)
         self.bucket_bytes = bucket_bytes
-        self.overlap = overlap
-        """Push keys from gradient hooks during backward (see `worker/overlap.py`)."""
         self.overlap_bucket_bytes = overlap_bucket_bytes
         """Bucket size of the pushes sent from hooks: smaller than `bucket_bytes`, so the first push
         leaves early in backward (a 4 MiB bucket held the whole 4 MB test MLP until backward ended)."""
@@ -165,8 +168,26 @@ class NetSenseOptimizer(torch.optim.Optimizer):
             rank=rank,
             world_size=world_size,
             optimizer=optimizer or {},
-            overlap=overlap,
+            overlap=bool(overlap),
         )
+        self._exchange.link_after_step = isinstance(self.uplink.policy, FixedPolicy)  # it only logs the path
+        self._redecides = type(self.uplink.policy).redecide is not Policy.redecide
+        """The policy may redecide a slow push (else waiting for it to be slow is a crossing for nothing)."""
+        self.duplex_off: str | None = None
+        """With ``overlap=None``: why the step stayed half duplex (None: it is full duplex, or overlap was given)."""
+        self._auto_duplex = overlap is None  # the first full-duplex step may still turn it off (`_check_duplex`)
+        if overlap is None:
+            self.duplex_off = duplex_blocker(
+                asynchronous=any(c.welcome is not None and c.welcome.staleness >= 0 for c in self._exchange.clients),
+                state_on_ps=any(self._replica.state_on_ps),
+                redecides=self._redecides,
+            )
+            overlap = self.duplex_off is None
+            log.info("full-duplex step %s", "on" if overlap else f"off: {self.duplex_off} (--overlap forces it)")
+        self.overlap = overlap
+        """Push keys from gradient hooks during backward and, against a sync PS, pull each bucket's
+        keys as soon as they are applied (see `worker/overlap.py`)."""
+        self._exchange.overlap = overlap
         self._hooks = (
             [s.param.register_post_accumulate_grad_hook(self._grad_ready) for s in self.slots if s.start == 0] if overlap else []
         )
@@ -278,7 +299,9 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         stats = StepStats(codec=spec)
         payloads: dict[str, Payload] = dict(early.payloads) if early is not None else {}
         # What each payload stands for, kept while the policy may re-encode the push mid-flight.
-        sources: dict[str, torch.Tensor] | None = {} if redecide_after(decision) is not None and early is None else None
+        sources: dict[str, torch.Tensor] | None = (
+            {} if self._redecides and redecide_after(decision) is not None and early is None else None
+        )
         self._encoder.encode_rest(spec, payloads, sources)
         buckets = self._shard_buckets(payloads, early)
         # Candidate rounds (every `progress_every` steps) are timed before the push leaves: on the
@@ -326,9 +349,30 @@ class NetSenseOptimizer(torch.optim.Optimizer):
                 version=self.version,
             )
         self.uplink.mark_end()
+        if self._auto_duplex and early is not None:
+            self._check_duplex(payloads)
         self.last = stats
         self._step_end = time.perf_counter()
         return stats
+
+    def _check_duplex(self, payloads: dict[str, Payload]) -> None:
+        """``overlap=None``, after the first full-duplex step: if every shard's step fits in one hook
+        bucket, its one push leaves when backward ends and its pull waits for all of it, as in the
+        plain step, which then does the same with less work (measured: docs/BENCHMARKS.md), so the
+        hooks go. Either step gives the same parameters bit for bit."""
+        self._auto_duplex = False
+        shard_bytes = [0] * len(self._replica.shard_slots)
+        for key, p in payloads.items():
+            if key in self.owner:
+                shard_bytes[self.owner[key]] += p.wire_size
+        if max(shard_bytes) > self.overlap_bucket_bytes:
+            return
+        self.duplex_off = f"each shard's step is one bucket of <= {self.overlap_bucket_bytes} bytes: nothing to pipeline"
+        log.info("full-duplex step off: %s", self.duplex_off)
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        self.overlap = self._exchange.overlap = False
 
     def close(self) -> None:
         """Leave the job (BYE) and stop the network thread."""
@@ -456,7 +500,13 @@ class NetSenseOptimizer(torch.optim.Optimizer):
                 riders=self._replica.state_payloads(0),  # forward has run: the buffers are this step's
             )
         t = time.perf_counter()
-        for slot in self._param_slots[id(param)]:
+        slots = self._param_slots[id(param)]
+        if slots[0].key in early.payloads:  # its gradient already went (or waits) for this step
+            raise ConfigError(
+                "a second backward before step() with overlap: the hooks pushed the first backward's gradients; "
+                "accumulating gradients over several backwards needs overlap=False (--no-overlap)"
+            )
+        for slot in slots:
             early.add(self.owner[slot.key], slot.key, self._encoder.encode(slot.key, slot.view(param.grad), early.spec)[0])
         early.encode_s += time.perf_counter() - t
 

@@ -54,8 +54,13 @@ class TrainSettings:
     """Comma-separated codec specs the policy picks from, least lossy first (None: DEFAULT_LADDER)."""
     decision_log: str | None = None
     """JSONL file for one decision record per step (None: no log)."""
-    overlap: bool = False
-    """Push keys from gradient hooks during backward, so the push overlaps compute (same result)."""
+    overlap: bool | None = None
+    """Full-duplex step: push keys from gradient hooks during backward and, against a sync PS, pull
+    each bucket's keys once applied, so up- and downlink run at once (bit for bit the same result).
+    Unset: on wherever that is exact and the policy needs no mid-flight redecide (not against an
+    async PS, not with model buffers, not with the adaptive ``netsense`` policy, and not after the
+    first step if a step fits in one hook bucket per shard: worker/duplex.py);
+    true (``--overlap``): always; false (``--no-overlap``): the plain push-barrier-pull step."""
     device: str = "cpu"
     """Where a worker trains: ``cpu``, ``cuda`` (local rank r on GPU r mod count) or ``cuda:N``. The
     model, gradients, residuals and codecs stay there; only encoded bytes cross to the host."""

@@ -68,8 +68,10 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
         "model, gradients and codecs stay there, only encoded bytes go to the host",
     )  # fmt: skip
     p.add_argument(
-        "--overlap", action="store_true", default=None,
-        help="push each key from a gradient hook during backward, overlapping the push with compute",
+        "--overlap", action=argparse.BooleanOptionalAction, default=None,
+        help="full-duplex step: push each key from a gradient hook during backward and pull it as soon as the PS "
+        "applied it (same result bit for bit); default: on against a sync PS unless the model has buffers, the "
+        "policy redecides (netsense) or a step is one 1 MiB bucket; --no-overlap: the plain push, barrier, pull step",
     )  # fmt: skip
     p.add_argument("--job-id", metavar="ID", help="names the job to the PS, which refuses workers of another job "
                    "(default: train.job_id, else $NETSENSE_JOB_ID, else MODEL-sSEED; launch adds a random part)")

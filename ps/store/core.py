@@ -251,8 +251,10 @@ class StoreCore:
         return p is not None and (p.skipped or len(p.grads) + ahead == len(self.params))
 
     def contributing(self, workers: tuple[str, ...] | list[str]) -> list[str]:
-        """The `workers` whose gradients make up the step (not those that sent a skip PUSH)."""
-        return [w for w in workers if not self.pending[w].skipped]
+        """The `workers` whose gradients make up the step (not those that sent a skip PUSH), in
+        worker-id order: the weighted sum is not commutative bit for bit (fused multiply-add), so
+        summing in arrival order made two runs of one job, or a pipelined and a plain step, differ."""
+        return [w for w in sorted(workers) if not self.pending[w].skipped]
 
     # --- applying -------------------------------------------------------------------------
 
@@ -281,7 +283,7 @@ class StoreCore:
         """Set each state key to the sample-weighted mean of what `workers` pushed (integer and bool
         keys: the largest, so counters stay whole); a key nobody pushed keeps its value."""
         for key, value in self.state.items():
-            terms = [(self.pending[w].state[key], self.pending[w].samples) for w in workers if key in self.pending[w].state]
+            terms = [(self.pending[w].state[key], self.pending[w].samples) for w in sorted(workers) if key in self.pending[w].state]
             if not terms:
                 continue
             info = self.model.get(key)

@@ -90,7 +90,7 @@ class PipelinedStep:
         core = self._core
         if not core.live or any(w not in core.pending for w in core.live):
             return ()
-        return tuple(core.pending)  # push order, as the plain step sums them
+        return tuple(core.pending)  # summed in worker-id order (`StoreCore.contributing`), as the plain step
 
     def apply_ready(self, keys: Iterable[str]) -> int:
         """Apply the wanted keys among `keys` that every worker of the step has pushed."""

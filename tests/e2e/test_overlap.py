@@ -153,5 +153,6 @@ def test_overlap_flag_reaches_the_train_settings(command: str) -> None:
     from netsense.cli import build_parser
     from netsense.cli.flags import resolve_config
 
-    assert resolve_config(build_parser().parse_args([command])).train.overlap is False
+    assert resolve_config(build_parser().parse_args([command])).train.overlap is None  # full duplex where exact
     assert resolve_config(build_parser().parse_args([command, "--overlap"])).train.overlap is True
+    assert resolve_config(build_parser().parse_args([command, "--no-overlap"])).train.overlap is False

@@ -139,3 +139,29 @@ def test_a_pull_for_an_old_step_gets_its_keys_of_the_last_update_or_everything()
     assert (part.version, part.base_version, set(part.tensors)) == (1, 0, {"a"})
     fallback = s.pull_keys(-1, ["a"])  # no delta from there: the full parameters
     assert fallback.full and set(fallback.tensors) == set(KEYS)
+
+
+def _arrival(order: tuple[str, str], pipelined: bool) -> ParameterStore:
+    """Two steps with the workers' pushes arriving in `order` (plain or pipelined)."""
+    s = _store("fp32", {"name": "sgd", "lr": 0.1, "momentum": 0.9})
+    samples = {"w0": 3, "w1": 5}
+    for step in range(2):
+        grads = {w: _grads(step, int(w[1])) for w in order}
+        if pipelined:
+            s.want(list(KEYS), step)
+        for w in order:
+            _push(s, w, step, grads[w], KEYS, samples[w])
+        assert s.version == step + 1
+    return s
+
+
+@pytest.mark.parametrize("pipelined", [False, True], ids=["plain", "pipelined"])
+def test_the_update_does_not_depend_on_which_worker_pushed_first(pipelined: bool) -> None:
+    """The weighted sum runs in one fixed worker order (fp32 addition with weights is not
+    commutative bit for bit), so two runs whose pushes race to the PS end with the same bits, and a
+    pipelined step equals the plain one whatever the arrival order (tests/e2e/test_overlap_exact.py)."""
+    first, second = _arrival(("w0", "w1"), pipelined), _arrival(("w1", "w0"), pipelined)
+    plain = _arrival(("w1", "w0"), not pipelined)
+    for k in KEYS:
+        assert torch.equal(first.params[k], second.params[k]), k
+        assert torch.equal(first.params[k], plain.params[k]), k

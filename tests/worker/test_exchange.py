@@ -1,5 +1,6 @@
 """Thread crossings of a step (worker/exchange.py): push + pull, with any retry, is one crossing;
-a policy's choice adds one, to read the path before the gradients are encoded."""
+an adaptive policy's choice adds one, to read the path before the gradients are encoded; a fixed
+policy's takes the path as the last step left it (no crossing)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,67 @@ def test_a_step_crosses_to_the_network_thread_once_plus_once_for_a_policy(ps) ->
             assert crossings == ["Exchange._step"], f"step {step}"  # every bucket of every shard, one crossing
             crossings.clear()
         model(torch.randn(3, 8)).sum().backward()
-        opt.step(samples=3)  # the (fixed) policy chooses: the path is read first
-        assert crossings == ["Exchange._read_link", "Exchange._step"]
-        assert opt.version == 3
+        opt.step(samples=3)  # the (fixed) policy chooses, on the path the last step left
+        assert crossings == ["Exchange._step"]
+        crossings.clear()
+        opt.step(samples=3)
+        assert crossings == ["Exchange._step"]
+        assert opt.version == 4
+        decision, link = opt.uplink.last  # type: ignore[misc]
+        assert decision.spec == "fp32" and link.time_s > 0
+
+
+def test_an_adaptive_policy_reads_the_path_when_the_step_starts(ps) -> None:  # type: ignore[no-untyped-def]
+    model = torch.nn.Linear(8, 4)
+    with NetSenseOptimizer(model, connect=ps.connect_settings(), worker_id="w0", policy="netsense") as opt:
+        crossings = _count_crossings(opt)
+        for _ in range(2):
+            model(torch.randn(3, 8)).sum().backward()
+            opt.step(samples=3)
+            assert crossings == ["Exchange._read_link", "Exchange._step"]
+            crossings.clear()
+
+
+def test_overlap_crosses_once_per_bucket_and_once_for_the_step(ps) -> None:  # type: ignore[no-untyped-def]
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+    with NetSenseOptimizer(model, connect=ps.connect_settings(), worker_id="w0", overlap=True, overlap_bucket_bytes=1 << 20) as opt:
+        crossings = _count_crossings(opt)
+        for step in range(3):
+            opt.zero_grad(samples=3)
+            model(torch.randn(3, 8)).sum().backward()
+            stats = opt.step(samples=3)
+            reads = ["Exchange._read_link"] if step == 0 else []  # the first step has no path from a step before
+            assert crossings == [*reads, "Exchange._push_bucket", "Exchange._step"], f"step {step}"
+            assert stats.early_buckets == 1
+            crossings.clear()
+
+
+def test_a_second_backward_before_step_is_refused_with_overlap(ps) -> None:  # type: ignore[no-untyped-def]
+    """Gradient accumulation cannot overlap: the first backward's gradients are already pushed.
+    Said at the second backward, instead of a duplicate-key refusal by the PS."""
+    import pytest
+
+    from netsense.errors import ConfigError
+
+    model = torch.nn.Linear(8, 4)
+    with NetSenseOptimizer(model, connect=ps.connect_settings(), worker_id="w0", overlap=True) as opt:
+        opt.zero_grad(samples=3)
+        model(torch.randn(3, 8)).sum().backward()
+        with pytest.raises(ConfigError, match="--no-overlap"):
+            model(torch.randn(3, 8)).sum().backward()
+
+
+def test_a_fixed_policy_never_crosses_to_redecide_a_slow_push(ps, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Every push is "slow" here (redecided at once); a fixed policy cannot change its level, so
+    its step does not cross to ask (it did, once per slow push), while an adaptive one does."""
+    import netsense.worker.optimizer as optimizer_module
+
+    monkeypatch.setattr(optimizer_module, "redecide_after", lambda decision: 0.0)
+    model = torch.nn.Linear(8, 4)
+    for policy, asks in (("fp16", False), ("netsense", True)):
+        with NetSenseOptimizer(model, connect=ps.connect_settings(), worker_id=f"w-{policy}", policy=policy) as opt:
+            crossings = _count_crossings(opt)
+            for _ in range(3):
+                model(torch.randn(3, 8)).sum().backward()
+                opt.step(samples=3)
+            assert ("Exchange._redecide" in crossings) is asks, (policy, crossings)
