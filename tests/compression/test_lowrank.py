@@ -28,7 +28,9 @@ def test_reconstructs_low_rank_matrices(rows: int, cols: int, true_rank: int, se
     payload = codec.encode(m)
     assert payload.meta == (float(FACTORS),)
     err = (codec.decode(payload) - m).norm() / m.norm()
-    assert err < 1e-4
+    # fp32 round-off, amplified by how well the random start Q spans M's rows: 1.2e-4 was drawn
+    # (42x52, rank 4, seed 18500); a wrong basis errs by O(1)
+    assert err < 1e-3
 
 
 def test_conv_weight_viewed_as_matrix() -> None:
