@@ -7,7 +7,8 @@ QSGD-quantized (``+q8``). Unsent mass is meant to be carried by `ErrorFeedback`,
 rescaled.
 
 Over 400 lines on purpose: each codec's torch path sits next to its numpy fast path for CPU
-(single-threaded, no thread barriers), which must give the same result.
+(single-threaded, no thread barriers), which must give the same result. The exact top-k selection
+on CPU lives in `topkscan`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .chunks import run_chunks, scratch
 from .indexcoding import decode_indices, encode_indices
 from .limits import cast_clamped, checked_numel, k_for, parse_density, require_finite, split_suffix
 from .quantize import decode_quantized, quantize, quantized_wire_size
+from .topkscan import _SCAN_CHUNK, _SCAN_DTYPES, topk_indices
 
 VALUE_MODES = ("raw", "fp16", "q8")
 """How sparse values travel: the dense dtype, fp16, or 8-bit stochastic quantization."""
@@ -162,7 +164,6 @@ def expected_index_bytes(density: float) -> float:
     return min(varint, 2.0)
 
 
-_SCAN_CHUNK = 1 << 16
 _SCAN_TASK = 1 << 20
 """Elements per task on the chunk pool: each task scans its range in `_SCAN_CHUNK` pieces."""
 
@@ -257,109 +258,6 @@ class SparseCodec(Codec):
         idx = decode_indices(payload.parts[0], count, n, device)
         values = decode_values(payload.parts[1:], self.value_mode, count, dtype, device, self.spec)
         return scatter_dense(n, idx, values).reshape(payload.shape)
-
-
-_INT_VIEWS = {2: (torch.int16, 0x7FFF), 4: (torch.int32, 0x7FFFFFFF), 8: (torch.int64, 0x7FFFFFFFFFFFFFFF)}
-"""Same-size integer view and sign mask per float width: with the sign bit cleared, the bits of
-a float order as its magnitude does (NaN above inf, as torch.topk ranks NaN)."""
-_SCAN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-"""IEEE binary floats, whose sign-cleared bits order as their magnitudes do."""
-_SAMPLE_HITS = 256
-"""Sample magnitudes expected above the k-th largest: ~6% error on the candidate count."""
-
-
-def _scan_magnitudes(bits: np.ndarray, mask: int, t: int, strict: bool, cap: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """Indices (sorted) and magnitude bits of entries whose magnitude is >= t (> t if `strict`),
-    in 64K-element chunks that stay in cache; None as soon as more than `cap` are found."""
-    work = scratch("topk", (min(_SCAN_CHUNK, bits.size),), bits.dtype.type)
-    hit = scratch("topk-hit", (work.size,), np.bool_)
-    compare = np.greater if strict else np.greater_equal
-    found: list[np.ndarray] = []
-    mags: list[np.ndarray] = []
-    total = 0
-    for s in range(0, bits.size, _SCAN_CHUNK):
-        chunk = bits[s : s + _SCAN_CHUNK]
-        m = np.bitwise_and(chunk, mask, out=work[: chunk.size])
-        h = np.flatnonzero(compare(m, t, out=hit[: chunk.size]))
-        total += h.size
-        if total > cap:
-            return None
-        found.append(h + s)
-        mags.append(m[h])
-    if not found:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bits.dtype)
-    return np.concatenate(found), np.concatenate(mags)
-
-
-def _first_equal(bits: np.ndarray, mask: int, t: int, need: int) -> np.ndarray:
-    """The first `need` indices whose magnitude bits equal t (the ties kept at the k-th value)."""
-    found: list[np.ndarray] = []
-    for s in range(0, bits.size, _SCAN_CHUNK):
-        if need <= 0:
-            break
-        h = np.flatnonzero((bits[s : s + _SCAN_CHUNK] & mask) == t)[:need]
-        found.append(h + s)
-        need -= h.size
-    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
-
-
-def _pick_k(idx: np.ndarray, mags: np.ndarray, k: int) -> np.ndarray:
-    """The k of `idx` (sorted, >= k of them) with the largest `mags`, ties to the lowest index;
-    a mask keeps them sorted, so no sort follows the selection."""
-    kth = np.partition(mags, mags.size - k)[mags.size - k]
-    keep = mags > kth
-    need = k - int(np.count_nonzero(keep))
-    keep[np.flatnonzero(mags == kth)[:need]] = True
-    return idx[keep]
-
-
-def _at_threshold(bits: np.ndarray, mask: int, t: int, k: int) -> np.ndarray | None:
-    """Top-k when at least k magnitudes are >= t: the ones above t, then ties at t by index;
-    None when too many lie above t for the candidate path."""
-    above = _scan_magnitudes(bits, mask, t, True, max(4 * k, 1 << 16))
-    if above is None:
-        return None
-    idx, mags = above
-    if idx.size >= k:
-        return _pick_k(idx, mags, k)
-    return np.sort(np.concatenate([idx, _first_equal(bits, mask, t, k - idx.size)]))
-
-
-def topk_indices(flat: torch.Tensor, k: int, rng: np.random.Generator) -> torch.Tensor:
-    """Sorted indices of the k largest magnitudes of a CPU tensor, exactly (ties to the lowest
-    index): the set torch.topk selects up to ties, at under one memory pass instead of ~15.
-
-    A random sample of magnitudes gives a threshold a little below the k-th largest; one scan
-    keeps the ~1.3k entries at or above it, and an O(k) partition of those picks the k. The
-    sample only steers the speed: a threshold above the k-th largest (too few found) is lowered,
-    then replaced by the exact k-th value (`np.partition` of every magnitude); one far below it
-    (too many, or heavy ties such as an all-zero tensor) is handled by ties at that value.
-    Integer bits with the sign cleared stand for magnitudes, so NaN ranks above inf as in torch.
-    """
-    if flat.dtype not in _SCAN_DTYPES or flat.device.type != "cpu" or not 1 <= k <= flat.numel():
-        raise ValueError(f"topk_indices: a CPU float tensor and 1 <= k <= numel, got {flat.dtype}, {flat.device}, k={k}")
-    view, mask = _INT_VIEWS[flat.element_size()]
-    bits = flat.detach().reshape(-1).contiguous().view(view).numpy()
-    n = bits.size
-    s = min(n, max(4096, math.ceil(_SAMPLE_HITS * n / k)))
-    sample = np.bitwise_and(bits.take(rng.integers(0, n, s)), mask)
-    expected = k * s / n
-    cap = 4 * k + 4096
-    for hits in (expected + 4 * math.sqrt(expected) + 1, 4 * expected + 16):
-        r = min(s, math.ceil(hits))
-        t = int(np.partition(sample, s - r)[s - r])
-        found = _scan_magnitudes(bits, mask, t, False, cap)
-        if found is None:
-            picked = _at_threshold(bits, mask, t, k)
-            if picked is not None:
-                return torch.from_numpy(picked)
-            break
-        if found[0].size >= k:
-            return torch.from_numpy(_pick_k(found[0], found[1], k))
-    kth = int(np.partition(np.bitwise_and(bits, mask), n - k)[n - k])
-    picked = _at_threshold(bits, mask, kth, k)
-    assert picked is not None  # fewer than k magnitudes lie above the k-th largest
-    return torch.from_numpy(picked)
 
 
 class TopK(SparseCodec):

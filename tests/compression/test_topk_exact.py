@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from netsense.compression import make_codec
-from netsense.compression import sparse
+from netsense.compression import sparse, topkscan
 from netsense.compression.limits import k_for
 from netsense.compression.sparse import TopK, topk_indices
 
@@ -127,13 +127,13 @@ def test_a_threshold_above_the_kth_value_falls_back_to_it(monkeypatch: pytest.Mo
     n, k = 50_000, 500
     x = torch.randn(n, generator=_gen(3))
     thresholds: list[int] = []
-    scan = sparse._scan_magnitudes
+    scan = topkscan._scan_magnitudes
 
     def spy(bits: np.ndarray, mask: int, t: int, strict: bool, cap: int) -> object:
         thresholds.append(t)
         return scan(bits, mask, t, strict, cap)
 
-    monkeypatch.setattr(sparse, "_scan_magnitudes", spy)
+    monkeypatch.setattr(topkscan, "_scan_magnitudes", spy)
     idx = topk_indices(x, k, FixedSample([int(x.abs().argmax())]))  # type: ignore[arg-type]
     assert_top_k(x, idx, k)
     kth = torch.topk(x.abs(), k).values.min().view(torch.int32).item()
