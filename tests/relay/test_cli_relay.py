@@ -75,3 +75,21 @@ def test_relay_command_serves_a_site(certs: CertPaths) -> None:
         if proc.poll() is None:
             proc.kill()
         ps.stop()
+
+
+def test_relay_takes_no_checkpoint_settings_from_the_job_config(tmp_path: Path) -> None:
+    """A job's TOML names its PS shards' checkpoint folder; the relay it is also given holds no
+    state, so it must not try to checkpoint (it would stop at its first step)."""
+    import argparse
+
+    from netsense.cli.relay import register, settings_from_args
+    from netsense.config import JobConfig, override
+    from netsense.devcerts import ensure_certs
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["relay", "--ps", "127.0.0.1:4433", "--insecure"])
+    config = override(JobConfig(), server__checkpoint_dir=str(tmp_path / "ckpt"), server__checkpoint_every_s=5.0,
+                      security__insecure=True)  # fmt: skip
+    server = settings_from_args(args, config, ensure_certs(str(tmp_path / "certs"), create=True)).server
+    assert server.checkpoint_dir is None and server.checkpoint_every_steps == 0 and server.checkpoint_every_s == 0
