@@ -93,3 +93,15 @@ def test_relay_takes_no_checkpoint_settings_from_the_job_config(tmp_path: Path) 
                       security__insecure=True)  # fmt: skip
     server = settings_from_args(args, config, ensure_certs(str(tmp_path / "certs"), create=True)).server
     assert server.checkpoint_dir is None and server.checkpoint_every_steps == 0 and server.checkpoint_every_s == 0
+
+
+def test_relay_ignores_the_jobs_downlink_policy_and_checkpoints(tmp_path: Path) -> None:
+    """`launch` gives the relay the job's config, whose downlink policy is its PS shards' (a relay
+    fans out the upstream's bytes and has no `set_downlink`): the relay must not run one."""
+    from netsense.ps.server import ServerSettings
+    from netsense.relay import Relay, RelaySettings
+    from netsense.worker.connect import ConnectSettings
+
+    server = ServerSettings(policy="fp16", decision_log=str(tmp_path / "d.jsonl"), checkpoint_dir=str(tmp_path / "c"))
+    relay = Relay(RelaySettings(upstream=(ConnectSettings("127.0.0.1", 1, insecure=True),), server=server), secret=None)
+    assert all(s.downlink is None and s.settings.checkpoint_dir is None for s in relay.shards)
