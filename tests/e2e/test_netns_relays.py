@@ -55,4 +55,5 @@ def test_two_sites_of_two_workers_move_at_most_half_the_rings_wan_bytes(
     # Start-up (INIT, the first full pulls, handshakes) is spread over the 16 steps.
     assert wan["netns:fp16"] <= 0.5 * per_direction, (wan, per_direction)
     assert 0.9 * per_direction < wan["ddp:none"] < 1.3 * per_direction, (wan, per_direction)
-    assert _namespaces() == before
+    # Every namespace of both rows is gone (others' tests may add or remove their own meanwhile).
+    assert set(_namespaces().split()) <= set(before.split())
