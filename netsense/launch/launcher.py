@@ -2,12 +2,16 @@
 
 With sites (`JobConfig.sites`), each child is told its site (``--site``) and, when a link is
 emulated, only traffic between sites goes through it: a worker reaches its own site's shards
-directly. Subclasses place each site elsewhere (`_spawn`'s ``site``, `_host`), e.g. in a network
+directly. A site of several workers gets a relay (`netsense.launch.relays`), which its workers
+reach instead of the shards. Subclasses place each site elsewhere (`_spawn`'s ``site``, `_host`), e.g. in a network
 namespace per site (`netsense bench scenario`).
 
 Any child that fails stops the whole job (others are terminated, then killed after a grace
 period); Ctrl-C does the same. Workers report progress as JSON lines on stdout, which drive the
 progress bar and the summary.
+
+Over 400 lines for a reason: every child (shards, emulators, relays, workers) is started, watched
+and summarized from the one supervisor state here; the pure parts live in sites.py and relays.py.
 """
 
 from __future__ import annotations
