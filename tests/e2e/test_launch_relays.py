@@ -60,3 +60,28 @@ def test_two_sites_of_two_workers_relay_and_train_as_without(tmp_path: Path, mon
     # Without relays each worker moves its own model each way: the site's two, twice a relay's.
     assert direct["bytes_up"] > 1.5 * sum(r["wan_bytes_sent"] for r in relayed["relays"])
     assert not _procs_mentioning(str(tmp_path / "relays" / "run"))
+
+
+class _KillsRelay(Launcher):
+    """Kills the first relay as soon as the relays listen."""
+
+    def _start_relays(self, cfg_path: Path, upstream: Any) -> Any:
+        procs = super()._start_relays(cfg_path, upstream)
+        procs[0].kill()
+        procs[0].wait()
+        return procs
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_relay_that_exits_early_fails_the_job_and_everything_stops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from netsense.errors import ProcessFailed
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    config = override(JobConfig(), sites=parse_sites("a:workers=2;b:workers=2"), train__steps=50, train__eval_every=0,
+                      security__insecure=True, transport__idle_timeout_s=60.0)  # fmt: skip
+    launcher = _KillsRelay(config, run_dir=tmp_path / "run")
+    with pytest.raises(ProcessFailed, match=r"^the relay of site a exited early with status -9$"):
+        launcher.run()
+    assert all(p.poll() is not None for p in launcher.procs)
+    assert not _procs_mentioning(str(tmp_path / "run"))
