@@ -3,8 +3,8 @@
 With sites (`JobConfig.sites`), each child is told its site (``--site``) and, when a link is
 emulated, only traffic between sites goes through it: a worker reaches its own site's shards
 directly. A site of several workers gets a relay (`netsense.launch.relays`), which its workers
-reach instead of the shards. Subclasses place each site elsewhere (`_spawn`'s ``site``, `_host`), e.g. in a network
-namespace per site (`netsense bench scenario`).
+reach instead of the shards. Subclasses place each site elsewhere (`_spawn`'s ``site``, `_host`),
+e.g. in a network namespace per site (`netsense bench scenario`).
 
 Any child that fails stops the whole job (others are terminated, then killed after a grace
 period); Ctrl-C does the same. Workers report progress as JSON lines on stdout, which drive the
@@ -188,6 +188,7 @@ class Launcher:
                 emulator, port = self._start_emulator(p)
                 emulated[i] = f"127.0.0.1:{port}"
                 emulators.append(emulator)
+
         def upstream(here: str | None) -> list[str]:
             # With sites, only the shards of other sites are behind the emulated link.
             return [d if here is not None and shard_site[i] == here else e for i, (d, e) in enumerate(zip(direct, emulated))]
