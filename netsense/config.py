@@ -197,6 +197,8 @@ class JobConfig:
     """PS shard processes (``netsense launch``); keys are spread over them by size."""
     sites: tuple[Site, ...] = ()
     """``[[sites]]`` tables (name, workers, shards): where `netsense launch` runs each worker and PS shard; when given, workers and servers are their sums (docs/ARCHITECTURE.md, "Sites")."""
+    relay: bool = True
+    """With sites: a relay at every site of two or more workers when there is more than one site (``netsense launch --no-relay``: each worker crosses the WAN alone); docs/ARCHITECTURE.md, "Hierarchical aggregation"."""
     optimizer: dict[str, Any] = field(default_factory=dict)
     """PS optimizer overrides on top of the task's default (see OptimizerSettings)."""
     train: TrainSettings = field(default_factory=TrainSettings)

@@ -166,6 +166,18 @@ def test_bad_arguments_fail_before_anything_runs(tmp_path: Path, capsys: pytest.
     assert not (tmp_path / "results.json").exists()
 
 
+def test_bad_sites_fail_before_anything_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, message in (
+        (["--workers", "4", "--sites", "5"], "--sites must be in 2..--workers (4), got 5"),
+        (["--workers", "4", "--sites", "1"], "--sites must be in 2..--workers (4), got 1"),
+        (["--workers", "4", "--sites", "2", "--topology", "bottleneck"], "--sites needs --topology sites"),
+    ):
+        capsys.readouterr()
+        assert main(["bench", "scenario", "--policies", "none", *argv, "--out", str(tmp_path)]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "results.json").exists()
+
+
 def test_tiny_scenario_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """CI's scenario: 2 workers, 2 policies, a few steps over the emulated link; seconds, not minutes."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

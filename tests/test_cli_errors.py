@@ -64,6 +64,8 @@ ROWS: list[tuple[list[str], str]] = [
     (["launch", "--sites", "a;b", "--workers", "3"], "--workers is 3 but the sites hold 2"),
     (["launch", "--config", "{toml:[[sites]]\nname = 'a'\nshards = 0\n}"], "site 'a' has no PS shard"),
     (["launch", "--config", "{toml:servers = 3\n[[sites]]\nname = 'a'\n}"], "servers is 3 but the sites hold 1"),
+    (["launch", "--config", "{toml:relay = 'no'\n}"], "relay must be bool, got 'no'"),
+    (["launch", "--no-relay", "--no-relay", "--sites", "a:workers=2;b", "--workers", "2"], "--workers is 2 but the sites hold 3"),
     (["ps", "--site", "a b"], "--site: site name 'a b' must be"),
     (["ps", "--site", "c", "--config", "{toml:[[sites]]\nname = 'a'\n[[sites]]\nname = 'b'\n}"],
      "--site: unknown site 'c'; the config's sites are a, b"),

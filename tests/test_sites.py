@@ -120,3 +120,58 @@ def test_wan_bytes_scale_with_workers_without_site_aggregation() -> None:
     assert ps == {("a", "b"): 16000, ("b", "a"): 16000}
     assert ring_wan_bytes(rank_sites(sites), 8000) == {("a", "b"): 12000, ("b", "a"): 12000}
     assert ring_wan_bytes(["a"], 8000) == {} and ring_wan_bytes(["a", "a"], 8000) == {}
+
+
+def test_relays_go_at_sites_of_several_workers_in_a_job_of_several_sites() -> None:
+    """A relay per site of >= 2 workers (its ranks), every shard's step then has one member per
+    relayed site plus each unrelayed worker; none with one site, --no-relay, or an async job."""
+    from netsense.launch.relays import plan_relays, relay_args, upstream_codec
+
+    def job(text: str, **kw: object) -> JobConfig:
+        return with_sites(override(JobConfig(), sites=parse_sites(text), **kw))
+
+    plans = plan_relays(job("a:workers=2;b:workers=2"))
+    assert [(p.site, p.worker_id, p.ranks, p.upstream_world) for p in plans] == [
+        ("a", "relay-a", (0, 1), 2), ("b", "relay-b", (2, 3), 2)]  # fmt: skip
+    mixed = plan_relays(job("a:workers=3;b:workers=1;c:workers=0"))
+    assert [(p.site, p.ranks, p.upstream_world) for p in mixed] == [("a", (0, 1, 2), 2)]
+    assert plan_relays(job("a:workers=1;b:workers=1")) == []
+    assert plan_relays(job("a:workers=4")) == []  # one site: no WAN to save
+    assert plan_relays(job("a:workers=2;b:workers=2", relay=False)) == []
+    assert plan_relays(job("a:workers=2;b:workers=2", server__staleness=2)) == []
+    assert plan_relays(override(JobConfig(), workers=4)) == []
+    # The site's sum goes up in the workers' fixed codec; fp16 under an adaptive policy.
+    assert upstream_codec(JobConfig()) == "fp32"
+    assert upstream_codec(override(JobConfig(), train__policy="fp16")) == "fp16"
+    assert upstream_codec(override(JobConfig(), train__policy="none")) == "fp32"
+    assert upstream_codec(override(JobConfig(), train__policy="fixed:topk:0.01+fp16")) == "topk:0.01+fp16"
+    assert upstream_codec(override(JobConfig(), train__policy="netsense")) == "fp16"
+    args = relay_args(plans[1], config_path="c.json", upstream=["h:1", "h:2"], host="10.0.0.2", job_id="j")
+    assert args[0] == "relay" and args[args.index("--ps") + 1] == "h:1,h:2"
+    assert [args[args.index(f) + 1] for f in ("--site", "--site-workers", "--upstream-world", "--host")] == [
+        "b", "2", "2", "10.0.0.2"]  # fmt: skip
+
+
+def test_relays_halve_the_wan_bytes_of_two_sites_of_two_workers() -> None:
+    """With a relay per site the shards see one member per site: each direction carries one model
+    (as 2 sites x 1 worker), half what the 4 workers move alone and 2/3 of the 4-rank ring's 1.5."""
+    sizes = [(f"k{i}", 1000) for i in range(8)]
+    sites = parse_sites("a:workers=2;b:workers=2")
+    owner = assign_shards(sizes, 2)
+    relayed = ps_wan_bytes(["a", "b"], shard_sites(sites), owner, dict(sizes))  # the relays are the members
+    alone = ps_wan_bytes(rank_sites(sites), shard_sites(sites), owner, dict(sizes))
+    ring = ring_wan_bytes(rank_sites(sites), 8000)
+    assert relayed == {("a", "b"): 8000, ("b", "a"): 8000}
+    assert all(relayed[k] * 2 == alone[k] and relayed[k] * 3 == ring[k] * 2 for k in ring)
+    half = {k: n // 2 for k, n in sizes}  # fp16 on the WAN: a third of the fp32 ring's bytes
+    assert all(v * 3 == ring[k] for k, v in ps_wan_bytes(["a", "b"], shard_sites(sites), owner, half).items())
+
+
+def test_scenario_sites_spread_workers_evenly_in_rank_order() -> None:
+    from netsense.bench.topology import rank_site_names, scenario_sites, site_workers
+
+    assert site_workers(4) == [1, 1, 1, 1] and site_workers(4, 2) == [2, 2] and site_workers(5, 2) == [3, 2]
+    assert [(s.name, s.workers, s.shards) for s in scenario_sites(4, 2)] == [("s0", 2, 1), ("s1", 2, 1)]
+    assert rank_site_names(4, 2) == ["s0", "s0", "s1", "s1"] and rank_site_names(2) == ["s0", "s1"]
+    with pytest.raises(Exception, match="cannot spread 2 workers over 3 sites"):
+        site_workers(2, 3)

@@ -155,9 +155,11 @@ def _last_error(lines: list[str]) -> str:
 def run_ddp(
     *, model: str, hook: str, link: str, workers: int = 2, steps: int | None = None, seed: int = 0,
     batch_size: int | None = None, eval_every: int = 10, max_time_s: float = 900.0, topology: str = "sites",
-    wan_out: dict[str, int] | None = None,
+    wan_out: dict[str, int] | None = None, sites: int | None = None,
 ) -> dict[int, list[dict[str, Any]]]:  # fmt: skip
-    """All ranks inside a `SitesTopology` (rank r at site ``s{r}``; ``topology="bottleneck"``: a
+    """All ranks inside a `SitesTopology` (rank r at site ``s{r}``, or with `sites` the ranks
+    spread evenly over that many sites in rank order, as `netsense bench scenario --sites` puts
+    NetSense's workers; ``topology="bottleneck"``: a
     `NetnsTopology(link)`); returns each rank's JSON events (rank 0 has evals). With sites,
     `wan_out` receives the bytes the router forwarded into each site during the run.
 
@@ -172,9 +174,12 @@ def run_ddp(
 
     if topology not in ("sites", "bottleneck"):
         raise ValueError(f"topology must be 'sites' or 'bottleneck', got {topology!r}")
-    sites = [f"s{r}" for r in range(workers)]
-    with SitesTopology(sites, link) if topology == "sites" else NetnsTopology(link) as topo:
-        master = topo.ip(sites[0]) if isinstance(topo, SitesTopology) else topo.server_ip
+    from netsense.bench.topology import rank_site_names
+
+    placed = rank_site_names(workers, sites)
+    sites_names = list(dict.fromkeys(placed))
+    with SitesTopology(sites_names, link) if topology == "sites" else NetnsTopology(link) as topo:
+        master = topo.ip(placed[0]) if isinstance(topo, SitesTopology) else topo.server_ip
         before = topo.wan_bytes() if isinstance(topo, SitesTopology) else {}
         procs: list[subprocess.Popen[str]] = []
         outs: list[list[str]] = []
@@ -189,7 +194,7 @@ def run_ddp(
             if batch_size:
                 argv += ["--batch-size", str(batch_size)]
             env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-            where = sites[rank] if isinstance(topo, SitesTopology) else "server" if rank == 0 else "client"
+            where = placed[rank] if isinstance(topo, SitesTopology) else "server" if rank == 0 else "client"
             p = topo.popen(where, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # type: ignore[arg-type]
             procs.append(p)
             outs.append([])
@@ -201,7 +206,7 @@ def run_ddp(
         _supervise(procs, outs, errs, readers, hook=hook, max_time_s=max_time_s)
         if isinstance(topo, SitesTopology) and wan_out is not None:
             after = topo.wan_bytes()
-            wan_out.update({s: after[s] - before[s] for s in sites})
+            wan_out.update({s: after[s] - before[s] for s in sites_names})
     for t in readers:
         t.join(timeout=2.0)
     # A rank stopped mid-write leaves a partial last line: keep the complete ones.

@@ -20,7 +20,9 @@ every NetSense worker behind one tbf and the PS beside DDP's rank 0. With sites,
 ``wan_bytes_per_step`` (what the router forwarded into each site, per step) and ``wan_ideal_step_s``
 (max(compute, WAN bytes / rate) per step, the busier direction), which is then its
 ``ideal_step_s`` (the one from the workers' own byte counts, local traffic included, is kept as
-``ideal_step_app_s``).
+``ideal_step_app_s``). ``--sites N`` spreads the workers evenly over N sites in rank order: a
+site of several NetSense workers gets a relay (hierarchical aggregation; the row's ``relays`` name
+them with their WAN bytes), DDP's consecutive ranks share a site as the workers do.
 
 Outputs in ``--out DIR``: results.json (rewritten after every policy, so a failure keeps the
 finished ones), results.md, accuracy.png, timeline.png, throughput.png, and runs/<policy>/ with the
@@ -41,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from netsense.bench.topology import NetnsLauncher, ScenarioLauncher, SitesLauncher, scenario_sites, wan_figures, wan_table
+from netsense.bench.topology import NetnsLauncher, ScenarioLauncher, SitesLauncher, scenario_sites, site_workers, wan_figures, wan_table
 from netsense.compression.policy.decisionlog import read_decision_log
 from netsense.config import JobConfig, override, with_sites
 from netsense.errors import ConfigError, NetSenseError
@@ -59,7 +61,9 @@ the peers ddp:none, ddp:fp16, ddp:powersgd (PyTorch DDP, gloo over TCP, across k
 in network namespaces: root only, constant rate, no delay; --netns-link sets their spec), and
 netns:<policy>: a NetSense job across those same links. --topology sites (default): one site per
 worker, a PS shard and DDP's rank at each, a tbf between each pair of sites; rows report WAN bytes
-per step. --topology bottleneck: every worker behind one tbf, the PS and DDP's rank 0 beyond it.
+per step; --sites N spreads the workers over N sites (a relay at each site of several NetSense
+workers, DDP's ranks in order).
+--topology bottleneck: every worker behind one tbf, the PS and DDP's rank 0 beyond it.
 Time to target is training time (rank 0's clock, eval pauses excluded) at the first eval with
 accuracy >= target; ideal_step_s is the mean over steps of max(compute, bytes / the link's rate).
 Examples:
@@ -67,6 +71,8 @@ Examples:
   netsense bench scenario --model charlm --link rate=0s:100mbit,30s:10mbit,60s:50mbit,delay=10ms \\
       --policies none,fp16,netsense --target-accuracy 0.55 --max-time 300 --out runs/steps
   netsense bench scenario --model wide-mlp --link rate=20mbit,queue=50ms --policies netns:fp16,ddp:fp16 --out runs/sites
+  netsense bench scenario --model wide-mlp --workers 4 --sites 2 --link rate=20mbit,queue=50ms \\
+      --policies netns:fp16,netns:netsense,ddp:fp16,ddp:powersgd --out runs/relays
   netsense plot runs/20mbit          # redraw the figures from results.json"""
 
 
@@ -101,6 +107,9 @@ def register(kinds: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="netns:* and ddp:* rows: sites = one site per worker with a PS shard at each and a tbf "
                    "link between each pair (default); bottleneck = every worker behind one tbf, the PS and "
                    "DDP's rank 0 beyond it")  # fmt: skip
+    p.add_argument("--sites", type=int, metavar="N",
+                   help="--topology sites: spread the workers evenly over N sites in rank order (default: one site "
+                   "per worker); a site of several workers gets a relay (NetSense) or holds consecutive ranks (DDP)")
     p.add_argument("--insecure", action="store_true", help="no TLS verification / worker auth (the same for every policy)")
     p.add_argument("--idle-timeout", type=float, metavar="S",
                    help="QUIC idle timeout of the NetSense rows (default: transport.idle_timeout_s); raise it on a "
@@ -153,6 +162,7 @@ def run_policy(
     verbose: int = 0,
     netns_link: str | None = None,
     topology: str = "bottleneck",
+    sites: int | None = None,
 ) -> dict[str, Any]:
     """One policy's job, across `netns_link`'s tbf when given (in `topology`), else through the
     emulator (or none).
@@ -179,7 +189,7 @@ def run_policy(
     if netns_link is not None and topology == "sites":
         from netsense.transport.emulation.sites import SitesTopology
 
-        config = override(config, transport__max_datagram_size=1400, sites=scenario_sites(config.workers))
+        config = override(config, transport__max_datagram_size=1400, sites=scenario_sites(config.workers, sites))
         config = with_sites(config)
         names = [s.name for s in config.sites]
         with SitesTopology(names, netns_link) as sites_topo:
@@ -219,6 +229,8 @@ def run_policy(
         global_batch=global_batch,
     )  # fmt: skip
     figures["stopped_at_max_time"] = stopped
+    if launcher.relays:
+        figures["relays"] = [{k: v for k, v in r.items() if k != "events"} for r in launcher.relays]
     if wan is not None and spec is not None:
         compute = [float(d["compute_s"]) for d in decisions.get(0, []) if d.get("compute_s")]
         figures.update(wan_figures(wan, figures["steps"], spec, list(wan), compute))
@@ -251,7 +263,7 @@ def _run_ddp(args: argparse.Namespace, policy: str, *, steps: int, batch_size: i
     events = ddp_baseline.run_ddp(
         model=args.model, hook=policy[4:], link=link, workers=args.workers, steps=steps, seed=args.seed,
         batch_size=batch_size, eval_every=args.eval_every, max_time_s=args.max_time, topology=args.topology,
-        wan_out=wan,
+        wan_out=wan, sites=args.sites,
     )  # fmt: skip
     figs = ddp_baseline.figures(events, link=link, target=target, global_batch=batch_size * args.workers)
     figs["path"] = f"netns tbf {link}"
@@ -297,6 +309,7 @@ def scenario_info(args: argparse.Namespace, *, steps: int, batch_size: int, poli
         "eval_every": args.eval_every,
         "max_time_s": args.max_time,
         "topology": getattr(args, "topology", "sites"),
+        "sites": getattr(args, "sites", None) or args.workers,
         "idle_timeout_s": getattr(args, "idle_timeout", None),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": "netsense " + " ".join(sys.argv[1:]) if sys.argv and "netsense" in sys.argv[0] else None,
@@ -337,6 +350,12 @@ def run(args: argparse.Namespace) -> int:
     if args.topology == "sites" and args.workers < 2 and any(p.startswith(("netns:", "ddp:")) for p in policies):
         raise ConfigError("--topology sites puts one worker at each site and needs --workers >= 2; "
                           "or use --topology bottleneck")  # fmt: skip
+    if args.sites is not None:
+        if args.topology != "sites":
+            raise ConfigError("--sites needs --topology sites")
+        if not 2 <= args.sites <= args.workers:
+            raise ConfigError(f"--sites must be in 2..--workers ({args.workers}), got {args.sites}")
+        site_workers(args.workers, args.sites)
     for policy in policies:
         if policy.startswith(("netns:", "ddp:")):
             _netns_link(args, policy)  # fail before any policy runs, with the reason
@@ -386,7 +405,7 @@ def run(args: argparse.Namespace) -> int:
             config, run_dir=out / "runs" / _slug(policy), link=args.link, trace=args.trace,
             spec=parse_link(netns_link) if netns_link is not None else spec, max_time_s=args.max_time, target=target,
             global_batch=batch_size * args.workers, verbose=args.verbose, netns_link=netns_link,
-            topology=args.topology,
+            topology=args.topology, sites=args.sites,
         )  # fmt: skip
         if netns_link is not None:
             figs["path"] = f"netns tbf {netns_link}"

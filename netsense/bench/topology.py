@@ -78,9 +78,24 @@ class SitesLauncher(ScenarioLauncher):
         return p
 
 
-def scenario_sites(workers: int) -> tuple[Site, ...]:
-    """The sites of a `--topology sites` row: one per worker, a PS shard at each."""
-    return tuple(Site(f"s{r}", workers=1, shards=1) for r in range(workers))
+def site_workers(workers: int, sites: int | None = None) -> list[int]:
+    """Workers per site when `workers` are spread evenly over `sites` (None: one site per worker);
+    the first sites take the remainder. Ranks fill the sites in order."""
+    n = workers if sites is None else sites
+    if not 1 <= n <= workers:
+        raise NetSenseError(f"cannot spread {workers} workers over {n} sites (1 <= sites <= workers)")
+    return [workers // n + (1 if i < workers % n else 0) for i in range(n)]
+
+
+def scenario_sites(workers: int, sites: int | None = None) -> tuple[Site, ...]:
+    """The sites of a `--topology sites` row (`site_workers`), a PS shard at each; a site of
+    several workers gets a relay from the launcher (docs/ARCHITECTURE.md, "Hierarchical aggregation")."""
+    return tuple(Site(f"s{i}", workers=w, shards=1) for i, w in enumerate(site_workers(workers, sites)))
+
+
+def rank_site_names(workers: int, sites: int | None = None) -> list[str]:
+    """Site name of each rank in a `--topology sites` row: DDP's ranks sit where NetSense's do."""
+    return [f"s{i}" for i, w in enumerate(site_workers(workers, sites)) for _ in range(w)]
 
 
 def wan_figures(

@@ -125,6 +125,7 @@ FLAG_FIELDS: tuple[tuple[str, str], ...] = (
     ("model", "model"),
     ("workers", "workers"),
     ("servers", "servers"),
+    ("relay", "relay"),
     ("steps", "train.steps"),
     ("batch_size", "train.batch_size"),
     ("seed", "train.seed"),

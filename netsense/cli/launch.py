@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sites", metavar="DESC", help="sites and what runs at each, e.g. 'a:workers=1,shards=1;b:workers=2,shards=1' "
                    "(a count left out is 1): ranks and shards in that order, keys split by size over all shards, "
                    "--link only between sites; sets --workers and --servers (TOML: [[sites]] tables)")
+    p.add_argument("--no-relay", dest="relay", action="store_false", default=None,
+                   help="with --sites: no relay at a site of several workers (each worker crosses the WAN alone; "
+                   "default: a relay sums each such site's gradients before the WAN; TOML: relay = false)")
     p.add_argument("--summary-json", metavar="PATH", help="write the summary JSON here")
     p.add_argument("--run-dir", metavar="DIR", help="folder for the resolved config and logs (default: a temp dir)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

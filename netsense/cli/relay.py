@@ -8,6 +8,7 @@ import json
 import logging
 import signal
 import sys
+from dataclasses import replace
 
 from netsense.cli.flags import (
     add_config_flag,
@@ -78,7 +79,8 @@ def settings_from_args(args: argparse.Namespace, config: JobConfig, certs: CertP
         raise ConfigError("--ps names no address: HOST:PORT of the upstream PS")
     for host, port in addresses:
         resolve_host("--ps", host, port)
-    server = config.server
+    # The job's checkpoint settings are its PS shards': a relay holds no state of its own.
+    server = replace(config.server, checkpoint_dir=None, checkpoint_every_steps=0, checkpoint_every_s=0.0)
     check_port("--port", server.port)
     if server.port and server.port + len(addresses) - 1 > 65535:
         raise ConfigError(f"--port {server.port} + {len(addresses)} shards runs past 65535")

@@ -2,12 +2,16 @@
 
 With sites (`JobConfig.sites`), each child is told its site (``--site``) and, when a link is
 emulated, only traffic between sites goes through it: a worker reaches its own site's shards
-directly. Subclasses place each site elsewhere (`_spawn`'s ``site``, `_host`), e.g. in a network
-namespace per site (`netsense bench scenario`).
+directly. A site of several workers gets a relay (`netsense.launch.relays`), which its workers
+reach instead of the shards. Subclasses place each site elsewhere (`_spawn`'s ``site``, `_host`),
+e.g. in a network namespace per site (`netsense bench scenario`).
 
 Any child that fails stops the whole job (others are terminated, then killed after a grace
 period); Ctrl-C does the same. Workers report progress as JSON lines on stdout, which drive the
 progress bar and the summary.
+
+Over 400 lines for a reason: every child (shards, emulators, relays, workers) is started, watched
+and summarized from the one supervisor state here; the pure parts live in sites.py and relays.py.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from netsense.devcerts import check_cert_dates, ensure_certs
 from netsense.errors import ProcessFailed
 from netsense.launch.env import resolve_job_id
 from netsense.launch.jsonout import strict_json
+from netsense.launch.relays import RelayPlan, plan_relays, read_events, relay_args
 from netsense.launch.sites import format_sites, rank_sites, shard_sites
 from netsense.models import check_model
 from netsense.transport.emulation.linkspec import parse_link
@@ -98,6 +103,8 @@ class Launcher:
         self.metrics_ports: dict[str, list[int]] = {"ps": [], "workers": []}
         """The ports the children reported, for the summary."""
         self.procs: list[subprocess.Popen[str]] = []
+        self.relays: list[dict[str, Any]] = []
+        """Per relayed site: its plan's fields, the ports it serves and, once stopped, its WAN bytes."""
         self._checked = False
 
     def _cmd(self, *args: str) -> list[str]:
@@ -138,7 +145,8 @@ class Launcher:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "launch.json").write_text(
             json.dumps({"link": self.link, "trace": self.trace, "workers": config.workers, "servers": config.servers,
-                        "sites": format_sites(config.sites) or None})
+                        "sites": format_sites(config.sites) or None,
+                        "relays": [p.worker_id for p in plan_relays(config)] or None})
         )  # what `netsense plot RUN_DIR` needs to draw the link's true rate
         # One id for the whole job, so a long-lived PS tells this run from an earlier one.
         job = resolve_job_id(config.model, config.train.seed, config.train.job_id, random_part=True)
@@ -180,13 +188,18 @@ class Launcher:
                 emulator, port = self._start_emulator(p)
                 emulated[i] = f"127.0.0.1:{port}"
                 emulators.append(emulator)
+
+        def upstream(here: str | None) -> list[str]:
+            # With sites, only the shards of other sites are behind the emulated link.
+            return [d if here is not None and shard_site[i] == here else e for i, (d, e) in enumerate(zip(direct, emulated))]
+
+        relays = self._start_relays(cfg_path, upstream)
+        relay_of = {r: ",".join(f"{self._host(x['site'])}:{p}" for p in x["ports"]) for x in self.relays for r in x["ranks"]}
         events: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
         workers = []
         for rank in range(n):
             here = rank_site[rank]
-            # With sites, only the shards of other sites are behind the emulated link.
-            ps_arg = ",".join(d if here is not None and shard_site[i] == here else e
-                              for i, (d, e) in enumerate(zip(direct, emulated)))  # fmt: skip
+            ps_arg = relay_of.get(rank) or ",".join(upstream(here))  # a relayed site's workers reach only its relay
             site_args = ["--site", here] if here is not None else []
             w = self._spawn(
                 self._cmd(
@@ -202,9 +215,10 @@ class Launcher:
         done: dict[int, dict[str, Any]] = {}
         event_log = (self.run_dir / "events.jsonl").open("a")  # every worker event, for replay and plots
         try:
-            self._watch(events, event_log, done, shards, emulators, workers, servers)
+            self._watch(events, event_log, done, shards, emulators, workers, servers, relays)
         finally:
             event_log.close()
+        self._stop_relays(relays)
         missing = [r for r in range(n) if r not in done]
         if missing:
             raise ProcessFailed(f"workers {missing} exited without a summary")
@@ -219,6 +233,7 @@ class Launcher:
         emulators: list[subprocess.Popen[str]],
         workers: list[subprocess.Popen[str]],
         servers: int,
+        relays: list[subprocess.Popen[str]] | None = None,
     ) -> None:
         """Forward events until every worker exits 0; raise at the first process that fails."""
         while True:
@@ -236,6 +251,9 @@ class Launcher:
                 if ps.poll() is not None:
                     shard = f" (shard {i})" if servers > 1 else ""
                     raise ProcessFailed(f"the parameter server{shard} exited early with status {ps.returncode}")
+            for info, relay in zip(self.relays, relays or []):
+                if relay.poll() is not None:
+                    raise ProcessFailed(f"the relay of site {info['site']} exited early with status {relay.returncode}")
             for emulator in emulators:
                 if emulator.poll() is not None:
                     raise ProcessFailed(f"the link emulator exited early with status {emulator.returncode}")
@@ -261,6 +279,7 @@ class Launcher:
             "device": first.get("device", "cpu"),
             "levels": _merge_levels(d.get("levels", {}) for d in done.values()),
             **({"sites": self._site_summary()} if self.config.sites else {}),
+            **({"relays": [{k: v for k, v in x.items() if k != "events"} for x in self.relays]} if self.relays else {}),
             "decision_logs": [*down_logs, *(self._up_log(r) for r in range(n))],
             **({"metrics_ports": self.metrics_ports} if self.metrics_port is not None else {}),
         }
@@ -273,6 +292,43 @@ class Launcher:
              "shards": [i for i, x in enumerate(shards) if x == s.name]}
             for s in self.config.sites
         ]  # fmt: skip
+
+    def _start_relays(self, cfg_path: Path, upstream: Callable[[str | None], list[str]]) -> list[subprocess.Popen[str]]:
+        """One `netsense relay` per relayed site (`plan_relays`), each reaching every shard as that
+        site's workers would; returns them once each listens (their ports in `self.relays`)."""
+        procs = []
+        for plan in plan_relays(self.config):
+            args = relay_args(plan, config_path=str(cfg_path), upstream=upstream(plan.site), host=self._host(plan.site),
+                              job_id=self.config.train.job_id or "")  # fmt: skip
+            proc = self._spawn(self._cmd(*args), plan.site)
+            box: queue.Queue[dict[str, Any]] = queue.Queue()
+            reader = threading.Thread(target=read_events, args=(proc.stdout, box), daemon=True)
+            reader.start()
+            ports: list[int] = []
+
+            def port_of(event: dict[str, Any], ports: list[int] = ports) -> int | None:
+                if event.get("event") != "ready":
+                    return None
+                ports.extend(int(p) for p in event["ports"])
+                return ports[0]
+
+            _await_port(box, proc, port_of, what=f"the relay of site {plan.site}", report="ready", timeout_s=60.0)
+            self.relays.append({**_plan_fields(plan), "ports": ports, "events": (box, reader)})
+            procs.append(proc)
+        return procs
+
+    def _stop_relays(self, relays: list[subprocess.Popen[str]]) -> None:
+        """Stop the relays before the shards they push to, and note each one's WAN bytes from its
+        ``stopped`` line."""
+        stop_processes(relays)
+        for info in self.relays:
+            box, reader = info.pop("events")
+            reader.join(timeout=_GRACE_S)
+            while not box.empty():
+                event = box.get()
+                if event.get("event") == "stopped":
+                    info.update(wan_bytes_sent=event.get("wan_bytes_sent"), wan_bytes_received=event.get("wan_bytes_received"),
+                                error=event.get("error"))  # fmt: skip
 
     def _metrics_args(self, index: int) -> list[str]:
         """Metrics flags of child `index` (shards first, then workers): base port + index, or 0 for 0."""
@@ -356,6 +412,11 @@ def _await_port(
         if port is not None:
             return port
     raise ProcessFailed(f"{what} did not report {report} within {timeout_s} s")
+
+
+def _plan_fields(plan: RelayPlan) -> dict[str, Any]:
+    return {"site": plan.site, "worker_id": plan.worker_id, "ranks": list(plan.ranks),
+            "upstream_world": plan.upstream_world, "upstream_codec": plan.upstream_codec}  # fmt: skip
 
 
 def _merge_levels(histograms: Any) -> dict[str, int]:

@@ -212,7 +212,9 @@ class Relay:
 
     def __init__(self, settings: RelaySettings, *, secret: bytes | None, limits: Limits = Limits()) -> None:
         self.settings = settings
-        base = settings.server
+        # A relay fans out the upstream's own bytes and holds no state: the job's downlink policy,
+        # decision log and checkpoints (its PS shards') are not the relay's.
+        base = replace(settings.server, policy=None, decision_log=None, checkpoint_dir=None)
         self.shards = [
             RelayServer(
                 settings, Upstream(up, settings.worker_id, codec=settings.upstream_codec, rank=settings.rank),

@@ -75,3 +75,33 @@ def test_relay_command_serves_a_site(certs: CertPaths) -> None:
         if proc.poll() is None:
             proc.kill()
         ps.stop()
+
+
+def test_relay_takes_no_checkpoint_settings_from_the_job_config(tmp_path: Path) -> None:
+    """A job's TOML names its PS shards' checkpoint folder; the relay it is also given holds no
+    state, so it must not try to checkpoint (it would stop at its first step)."""
+    import argparse
+
+    from netsense.cli.relay import register, settings_from_args
+    from netsense.config import JobConfig, override
+    from netsense.devcerts import ensure_certs
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["relay", "--ps", "127.0.0.1:4433", "--insecure"])
+    config = override(JobConfig(), server__checkpoint_dir=str(tmp_path / "ckpt"), server__checkpoint_every_s=5.0,
+                      security__insecure=True)  # fmt: skip
+    server = settings_from_args(args, config, ensure_certs(str(tmp_path / "certs"), create=True)).server
+    assert server.checkpoint_dir is None and server.checkpoint_every_steps == 0 and server.checkpoint_every_s == 0
+
+
+def test_relay_ignores_the_jobs_downlink_policy_and_checkpoints(tmp_path: Path) -> None:
+    """`launch` gives the relay the job's config, whose downlink policy is its PS shards' (a relay
+    fans out the upstream's bytes and has no `set_downlink`): the relay must not run one."""
+    from netsense.ps.server import ServerSettings
+    from netsense.relay import Relay, RelaySettings
+    from netsense.worker.connect import ConnectSettings
+
+    server = ServerSettings(policy="fp16", decision_log=str(tmp_path / "d.jsonl"), checkpoint_dir=str(tmp_path / "c"))
+    relay = Relay(RelaySettings(upstream=(ConnectSettings("127.0.0.1", 1, insecure=True),), server=server), secret=None)
+    assert all(s.downlink is None and s.settings.checkpoint_dir is None for s in relay.shards)
