@@ -125,7 +125,7 @@ class WindowProbe:
         # noisy matrix's energy than the same fit to the matrix (4 of 6 rows: nearly all), so on
         # a subsample PowerSGD's q_W came out 0.96 where the whole keys gave 0.73.
         self._whole = {level for level, spec in self.specs.items() if sees_whole_keys(spec)}
-        self._streams = {False: _Stream(), True: _Stream()}  # keyed by "whole keys"
+        self._feeds = {False: _Stream(), True: _Stream()}  # keyed by "whole keys"
         self._codecs: dict[int, list[Codec]] = {}
         self._residual: dict[int, list[torch.Tensor]] = {}
         self._start: dict[int, list[torch.Tensor]] = {}
@@ -157,12 +157,12 @@ class WindowProbe:
         samples: dict[bool, list[torch.Tensor]] = {}
         for whole in kinds:
             sample = subsample(tensors, 1 << 62 if whole else self.numel)
-            stream = self._streams[whole]
+            stream = self._feeds[whole]
             shapes = [tuple(x.shape) for x in sample]
             if stream.shapes is not None and shapes != stream.shapes:
                 log.debug("progress window restarted: gradient shapes changed")
                 self._restart()
-                stream = self._streams[whole]
+                stream = self._feeds[whole]
             stream.shapes = shapes
             if self.cumulative:
                 base, stream.base = stream.base, sample
@@ -184,7 +184,7 @@ class WindowProbe:
             self._step_level(level, samples[level in self._whole])
         if measuring:
             for whole, sample in samples.items():
-                self._streams[whole].add(sample)
+                self._feeds[whole].add(sample)
         self.fed += 1
         if self.done:
             return self._result(self.window)
@@ -219,10 +219,10 @@ class WindowProbe:
             if start is None:
                 continue
             error = sum(float((a - b).square().sum()) for a, b in zip(start, residual))
-            q = window_progress(self._streams[level in self._whole].sum_energy(), error)
+            q = window_progress(self._feeds[level in self._whole].sum_energy(), error)
             if q is not None:
                 progress[level] = q
-        stream = self._streams[False] if self._streams[False].sum else self._streams[True]
+        stream = self._feeds[False] if self._feeds[False].sum else self._feeds[True]
         noise = noise_scale(stream.sum_energy(), stream.energy_sum, steps)
         return WindowResult(progress, noise, steps, interim=steps < self.window)
 
@@ -230,7 +230,7 @@ class WindowProbe:
         self._codecs.clear()
         self._residual.clear()
         self._start.clear()
-        self._streams = {False: _Stream(), True: _Stream()}
+        self._feeds = {False: _Stream(), True: _Stream()}
         self.fed = 0
 
 
