@@ -7,8 +7,6 @@ step. It stays off, with the reason logged, where its result or its behaviour wo
 
 - an asynchronous PS (SSP): pushes apply on arrival and there is no pipelined pull, so nothing
   would run in duplex, and a gradient pushed during backward would change the arrival order;
-- model buffers on the PS (BatchNorm statistics): the plain step pushes them with its first
-  bucket and the PS averages them; hook pushes do not carry them ("Model buffers", an open item);
 - an uplink policy that redecides a slow push mid-flight (adaptive policies): pipelined pushes are
   not withdrawable, so the default keeps the plain step where that matters.
 
@@ -21,12 +19,12 @@ hook bucket (`NetSenseOptimizer._check_duplex`): nothing of such a step can run 
 from __future__ import annotations
 
 
-def duplex_blocker(*, asynchronous: bool, state_on_ps: bool, redecides: bool) -> str | None:
-    """Why the default step stays half duplex (the plain step), or None: full duplex is exact."""
+def duplex_blocker(*, asynchronous: bool, redecides: bool) -> str | None:
+    """Why the default step stays half duplex (the plain step), or None: full duplex is exact.
+    Model buffers are no blocker: they ride with the first gradient bucket of shard 0 under overlap
+    too (`BackwardPushes.riders`; tests/e2e/test_buffers.py checks them against the plain step)."""
     if asynchronous:
         return "the PS is asynchronous (--staleness): pushes apply on arrival, there is no pipelined pull"
-    if state_on_ps:
-        return "the model has buffers the PS averages, which pushes from gradient hooks do not carry yet"
     if redecides:
         return "the uplink policy redecides slow pushes mid-flight, which pipelined pushes do not support"
     return None

@@ -179,7 +179,6 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         if overlap is None:
             self.duplex_off = duplex_blocker(
                 asynchronous=any(c.welcome is not None and c.welcome.staleness >= 0 for c in self._exchange.clients),
-                state_on_ps=any(self._replica.state_on_ps),
                 redecides=self._redecides,
             )
             overlap = self.duplex_off is None

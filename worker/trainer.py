@@ -58,7 +58,7 @@ class TrainSettings:
     """Full-duplex step: push keys from gradient hooks during backward and, against a sync PS, pull
     each bucket's keys once applied, so up- and downlink run at once (bit for bit the same result).
     Unset: on wherever that is exact and the policy needs no mid-flight redecide (not against an
-    async PS, not with model buffers, not with the adaptive ``netsense`` policy, and not after the
+    async PS, not with the adaptive ``netsense`` policy, and not after the
     first step if a step fits in one hook bucket per shard: worker/duplex.py);
     true (``--overlap``): always; false (``--no-overlap``): the plain push-barrier-pull step."""
     device: str = "cpu"

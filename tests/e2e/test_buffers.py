@@ -31,8 +31,11 @@ def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, 6, generator=g) + rank, torch.randint(0, 3, (n,), generator=g)  # the ranks' data differ
 
 
-def _train(ps: RunningPS | list[RunningPS], models: list[torch.nn.Module], **kw: object) -> list[list[torch.Tensor]]:
-    """Train both ranks; returns, per rank, the BatchNorm layer's input of every step."""
+def _train(
+    ps: RunningPS | list[RunningPS], models: list[torch.nn.Module], opts: list[NetSenseOptimizer] | None = None, **kw: object
+) -> list[list[torch.Tensor]]:
+    """Train both ranks; returns, per rank, the BatchNorm layer's input of every step (`opts`
+    collects the optimizers)."""
     errors: list[BaseException] = []
     seen: list[list[torch.Tensor]] = [[], []]
     for rank, m in enumerate(models):
@@ -44,6 +47,8 @@ def _train(ps: RunningPS | list[RunningPS], models: list[torch.nn.Module], **kw:
                 models[rank], connect=[p.connect_settings() for p in (ps if isinstance(ps, list) else [ps])], rank=rank, world_size=2, worker_id=f"w{rank}",
                 optimizer={"name": "sgd", "lr": 0.1}, **kw,  # type: ignore[arg-type]
             ) as opt:  # fmt: skip
+                if opts is not None:
+                    opts.append(opt)
                 for step in range(STEPS):
                     x, y = _batch(step, rank)
                     opt.zero_grad()
@@ -141,14 +146,16 @@ def test_buffers_under_overlap_agree_reach_the_checkpoint_and_equal_the_plain_st
     path: pushed with the step's gradients, averaged on the PS, written back into every worker.
     Step 0 pushes after backward (its sample count is not known before), later steps from the hooks."""
     held: dict[bool, tuple[list[torch.nn.Module], dict[str, torch.Tensor], dict[str, torch.Tensor]]] = {}
-    for overlap in (False, True):
+    for overlap in (False, True, None):  # None: the default, full duplex now that buffers ride with the hooks
         running = [
             start_ps(certs, ServerSettings(port=0, checkpoint_dir=str(tmp_path / f"ckpt-{overlap}" / f"shard-{i}"), checkpoint_every_steps=1))
             for i in range(shards)
         ]
         try:
-            models = [_model(), _model()]
-            _train(running, models, overlap=overlap, bucket_bytes=64, overlap_bucket_bytes=64)
+            models, opts = [_model(), _model()], []
+            _train(running, models, opts, overlap=overlap, bucket_bytes=64, overlap_bucket_bytes=64)
+            if overlap is None:
+                assert [o.duplex_off for o in opts] == [None, None] and all(o.overlap for o in opts)
             for ps in running:
                 ps.net.run(ps.server.flush_checkpoint())
             params = {k: v.clone() for ps in running for k, v in ps.server.store.params.items()}
@@ -158,8 +165,14 @@ def test_buffers_under_overlap_agree_reach_the_checkpoint_and_equal_the_plain_st
                 stop_ps(ps)
         assert state["version"] == STEPS
         held[overlap] = (models, params, dict(state["state"]))
-    models, params, ckpt_state = held[True]
     plain_models, plain_params, _ = held[False]
+    for models, params, ckpt_state in (held[True], held[None]):
+        _check_like_the_plain_step(models, params, ckpt_state, plain_models, plain_params)
+
+
+def _check_like_the_plain_step(  # type: ignore[no-untyped-def]
+    models, params, ckpt_state, plain_models, plain_params
+) -> None:
     bn0, bn1, plain = models[0][1], models[1][1], plain_models[0][1]
     for name in ("running_mean", "running_var", "num_batches_tracked"):
         assert torch.equal(getattr(bn0, name), getattr(bn1, name)), name  # every rank holds the PS's

@@ -12,11 +12,10 @@ from netsense.worker.duplex import duplex_blocker
     [
         ({}, None),
         ({"asynchronous": True}, "asynchronous"),
-        ({"state_on_ps": True}, "buffers"),
         ({"redecides": True}, "redecides"),
     ],
 )
 def test_the_blockers_of_the_full_duplex_default(kw: dict, blocked: str | None) -> None:
-    reason = duplex_blocker(**{"asynchronous": False, "state_on_ps": False, "redecides": False, **kw})
+    reason = duplex_blocker(**{"asynchronous": False, "redecides": False, **kw})
     assert (reason is None) if blocked is None else (reason is not None and blocked in reason)
 
