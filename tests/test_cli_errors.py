@@ -84,6 +84,8 @@ ROWS: list[tuple[list[str], str]] = [
     (["ps", "--checkpoint-dir", "{file}/ckpt"], "--checkpoint-dir: cannot write to {file}/ckpt: {file} is a file, not a folder"),
     (["ps", "--resume", "{file}"], "--resume: cannot write to {file}: it is a file, not a folder"),
     (["ps", "--config", "{toml:[server]\ncheckpoint_dir = '{file}'\n}"], "server.checkpoint_dir: cannot write to {file}"),
+    # More shards than keys: refused before 9 PS processes start (the workers refused it after).
+    (["launch", "--servers", "9", "--insecure"], "--servers 9: model 'digits-cnn' has 8 parameter keys, and shard 8 would own none; use at most 8"),
 ]
 
 

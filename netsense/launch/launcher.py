@@ -32,6 +32,7 @@ from netsense.errors import ProcessFailed
 from netsense.launch.env import resolve_job_id
 from netsense.launch.jsonout import strict_json
 from netsense.launch.outputs import check_output_dir, check_output_file
+from netsense.launch.shardcheck import check_shards
 from netsense.launch.sites import format_sites, rank_sites, shard_sites
 from netsense.models import check_model
 from netsense.transport.emulation.linkspec import parse_link
@@ -128,7 +129,7 @@ class Launcher:
             for shard in range(config.servers):
                 check_output_file("server.decision_log", self._down_log(shard))
         resolve_device(config.train.device)
-        check_model(config.model, config.optimizer)
+        check_shards(check_model(config.model, config.optimizer), config.model, config.servers)
         if self.link or self.trace:  # else the emulator's exit status would say it, after the PS started
             parse_link(self.link or "", trace=self.trace)
         if not config.security.insecure:
