@@ -194,8 +194,15 @@ class DownlinkController:
             self._bytes.pop(old, None)
 
     def close(self) -> None:
+        """Log the last update, close the decision log, cancel the delivery watches (`wait_closed`
+        awaits them)."""
         self._finish()
         self._pending = None
         for task in list(self._tasks):
             task.cancel()
         self.loop.close()
+
+    async def wait_closed(self) -> None:
+        """Until every cancelled delivery watch has finished: one still pending when the loop
+        stopped was destroyed pending (`Task was destroyed but it is pending!`)."""
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)

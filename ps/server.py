@@ -29,6 +29,7 @@ from .downlink import DownlinkController
 from .session import WorkerSession
 from .store import ParameterStore, StepApplied
 from .store.guard import UpdateRefused
+from .warmup import warm_up_torch
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,9 @@ class PSServer:
         self._keyed_cache: dict[tuple[int, bool, int, tuple[str, ...]], bytes] = {}  # pipelined pulls of one update
         self._server: Listener | None = None
         self._watchdog: asyncio.Task[None] | None = None
+        self._idle_timeout_s: float | None = None  # the QUIC idle timeout, known at `start`
+        self.loop_stalls = 0
+        """Times the event loop was blocked past a third of the idle timeout (`_note_stall`)."""
         self.port = 0
         self.errors_sent = 0
         self.connections: set[WorkerSession] = set()
@@ -145,7 +149,10 @@ class PSServer:
             log.warning("INSECURE: worker authentication is OFF (no shared secret); local experiments only")
 
     async def start(self, configuration: QuicConfiguration, socket_buffer_bytes: int = 8 << 20) -> int:
-        """Listen; returns the bound port."""
+        """Listen; returns the bound port. torch's lazy first-use costs are paid first, while no
+        connection can wait on this loop (`warm_up_torch`)."""
+        warm_up_torch()
+        self._idle_timeout_s = configuration.idle_timeout
         self._server = await start_server(
             self.settings.host,
             self.settings.port,
@@ -171,14 +178,16 @@ class PSServer:
             self._server.close()
 
     async def stop(self) -> None:
-        """`close`, then wait until the watchdog and every cancelled request have finished, so no
-        task is left pending for a loop that stops next (a PULL still waiting was destroyed
-        pending)."""
+        """`close`, then wait until the watchdog, every cancelled request and the downlink's
+        delivery watches have finished, so no task is left pending for a loop that stops next (a
+        PULL still waiting was destroyed pending)."""
         self.close()
         if self._server is not None:
             await self._server.stop()
         if self._watchdog is not None:
             await asyncio.gather(self._watchdog, return_exceptions=True)
+        if self.downlink is not None:
+            await self.downlink.wait_closed()
 
     # --- shared state transitions -----------------------------------------------------------
 
@@ -312,9 +321,13 @@ class PSServer:
             self._step_started_at = time.monotonic()
 
     async def _barrier_watchdog(self) -> None:
-        """Drop workers that hold up a step past the barrier timeout (a dead worker never pushes)."""
+        """Drop workers that hold up a step past the barrier timeout (a dead worker never pushes).
+        Its tick also times the loop (`_note_stall`)."""
         while True:
-            await asyncio.sleep(min(0.25, self.settings.barrier_timeout_s / 4))
+            tick = min(0.25, self.settings.barrier_timeout_s / 4)
+            t0 = time.monotonic()
+            await asyncio.sleep(tick)
+            self._note_stall(time.monotonic() - t0 - tick)
             if self.store.asynchronous:
                 await self._ssp_watchdog()
                 continue
@@ -329,6 +342,19 @@ class PSServer:
             await self.applied(result)
             if self.store.refused_updates != refusals:
                 await self.refused()
+
+    def _note_stall(self, late_s: float) -> None:
+        """Warn when the loop ran nothing for over a third of the QUIC idle timeout (as long as
+        workers wait between PINGs): blocked for the whole timeout, it answers no packet and every
+        connection whose peer went quiet meanwhile is idle-closed, a worker lost for no fault of
+        its own (docs/RELIABILITY.md, "Job start under load")."""
+        idle = self._idle_timeout_s
+        if idle and late_s > idle / 3:
+            self.loop_stalls += 1
+            log.warning(
+                "the PS event loop was blocked for %.1f s (connections are closed after %g s without a packet); "
+                "something ran on it that should not", late_s, idle,
+            )  # fmt: skip
 
     async def _ssp_watchdog(self) -> None:
         """Async mode: the slowest workers are dead if a worker waited on them, with their clock

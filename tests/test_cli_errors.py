@@ -11,7 +11,8 @@ import pytest
 from netsense.cli import main
 
 # argv -> a substring of the one-line error. "{toml:TEXT}" is replaced by a config file holding
-# TEXT, "{certs}" by a folder that already holds dev certificates, "{tmp}" by an empty folder.
+# TEXT, "{certs}" by a folder that already holds dev certificates, "{tmp}" by a folder that does
+# not exist, "{file}" by a file and "{dir}" by a folder that exist (also inside TEXT and the message).
 ROWS: list[tuple[list[str], str]] = [
     (["ps", "--port", "70000"], "--port must be in 0..65535, got 70000"),
     (["ps", "--port", "-5"], "--port must be in 0..65535, got -5"),
@@ -70,12 +71,39 @@ ROWS: list[tuple[list[str], str]] = [
     (["ps", "--site", "c", "--config", "{toml:[[sites]]\nname = 'a'\n[[sites]]\nname = 'b'\n}"],
      "--site: unknown site 'c'; the config's sites are a, b"),
     (["worker", "--site", "c", "--insecure", "--config", "{toml:[[sites]]\nname = 'a'\n}"], "--site: unknown site 'c'"),
+    # Where a job writes: checked before any process starts (was a traceback after the PS started).
+    (["worker", "--decision-log", "{tmp}/up.jsonl", "--insecure", "--ps", "127.0.0.1:1"], "--decision-log: cannot write {tmp}/up.jsonl: folder {tmp} does not exist"),
+    (["worker", "--decision-log", "{dir}", "--insecure", "--ps", "127.0.0.1:1"], "--decision-log: cannot write {dir}: it is a folder, not a file"),
+    (["worker", "--decision-log", "{file}/up.jsonl", "--insecure", "--ps", "127.0.0.1:1"], "cannot write {file}/up.jsonl: {file} is a file, not a folder"),
+    (["worker", "--summary-json", "{tmp}/s.json", "--insecure", "--ps", "127.0.0.1:1"], "--summary-json: cannot write {tmp}/s.json: folder {tmp} does not exist"),
+    (["worker", "--insecure", "--ps", "127.0.0.1:1", "--config", "{toml:[train]\ndecision_log = '{tmp}/up.jsonl'\n}"], "train.decision_log: cannot write"),
+    (["launch", "--decision-log", "{tmp}/up.jsonl"], "train.decision_log (--decision-log): cannot write {tmp}/up-0.jsonl: folder {tmp} does not"),
+    (["launch", "--config", "{toml:[server]\ndecision_log = '{tmp}/d.jsonl'\n}"], "server.decision_log: cannot write {tmp}/d.jsonl"),
+    (["launch", "--config", "{toml:[server]\ncheckpoint_dir = '{file}'\n}"], "server.checkpoint_dir: cannot write to {file}: it is a file"),
+    (["launch", "--run-dir", "{file}/run"], "--run-dir: cannot write to {file}/run: {file} is a file, not a folder"),
+    (["ps", "--decision-log", "{tmp}/down.jsonl"], "--decision-log: cannot write {tmp}/down.jsonl: folder {tmp} does not exist"),
+    (["ps", "--checkpoint-dir", "{file}"], "--checkpoint-dir: cannot write to {file}: it is a file, not a folder"),
+    (["ps", "--checkpoint-dir", "{file}/ckpt"], "--checkpoint-dir: cannot write to {file}/ckpt: {file} is a file, not a folder"),
+    (["ps", "--resume", "{file}"], "--resume: cannot write to {file}: it is a file, not a folder"),
+    (["ps", "--config", "{toml:[server]\ncheckpoint_dir = '{file}'\n}"], "server.checkpoint_dir: cannot write to {file}"),
+    # More shards than keys: refused before 9 PS processes start (the workers refused it after).
+    (["launch", "--servers", "9", "--insecure"], "--servers 9: model 'digits-cnn' has 8 parameter keys, and shard 8 would own none; use at most 8"),
 ]
+
+
+def _paths(text: str, tmp_path: Path) -> str:
+    """`text` with "{tmp}", "{file}" and "{dir}" replaced (the file and folder made)."""
+    (tmp_path / "afile").touch()
+    (tmp_path / "adir").mkdir(exist_ok=True)
+    for token, path in (("{tmp}", "fresh"), ("{file}", "afile"), ("{dir}", "adir")):
+        text = text.replace(token, str(tmp_path / path))
+    return text
 
 
 def _argv(argv: list[str], tmp_path: Path) -> list[str]:
     out = []
     for a in argv:
+        a = _paths(a, tmp_path)
         if a.startswith("{toml:"):
             path = tmp_path / "job.toml"
             path.write_text(a.removeprefix("{toml:").removesuffix("}"))
@@ -83,8 +111,6 @@ def _argv(argv: list[str], tmp_path: Path) -> list[str]:
         elif a == "{certs}":
             assert main(["certs", "--out", str(tmp_path / "certs")]) == 0
             a = str(tmp_path / "certs")
-        elif a == "{tmp}":
-            a = str(tmp_path / "fresh")
         out.append(a)
     return out
 
@@ -105,6 +131,7 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, tmp_pat
     assert "Traceback" not in err
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
+    message = _paths(message, tmp_path)
     assert message in lines[0], lines[0]
     assert lines[0].startswith(f"netsense {argv[0]}: error: ")
 

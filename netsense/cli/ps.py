@@ -21,6 +21,7 @@ from netsense.cli.flags import (
 )
 from netsense.devcerts import check_cert_dates, ensure_certs
 from netsense.errors import ConfigError
+from netsense.launch.outputs import check_output_dir, check_output_file
 from netsense.metrics import MetricsServer, PSCollector
 from netsense.ps import checkpoint
 from netsense.ps.server import PSServer
@@ -79,6 +80,10 @@ def run(args: argparse.Namespace) -> int:
     check_host("--metrics-host", args.metrics_host)
     check_site("--site", args.site, config)
     resolve_host("--host", config.server.host, config.server.port)  # before any certificate or socket
+    # Before the PS listens: a bad log folder was a traceback, a bad checkpoint folder an error per checkpoint.
+    check_output_file("--decision-log" if args.decision_log else "server.decision_log", config.server.decision_log)
+    ckpt_flag = "--resume" if isinstance(args.resume, str) else "--checkpoint-dir"
+    check_output_dir(ckpt_flag if args.checkpoint_dir else "server.checkpoint_dir", config.server.checkpoint_dir)
     state = None
     if args.resume is not None:
         if config.server.checkpoint_dir is None:

@@ -28,6 +28,7 @@ from netsense.devcerts import worker_certs
 from netsense.errors import ConfigError
 from netsense.launch.env import DEFAULT_PS_PORT, from_environ, resolve_job_id
 from netsense.launch.jsonout import strict_json
+from netsense.launch.outputs import check_output_file
 from netsense.metrics import MetricsServer, WorkerCollector
 from netsense.models import load_task, task_optimizer
 from netsense.worker.connect import ConnectSettings
@@ -78,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
     check_port("--metrics-port", args.metrics_port)
     check_host("--metrics-host", args.metrics_host)
     check_site("--site", args.site, config)
+    # Written once the job runs (the log after the PS is reached, the summary at the end): checked now.
+    check_output_file("--decision-log" if args.decision_log else "train.decision_log", config.train.decision_log)
+    check_output_file("--summary-json", args.summary_json)
     if args.world_size is not None and args.world_size < 1:
         raise ConfigError(f"--world-size must be >= 1, got {args.world_size}")
     env = from_environ()

@@ -35,7 +35,9 @@ from netsense.devcerts import check_cert_dates, ensure_certs
 from netsense.errors import ProcessFailed
 from netsense.launch.env import resolve_job_id
 from netsense.launch.jsonout import strict_json
+from netsense.launch.outputs import check_output_dir, check_output_file
 from netsense.launch.relays import RelayPlan, plan_relays, read_events, relay_args
+from netsense.launch.shardcheck import check_shards
 from netsense.launch.sites import format_sites, rank_sites, shard_sites
 from netsense.models import check_model
 from netsense.transport.emulation.linkspec import parse_link
@@ -122,10 +124,19 @@ class Launcher:
         """What can be wrong before any process starts, as one `ConfigError` line: no GPU, a model
         that does not load (or its optimizer), a bad link spec or trace file, an expired
         certificate. `run()` calls it unless the caller did (the CLI does, before it draws its
-        progress bar)."""
-        config = self.config
+        progress bar). Where the job will write is checked too (decision logs, checkpoints, the run
+        folder), so a typo there is not a child's traceback once the PS runs."""
+        config = with_sites(self.config)  # the workers and shards the sites make
+        check_output_dir("--run-dir", self.run_dir)
+        check_output_dir("server.checkpoint_dir", config.server.checkpoint_dir)
+        if config.train.decision_log:
+            for rank in range(config.workers):
+                check_output_file("train.decision_log (--decision-log)", self._up_log(rank))
+        if config.server.decision_log:
+            for shard in range(config.servers):
+                check_output_file("server.decision_log", self._down_log(shard))
         resolve_device(config.train.device)
-        check_model(config.model, config.optimizer)
+        check_shards(check_model(config.model, config.optimizer), config.model, config.servers)
         if self.link or self.trace:  # else the emulator's exit status would say it, after the PS started
             parse_link(self.link or "", trace=self.trace)
         if not config.security.insecure:
