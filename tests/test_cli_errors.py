@@ -77,6 +77,7 @@ ROWS: list[tuple[list[str], str]] = [
     (["worker", "--decision-log", "{file}/up.jsonl", "--insecure", "--ps", "127.0.0.1:1"], "cannot write {file}/up.jsonl: {file} is a file, not a folder"),
     (["worker", "--summary-json", "{tmp}/s.json", "--insecure", "--ps", "127.0.0.1:1"], "--summary-json: cannot write {tmp}/s.json: folder {tmp} does not exist"),
     (["worker", "--insecure", "--ps", "127.0.0.1:1", "--config", "{toml:[train]\ndecision_log = '{tmp}/up.jsonl'\n}"], "train.decision_log: cannot write"),
+    (["launch", "--summary-json", "{tmp}/s.json"], "--summary-json: cannot write {tmp}/s.json: folder {tmp} does not exist"),
     (["launch", "--decision-log", "{tmp}/up.jsonl"], "train.decision_log (--decision-log): cannot write {tmp}/up-0.jsonl: folder {tmp} does not"),
     (["launch", "--config", "{toml:[server]\ndecision_log = '{tmp}/d.jsonl'\n}"], "server.decision_log: cannot write {tmp}/d.jsonl"),
     (["launch", "--config", "{toml:[server]\ncheckpoint_dir = '{file}'\n}"], "server.checkpoint_dir: cannot write to {file}: it is a file"),

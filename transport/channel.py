@@ -206,7 +206,7 @@ class ClientConnection(MessageProtocol):
         try:
             reply = await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
-            raise PeerTimeout(f"no answer to {type(msg).__name__} within {timeout} s") from None
+            raise PeerTimeout(f"no answer to {type(msg).__name__} within {timeout:.3g} s") from None
         finally:
             self._waiting.pop(sid, None)
         if isinstance(reply, Error):

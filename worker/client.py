@@ -129,7 +129,7 @@ class PSClient:
         except asyncio.TimeoutError:
             await self._stack.aclose()
             raise AuthError(
-                f"no QUIC handshake with {self.host}:{self.port} within {connect_timeout_s} s "
+                f"no QUIC handshake with {self.host}:{self.port} within {connect_timeout_s:.3g} s "
                 f"(PS down, wrong address or port, or a firewall dropping UDP: QUIC runs over UDP, so UDP port "
                 f"{self.port} must be open from this host to the PS)"
             ) from None

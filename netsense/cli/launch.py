@@ -11,6 +11,7 @@ from netsense.config import SettingError, override, with_sites
 from netsense.errors import ConfigError
 from netsense.launch.jsonout import strict_json
 from netsense.launch.launcher import Launcher
+from netsense.launch.outputs import check_output_file
 from netsense.launch.sites import parse_sites
 
 
@@ -84,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port, metrics_host=args.metrics_host,
     )  # fmt: skip
     launcher.check()  # a model that does not load, a bad link: one line, before any process starts
+    check_output_file("--summary-json", args.summary_json)  # not a traceback after the job ran
     if not args.no_progress:
         from tqdm import tqdm
 
