@@ -24,7 +24,7 @@ from aioquic.quic.events import ConnectionTerminated, QuicEvent, StreamDataRecei
 
 from netsense.errors import PeerError, PeerTimeout, ProtocolError, RequestAbandoned
 
-from .sensing.aioquic_private import connection_of, stream_send_state, use_monotonic_clock
+from .sensing.aioquic_private import connection_of, drop_connect_waiter, stream_send_state, use_monotonic_clock
 from .wire import Error, Limits, Message, decode_message, encode_chunks
 
 log = logging.getLogger(__name__)
@@ -188,6 +188,14 @@ class ClientConnection(MessageProtocol):
         super().__init__(*args, **kwargs)
         self._waiting: dict[int, asyncio.Future[Message]] = {}
         self.closed_reason: str | None = None
+
+    async def wait_connected(self) -> None:
+        """aioquic's, but a wait given up (a connect timeout) retrieves the handshake's outcome."""
+        try:
+            await super().wait_connected()
+        except asyncio.CancelledError:
+            drop_connect_waiter(self)
+            raise
 
     async def request(
         self, msg: Message | bytes, timeout: float | None = None, *, on_stream: Callable[[int], None] | None = None

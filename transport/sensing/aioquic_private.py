@@ -56,7 +56,7 @@ PRIVATE_PATHS: tuple[str, ...] = (
 )
 """Every private attribute path of `QuicConnection` this module reads (checked by `check_internals`)."""
 
-PROTOCOL_PRIVATE_PATHS: tuple[str, ...] = ("_quic", "_loop", "_transport")
+PROTOCOL_PRIVATE_PATHS: tuple[str, ...] = ("_quic", "_loop", "_transport", "_connected_waiter")
 """Private attributes of aioquic's asyncio `QuicConnectionProtocol` read here."""
 SERVER_PRIVATE_PATHS: tuple[str, ...] = ("_transport",)
 """Private attributes of aioquic's asyncio `QuicServer` read here."""
@@ -216,6 +216,17 @@ def connection_of(protocol: QuicConnectionProtocol) -> QuicConnection:
             f"aioquic {aioquic.__version__}: QuicConnectionProtocol._quic does not exist"
         )
     return quic
+
+
+def drop_connect_waiter(protocol: QuicConnectionProtocol) -> None:
+    """Retrieve the outcome of a handshake wait that was given up (a connect timeout).
+
+    `wait_connected` shields its future, so cancelling the wait leaves that future behind; when
+    the connection is torn down aioquic sets `ConnectionError` on it, and asyncio logged "Future
+    exception was never retrieved" once per retried connect attempt."""
+    waiter = getattr(protocol, "_connected_waiter", None)
+    if waiter is not None:
+        waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
 def transport_of(endpoint: QuicConnectionProtocol | QuicServer) -> Any:
