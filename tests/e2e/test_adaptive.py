@@ -107,8 +107,9 @@ def test_decision_logs_both_directions_and_replicas_stay_exact(certs: CertPaths,
 @pytest.mark.slow
 def test_unconstrained_loopback_digits_cnn_stays_near_lossless(tmp_path: Path) -> None:
     """On loopback `netsense` sends only levels that lose no measurable progress (q >= 0.99: fp32,
-    fp16, 8-bit): the CPU-bound QUIC path makes halving the bytes worth it (fp16 was 1.27x faster
-    to target than fp32 unshaped, docs/BENCHMARKS.md), sparsification never is (separate processes
+    fp16, and the quantized levels, whose error feedback the windowed q measures at ~0.99+ here):
+    the CPU-bound QUIC path makes cutting the bytes worth it (fp16 was 1.27x faster to target than
+    fp32 unshaped, docs/BENCHMARKS.md), sparsification and low rank never are (separate processes
     via `netsense launch`, as a job really runs; asserted from the logs)."""
     steps = 20
     run = tmp_path / "run"
@@ -121,7 +122,7 @@ def test_unconstrained_loopback_digits_cnn_stays_near_lossless(tmp_path: Path) -
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    near_lossless = set(DEFAULT_LADDER.split(",")[:3])  # fp32, fp16, qsgd:8
+    near_lossless = {spec for spec in DEFAULT_LADDER.split(",") if spec.split(":")[0] in ("fp32", "fp16", "qsgd")}
     assert set(summary["levels"]) <= near_lossless and sum(summary["levels"].values()) == 2 * steps
     known = 0
     for name in ("decisions-up-0.jsonl", "decisions-up-1.jsonl", "decisions-down.jsonl"):
