@@ -185,18 +185,24 @@ class NetnsTopology:
 
     def close(self) -> None:
         """Kill what runs inside, then delete every namespace created; safe to call twice."""
-        for proc in self._procs:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=2)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-        self._procs.clear()
-        while self._created:
-            name = self._created.pop()
+        teardown(self._procs, self._created)
+
+
+def teardown(procs: list[subprocess.Popen[Any]], created: list[str]) -> None:
+    """Kill what runs inside the namespaces, then delete every one created (newest first); both
+    lists are emptied, so a second call does nothing. Shared by `NetnsTopology` and `SitesTopology`."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
             try:
-                _run(_ip("netns", "del", name))
-            except NetnsError as exc:
-                log.warning("namespace %s not removed: %s", name, exc)
+                proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    procs.clear()
+    while created:
+        name = created.pop()
+        try:
+            _run(_ip("netns", "del", name))
+        except NetnsError as exc:
+            log.warning("namespace %s not removed: %s", name, exc)

@@ -29,7 +29,7 @@ from typing import Any
 from netsense.errors import ConfigError
 
 from .linkspec import DuplexSpec, LinkSpec, as_duplex
-from .netns import NetnsError, _ip, _run, tbf_params
+from .netns import _ip, _run, tbf_params, teardown
 
 log = logging.getLogger(__name__)
 
@@ -179,21 +179,7 @@ class SitesTopology:
 
     def close(self) -> None:
         """Kill what runs inside, then delete every namespace created; safe to call twice."""
-        for proc in self._procs:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=2)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-        self._procs.clear()
-        while self._created:
-            name = self._created.pop()
-            try:
-                _run(_ip("netns", "del", name))
-            except NetnsError as exc:
-                log.warning("namespace %s not removed: %s", name, exc)
+        teardown(self._procs, self._created)
 
 
 def _tbf_args(params: dict[str, int]) -> list[str]:
