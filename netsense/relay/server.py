@@ -199,10 +199,13 @@ class RelayServer(PSServer):
         self.close()
 
     async def aclose(self) -> None:
-        """Stop serving, say BYE upstream."""
-        self.close()
-        for task in list(self._tasks):
+        """Stop serving (the PS's `stop`: every cancelled request finished), finish the forwarding
+        tasks, say BYE upstream: nothing is left pending for a loop that stops next."""
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
+        await self.stop()
+        await asyncio.gather(*tasks, return_exceptions=True)
         with contextlib.suppress(Exception):
             await self.upstream.close()
 
