@@ -114,11 +114,12 @@ class _WithBuffer(torch.nn.Module):
 
 @pytest.mark.parametrize(
     ("case", "duplex"),
-    [("sync", True), ("async", False), ("buffers", False), ("netsense-policy", False), ("fp16-policy", True)],
+    [("sync", True), ("async", False), ("buffers", True), ("netsense-policy", False), ("fp16-policy", True)],
 )
 def test_the_default_is_full_duplex_where_exact(certs, case: str, duplex: bool) -> None:  # type: ignore[no-untyped-def]
-    """``overlap=None`` (the training loop's default): on against a sync PS, off where the result or
-    the behaviour would differ (worker/duplex.py); ``overlap=False`` stays off everywhere."""
+    """``overlap=None`` (the training loop's default): on against a sync PS, model buffers included
+    (they ride with the hook pushes: tests/e2e/test_buffers.py), off where the result or the
+    behaviour would differ (worker/duplex.py); ``overlap=False`` stays off everywhere."""
     from netsense.ps.server import ServerSettings
 
     ps = start_ps(certs, ServerSettings(port=0, staleness=1) if case == "async" else None)
