@@ -86,7 +86,8 @@ def test_a_blocked_loop_is_one_warning(certs: CertPaths) -> None:
     handler = logging.Handler(logging.WARNING)
     handler.emit = records.append  # type: ignore[method-assign]
     logger = logging.getLogger("netsense.ps.server")
-    level, logger.level = logger.level, logging.WARNING
+    level = logger.level
+    logger.setLevel(logging.WARNING)
     logger.addHandler(handler)
     try:
         net.run(server.start(quic))
