@@ -106,11 +106,12 @@ def test_decision_logs_both_directions_and_replicas_stay_exact(certs: CertPaths,
 
 @pytest.mark.slow
 def test_unconstrained_loopback_digits_cnn_stays_near_lossless(tmp_path: Path) -> None:
-    """On loopback `netsense` sends only levels that lose no measurable progress (q >= 0.99: fp32,
-    fp16, and the quantized levels, whose error feedback the windowed q measures at ~0.99+ here):
-    the CPU-bound QUIC path makes cutting the bytes worth it (fp16 was 1.27x faster to target than
-    fp32 unshaped, docs/BENCHMARKS.md), sparsification and low rank never are (separate processes
-    via `netsense launch`, as a job really runs; asserted from the logs)."""
+    """On loopback `netsense` sends only near-lossless levels: fp32, fp16 and the quantized levels,
+    whose error feedback the windowed q measures at 0.93-0.99+ here (qsgd:4 is the low end, and the
+    law may take it when its time per unit of progress is lower; a CI run saw q=0.938). The
+    CPU-bound QUIC path makes cutting the bytes worth it (fp16 was 1.27x faster to target than fp32
+    unshaped, docs/BENCHMARKS.md); sparsification and low rank never are. Separate processes via
+    `netsense launch`, as a job really runs; asserted from the logs."""
     steps = 20
     run = tmp_path / "run"
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
@@ -129,7 +130,7 @@ def test_unconstrained_loopback_digits_cnn_stays_near_lossless(tmp_path: Path) -
         recs = read_decision_log(run / name)
         assert len(recs) >= steps - 1, name
         bad = [(r["step"], r["spec"], r["progress"], r["reason"]) for r in recs
-               if r["spec"] not in near_lossless or (r["progress"] is not None and r["progress"] < 0.99)]  # fmt: skip
+               if r["spec"] not in near_lossless or (r["progress"] is not None and r["progress"] < 0.9)]  # fmt: skip
         assert not bad, (name, bad)
         known += sum(r["bw_used_Bps"] is not None for r in recs)
     # 150 kB pushes are app-limited samples, so an uplink estimate may never form (then the safe
