@@ -7,9 +7,12 @@ Shared by the `ps`, `worker` and `certs` commands and by the local launcher, so 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import fcntl
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from cryptography import x509
@@ -32,17 +35,38 @@ def ensure_certs(certs_dir: str | None, *, create: bool) -> CertPaths:
     d = Path(certs_dir) if certs_dir else default_certs_dir()
     paths = CertPaths.in_dir(d)
     files = (paths.ca, paths.cert, paths.key, paths.secret)
-    missing = [p for p in files if not p.exists()]
-    if missing:
-        if not create:
+    if not create:
+        missing = [p for p in files if not p.exists()]
+        if missing:
             raise ConfigError(f"missing {', '.join(map(str, missing))}; create them with `netsense certs --out {d}`")
-        if len(missing) < len(files):  # never replace a CA or secret that workers may already hold
+        return paths
+    # The shards and relays of one `launch --insecure` start together and each makes sure of the
+    # same folder: unlocked, one saw the files another was writing and refused to overwrite them.
+    with _creating(d):
+        missing = [p for p in files if not p.exists()]
+        if len(missing) == len(files):
+            make_dev_certs(d)
+        elif missing:  # never replace a CA or secret that workers may already hold
             raise ConfigError(
                 f"{d} is incomplete (missing {', '.join(p.name for p in missing)}); "
                 f"recreate it with `netsense certs --out {d} --force` and hand the new ca.pem and secret to every worker"
             )
-        make_dev_certs(d)
     return paths
+
+
+@contextlib.contextmanager
+def _creating(d: Path) -> Iterator[None]:
+    """Holds an exclusive lock on `d`/.lock (created with `d`) while the certs are checked and made."""
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        fd = os.open(d / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the dev certs in {d}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def worker_certs(certs_dir: str | None) -> CertPaths:

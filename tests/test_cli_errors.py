@@ -4,7 +4,9 @@ before any process starts or socket opens (issue #17; #16 items 4 and 6)."""
 from __future__ import annotations
 
 import datetime
+import multiprocessing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -320,3 +322,35 @@ def test_launch_checks_the_models_optimizer_before_starting(tmp_path: Path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "optimizer of model 'badopt_launch_task:factory'" in err[0] and "sgdd" in err[0], err
     assert not (tmp_path / "run" / "config.json").exists()
+
+
+def _ensure_after(barrier: Any, d: str, out: Any) -> None:
+    from netsense.devcerts import ensure_certs
+    from netsense.errors import ConfigError
+
+    barrier.wait()
+    try:
+        paths = ensure_certs(d, create=True)
+        out.put(paths.secret.read_text())
+    except ConfigError as exc:
+        out.put(f"error: {exc}")
+
+
+def test_processes_that_ensure_the_same_certs_at_once_all_get_one_set(tmp_path: Path) -> None:
+    """The shards and relays of a `launch --insecure` start together: unlocked, one refused the
+    files another was writing (a CI run: "already holds secret; refusing to overwrite them")."""
+    ctx = multiprocessing.get_context("fork")
+    n = 6
+    barrier, out = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_ensure_after, args=(barrier, str(tmp_path / "certs"), out)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        got = [out.get(timeout=60) for _ in range(n)]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    assert not [g for g in got if g.startswith("error")], got
+    assert len(set(got)) == 1  # one secret, made once
