@@ -23,6 +23,7 @@ import asyncio
 import logging
 import time
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,12 +33,20 @@ import torch
 from netsense.compression.policy import Decision, Policy, build_policy
 from netsense.compression.policy.link import LinkState
 from netsense.compression.policy.loop import PolicyLoop
+from netsense.compression.window import WindowProbe, WindowResult
 from netsense.transport.sensing.signal import SignalReader
 
 log = logging.getLogger(__name__)
 
 WATCH_TIMEOUT_S = 60.0
 """Give up timing one delivery after this long (a worker that vanished)."""
+PROGRESS_START_VERSION = 2
+"""First update of the candidate rounds (then every `progress_every`), as the uplink's
+`PROGRESS_START_STEP`: at version 0 a round blocks the loop while the first pushes are timed; with
+the first round at 50, the downlink waited for its first window (update 25) to price PowerSGD."""
+WINDOW_QUEUE = 4
+"""Window steps that may wait for the window thread; beyond that a step is fed on the loop (the
+thread fell behind: better a slow loop than unbounded copies of the parameters)."""
 
 
 class DownlinkController:
@@ -53,6 +62,8 @@ class DownlinkController:
         self._bytes: dict[int, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._snapshot: tuple[int, list[int], dict[str, torch.Tensor]] | None = None  # version, levels, shadow
+        self._window_pool: ThreadPoolExecutor | None = None  # feeds the progress windows off the loop
+        self._window_queued = 0
 
     @property
     def policy(self) -> Policy:
@@ -125,20 +136,55 @@ class DownlinkController:
         Returns the q measured per level (fed to the policy with the timings)."""
         measured: dict[int, float] = {}
         if version > 0 and self.loop.window_due(version):  # the window diffs parameters into updates
-            self.loop.feed_window(list(params.values()))
+            self._feed_window(list(params.values()))
         snap, self._snapshot = self._snapshot, None
         if snap is not None and snap[0] + 1 == version and snap[2].keys() == params.keys():
             update = [params[k] - snap[2][k] for k in params]
             measured = self.loop.measure(snap[1], update)  # warmed up at the snapshot
-        levels = self.policy.progress_candidates(version)
-        # Not at version 0: a round blocks the PS's loop (0.1-0.2 s with six levels' first calls on
-        # loaded cores) and the srtt it inflates slows the pacer for the next pushes too, which at
-        # steps 0-2 are the uplink's first bandwidth samples (a 100 Mbit/s path measured 1 MB/s and
-        # sent qsgd:4). From `progress_every` on the estimates have a window of samples to absorb it.
+        # Not at version 0 (`PROGRESS_START_VERSION`): a round blocks the PS's loop (0.1-0.2 s with
+        # six levels' first calls on loaded cores) and the srtt it inflates slows the pacer for the
+        # next pushes too, which at step 0 are the uplink's first bandwidth samples (a 100 Mbit/s
+        # path measured 1 MB/s and sent qsgd:4); by version 2 the estimates hold a push or two more.
+        start = PROGRESS_START_VERSION
+        levels = self.policy.progress_candidates(version - start) if version >= start else []
         if levels and shadow and version > 0:
             self.loop.warm_up(levels, list(params.values()))
             self._snapshot = (version, levels, {k: v.clone() for k, v in shadow.items()})
         return measured
+
+    def _feed_window(self, tensors: list[torch.Tensor]) -> None:
+        """One step of the window under way, on the window thread when the loop runs: a window step
+        on every lossy level held the PS's loop for ~50 ms per update on wide-mlp (2 loaded cores),
+        which workers' pushes waited out and read as a slow path (the bandwidth estimate fell 13x,
+        docs/BENCHMARKS.md). On the thread the loop gets the GIL back every switch interval (torch's
+        kernels release it). In order, one at a time; without a running loop, here and now."""
+        probe = self.loop.window
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if probe is None or loop is None or self._window_queued >= WINDOW_QUEUE:
+            self.loop.feed_window(tensors)
+            return
+        if self._window_pool is None:
+            self._window_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netsense-window")
+        copies = [t.detach().clone() for t in tensors]  # the store updates its tensors in place
+        self._window_queued += 1
+        future = self._window_pool.submit(_feed_probe, probe, copies)
+        future.add_done_callback(lambda f: _call_soon(loop, self._window_done, probe, f))
+
+    def _window_done(self, probe: WindowProbe, future: Future[WindowResult | None]) -> None:
+        """On the loop: a window step finished on the thread; its result goes to the policy."""
+        self._window_queued -= 1
+        if future.cancelled():
+            return
+        exc = future.exception()
+        if exc is not None:
+            log.warning("downlink progress window dropped: %s", exc)
+            if self.loop.window is probe:
+                self.loop.window = None
+            return
+        self.loop.window_result(probe, future.result())
 
     def choose(self, version: int, links: list[LinkState], payload_bytes: int) -> str | None:
         """The codec spec for the update that will take the store to `version` + 1, for the slowest
@@ -200,9 +246,24 @@ class DownlinkController:
         self._pending = None
         for task in list(self._tasks):
             task.cancel()
+        if self._window_pool is not None:
+            self._window_pool.shutdown(wait=False, cancel_futures=True)
         self.loop.close()
 
     async def wait_closed(self) -> None:
         """Until every cancelled delivery watch has finished: one still pending when the loop
         stopped was destroyed pending (`Task was destroyed but it is pending!`)."""
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+def _feed_probe(probe: WindowProbe, tensors: list[torch.Tensor]) -> WindowResult | None:
+    """One window step, on the window thread (a probe that finished takes no more steps)."""
+    return None if probe.done else probe.feed(tensors)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Any, *args: Any) -> None:
+    """`call_soon_threadsafe`, quiet once the loop has closed (the PS stopped: nothing to feed)."""
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:
+        pass

@@ -30,11 +30,14 @@ slides with sample time, and a push is one burst after a compute gap, so each pu
 afresh and a rate drop shows at the next step (with 2 s it took 2-3 steps of ~1 s to show)."""
 
 
-PROGRESS_START_STEP = 8
-"""First step of the candidate rounds (then every `progress_every`): a round holds the GIL while the
-push is on the wire, so the network thread handles acks late, srtt inflates and the pacer slows the
-next pushes; on loaded cores a first round (~0.1 s) made steps 0-1 take 0.15-0.25 s where fp16 took
-0.04 s, and those are the first bandwidth samples. By step 8 the estimate has a window to absorb it."""
+PROGRESS_START_STEP = 2
+"""First step of the candidate rounds (then every `progress_every`). Not at steps 0-1: a round holds
+the GIL while the push is on the wire, so the network thread handles acks late, srtt inflates and
+the pacer slows the next pushes; on loaded cores a first round (~0.1 s) made steps 0-1 take
+0.15-0.25 s where fp16 took 0.04 s, and those are the first bandwidth samples. Not later either:
+until a round or a window prices PowerSGD it stands at its prior (0.05), and with the first round
+at step 8 wide-mlp at 50 Mbit/s sent qsgd:8 for steps 2-8 (0.13 s each where powersgd:4 took
+0.04 s; docs/BENCHMARKS.md, "Early steps")."""
 STARTUP_STEPS = 1
 """Pushes that are not bandwidth evidence: the first one runs in slow start right after the
 handshake, so it is not fed back to the policy, and the link's own estimate stays masked for the

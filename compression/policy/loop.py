@@ -113,9 +113,14 @@ class PolicyLoop:
         are returned."""
         if self.window is None:
             return None
-        result = self.window.feed(tensors)
+        return self.window_result(self.window, self.window.feed(tensors))
+
+    def window_result(self, probe: WindowProbe, result: WindowResult | None) -> WindowResult | None:
+        """What `probe`'s feed returned, fed to the policy (an interim or the final result; the
+        final one ends the window if `probe` is still the one under way). Separate from
+        `feed_window` for a caller that feeds on another thread (`netsense.ps.downlink`)."""
         if result is not None:
-            if not result.interim:
+            if not result.interim and self.window is probe:
                 self.window = None
             self.policy.observe_window(result)
         return result

@@ -6,7 +6,7 @@ import torch
 
 from netsense.compression.policy import NetsensePolicy
 from netsense.compression.policy.link import LinkState
-from netsense.ps.downlink import DownlinkController
+from netsense.ps.downlink import PROGRESS_START_VERSION, DownlinkController
 
 LADDER = "fp32,fp16,qsgd:8,qsgd:4,topk:0.01+fp16"
 
@@ -22,14 +22,16 @@ def test_candidates_are_measured_on_the_update_that_was_sent() -> None:
     assert isinstance(policy, NetsensePolicy)
     params = tensors(0)
     shadow = {k: v.clone() for k, v in params.items()}
-    down.measure(0, params, shadow)
-    assert down._snapshot is None and not down.loop.codecs  # not at version 0 (blocks step 1)
-    assert down.measure(50, params, shadow) == {}  # version 50 asks for candidates: the shadow is kept
+    v = PROGRESS_START_VERSION + 50  # the second round (every progress_every = 50 updates)
+    for early in range(PROGRESS_START_VERSION):
+        down.measure(early, params, shadow)
+        assert down._snapshot is None and not down.loop.codecs  # no round at versions 0-1 (the first pushes)
+    assert down.measure(v, params, shadow) == {}  # a round's version: the shadow is kept
     assert sorted(down.loop.codecs) == [1, 2, 3, 4]  # ...and the codecs are warmed up
     priors = list(policy.progress.values)
     update = tensors(1)
-    params = {k: params[k] + 0.01 * update[k] for k in params}  # the optimizer step to version 51
-    measured = down.measure(51, params, shadow)
+    params = {k: params[k] + 0.01 * update[k] for k in params}  # the optimizer step to version v + 1
+    measured = down.measure(v + 1, params, shadow)
     assert sorted(measured) == [1, 2, 3, 4]  # every lossy level
     assert measured[2] > 0.99 and 0.5 < measured[3] < 0.99 and measured[4] < 0.2
     assert policy.progress.values[4] == measured[4] != priors[4] and policy.progress.measured[3]
@@ -41,8 +43,9 @@ def test_candidates_are_measured_on_the_update_that_was_sent() -> None:
 def test_a_snapshot_is_used_only_for_the_next_update() -> None:
     down = DownlinkController("netsense", ladder=LADDER)
     params = tensors(0)
-    down.measure(50, params, {k: v.clone() for k, v in params.items()})
-    assert down.measure(52, params, params) == {}  # two updates later (a resync): not what was encoded
+    v = PROGRESS_START_VERSION
+    down.measure(v, params, {k: t.clone() for k, t in params.items()})
+    assert down.measure(v + 2, params, params) == {}  # two updates later (a resync): not what was encoded
     assert not any(any(down.policy.costs.measured(level)) for level in range(5))  # type: ignore[attr-defined]
     assert not any(down.policy.progress.measured[1:])  # type: ignore[attr-defined]
 
@@ -50,8 +53,8 @@ def test_a_snapshot_is_used_only_for_the_next_update() -> None:
 def test_fixed_policies_measure_nothing() -> None:
     down = DownlinkController("fp16", ladder=LADDER)
     params = tensors(0)
-    down.measure(50, params, params)
-    assert down._snapshot is None and down.measure(51, params, params) == {}
+    down.measure(PROGRESS_START_VERSION, params, params)
+    assert down._snapshot is None and down.measure(PROGRESS_START_VERSION + 1, params, params) == {}
 
 
 def test_the_update_encode_time_is_the_chosen_levels_cost() -> None:
