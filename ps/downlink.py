@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -45,8 +45,8 @@ PROGRESS_START_VERSION = 2
 `PROGRESS_START_STEP`: at version 0 a round blocks the loop while the first pushes are timed; with
 the first round at 50, the downlink waited for its first window (update 25) to price PowerSGD."""
 WINDOW_QUEUE = 4
-"""Window steps that may wait for the window thread; beyond that a step is fed on the loop (the
-thread fell behind: better a slow loop than unbounded copies of the parameters)."""
+"""Window steps that may wait for the window thread; beyond that the loop waits for the newest one
+(the thread fell behind: better a slow loop than unbounded copies of the parameters)."""
 
 
 class DownlinkController:
@@ -157,13 +157,14 @@ class DownlinkController:
         on every lossy level held the PS's loop for ~50 ms per update on wide-mlp (2 loaded cores),
         which workers' pushes waited out and read as a slow path (the bandwidth estimate fell 13x,
         docs/BENCHMARKS.md). On the thread the loop gets the GIL back every switch interval (torch's
-        kernels release it). In order, one at a time; without a running loop, here and now."""
+        kernels release it). In order, one at a time, only ever on that thread; without a running
+        loop, here and now."""
         probe = self.loop.window
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
-        if probe is None or loop is None or self._window_queued >= WINDOW_QUEUE:
+        if probe is None or loop is None:
             self.loop.feed_window(tensors)
             return
         if self._window_pool is None:
@@ -172,6 +173,9 @@ class DownlinkController:
         self._window_queued += 1
         future = self._window_pool.submit(_feed_probe, probe, copies)
         future.add_done_callback(lambda f: _call_soon(loop, self._window_done, probe, f))
+        if self._window_queued > WINDOW_QUEUE:
+            # The thread fell behind: wait for it here, never feed the probe from two threads.
+            wait([future])
 
     def _window_done(self, probe: WindowProbe, future: Future[WindowResult | None]) -> None:
         """On the loop: a window step finished on the thread; its result goes to the policy."""

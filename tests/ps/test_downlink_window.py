@@ -46,9 +46,12 @@ def _updates(versions: int) -> Iterator[dict[str, torch.Tensor]]:
             v.sub_(0.01 * torch.randn(v.shape, generator=gen) + 0.01)
 
 
-def test_on_a_running_loop_the_window_steps_run_on_the_window_thread_with_the_same_result() -> None:
+@pytest.mark.parametrize("loop_runs_between", [True, False], ids=["loop-runs", "thread-behind"])
+def test_on_a_running_loop_the_window_steps_run_on_the_window_thread_with_the_same_result(loop_runs_between: bool) -> None:
     """The PS's loop hands window steps to a thread (they held it ~50 ms per update) and copies the
-    parameters it hands over (the store updates them in place); the q it learns is the same."""
+    parameters it hands over (the store updates them in place); the q it learns is the same. When
+    the thread falls behind (the loop never runs between updates) the loop waits for it instead of
+    feeding the probe itself: before, it fed the same probe from two threads at once."""
     import asyncio
     import threading
 
@@ -77,13 +80,18 @@ def test_on_a_running_loop_the_window_steps_run_on_the_window_thread_with_the_sa
 
     away.loop.window_due = due  # type: ignore[method-assign]
 
+    async def settled() -> None:
+        for _ in range(2500):  # the thread's results land on the loop
+            if away._window_queued == 0:
+                return
+            await asyncio.sleep(0.002)
+
     async def main() -> None:
         for version, params in enumerate(_updates(27)):
             away.measure(version, params, params)
-            for _ in range(500):  # the PS's loop runs between updates: the result lands on it
-                if away._window_queued == 0:
-                    break
-                await asyncio.sleep(0.002)
+            if loop_runs_between:
+                await settled()
+        await settled()
 
     asyncio.run(main())
     away.close()
