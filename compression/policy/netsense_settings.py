@@ -30,8 +30,10 @@ class NetsensePolicySettings:
     steps). Seconds bound the recovery time however long a step takes."""
     queue_tolerance_s: float = 0.010
     """Standing queue (srtt - min_rtt) ignored before it starts to shrink the bandwidth."""
-    safe_level: int = 0
-    """Level used while the bandwidth is unknown (0: lossless)."""
+    safe_level: int | None = None
+    """Level used while the bandwidth is unknown; None: the fewest bytes among the levels whose
+    codec's worst-case q is within `progress_tol` of 1 (fp16 on the default ladder: a cast, half
+    of fp32's bytes; fp32 on a ladder without a 16-bit level; 0 keeps fp32)."""
     warmup_steps: int = 0
     """Steps, from the first decision, during which the level is capped at `warmup_level`."""
     warmup_level: int = 0
@@ -95,7 +97,7 @@ class NetsensePolicySettings:
         require(s.probe_interval_s >= 0, n, "probe_interval_s", s.probe_interval_s, ">= 0")
         require(s.min_sample_rtts >= 0, n, "min_sample_rtts", s.min_sample_rtts, ">= 0")
         require(s.queue_tolerance_s >= 0, n, "queue_tolerance_s", s.queue_tolerance_s, ">= 0")
-        require(0 <= s.safe_level <= top, n, "safe_level", s.safe_level, f"a level index in [0, {top}]")
+        require(s.safe_level is None or 0 <= s.safe_level <= top, n, "safe_level", s.safe_level, f"a level index in [0, {top}]")
         require(0 <= s.warmup_level <= top, n, "warmup_level", s.warmup_level, f"a level index in [0, {top}]")
         require(s.warmup_steps >= 0, n, "warmup_steps", s.warmup_steps, ">= 0")
         require(s.app_window >= 1, n, "app_window", s.app_window, ">= 1")

@@ -295,7 +295,7 @@ def test_probe_discovers_freed_capacity_from_application_samples() -> None:
         levels.append(d.level)
         comm_s = RTT + d.predicted_bytes / rate
         p.observe(SendReport(step=step, level=d.level, bytes_sent=d.predicted_bytes, comm_s=comm_s))
-    assert levels[0] == 0  # bandwidth unknown: lossless
+    assert levels[0] == 1  # bandwidth unknown: fp16, the fewest bytes that lose nothing measurable
     assert levels[1] == reference_level(20 * MBIT)
     assert levels[-1] == reference_level(400 * MBIT) < levels[1]
     # Each probe lifts the estimate by what one lighter level reveals: one level per probe + k steps.
@@ -312,10 +312,16 @@ def test_overlap_keeps_lossless_when_comm_hides_under_compute() -> None:
 
 
 def test_unknown_bandwidth_stays_at_safe_level() -> None:
+    """By default the fewest bytes that lose nothing measurable: fp16 (judged by its codec's worst
+    case, not by LADDER's q = 1 placeholders, which would make it top-k); fp32 without a 16-bit
+    level; a tie goes to the first."""
     d = netsense().choose(ChooseRequest(link=link(None), payload_bytes=S, compute_s=TC, step=0))
-    assert (d.level, d.reason, d.predicted_comm_s, d.predicted_step_s) == (0, "unknown-bandwidth", None, None)
+    assert (d.spec, d.reason, d.predicted_comm_s, d.predicted_step_s) == ("fp16", "unknown-bandwidth", None, None)
     unknown = ChooseRequest(link=link(None), payload_bytes=S, compute_s=TC, step=0)
-    assert netsense(safe_level=1).choose(unknown).level == 1
+    assert netsense(safe_level=0).choose(unknown).level == 0
+    assert netsense(safe_level=2).choose(unknown).level == 2
+    assert make_policy("netsense", Ladder.parse("fp32,qsgd:8,qsgd:4,topk:0.01")).choose(unknown).spec == "fp32"
+    assert make_policy("netsense", Ladder.parse("fp32,bf16,fp16")).choose(unknown).spec == "bf16"
 
 
 def test_warmup_caps_the_level() -> None:
@@ -478,7 +484,7 @@ def test_decision_record_is_json_safe() -> None:
     rec = d.to_record(lk, bytes_sent=S, comm_s=float("inf"))
     json.dumps(rec, allow_nan=False)
     assert rec["t"] == 12.5 and rec["step"] == 3 and rec["policy"] == "netsense"
-    assert rec["level"] == 0 and rec["spec"] == "fp32" and rec["comm_s"] is None
+    assert rec["level"] == 1 and rec["spec"] == "fp16" and rec["comm_s"] is None
     assert rec["predicted_comm_s"] is None and rec["bytes_sent"] == S and rec["app_limited"] is True
     d2 = p.choose(ChooseRequest(link=link(20, t=13.0), payload_bytes=S, compute_s=TC, step=4))
     rec2 = d2.to_record(link(20, t=13.0), bytes_sent=d2.predicted_bytes, comm_s=0.7)
@@ -638,8 +644,8 @@ def test_progress_settings_validated() -> None:
 
 def test_lower_bound_only_chooses_among_lossless_progress_levels() -> None:
     """Every send app-limited (small, latency-bound: the PS's 150 kB updates at 100 Mbit/s), so the
-    bandwidth never becomes known: the lower bound may move it off fp32 to fp16, never to a level
-    that loses progress, however low the bound."""
+    bandwidth never becomes known: the level stays at fp16 (the unknown-bandwidth level), never
+    goes to one that loses progress, however low the bound."""
     for rate_mbit, expect in ((100, 1), (0.5, 1)):
         p = aware(probe_interval=0, probe_interval_s=0)
         levels = []
@@ -649,7 +655,7 @@ def test_lower_bound_only_chooses_among_lossless_progress_levels() -> None:
             sent = d.predicted_bytes
             comm_s = RTT + sent / (rate_mbit * MBIT)
             p.observe(SendReport(step=step, level=d.level, bytes_sent=sent, comm_s=comm_s, app_limited=True))
-        assert levels[0] == 0 and set(levels[1:]) == {expect}, (rate_mbit, levels)
+        assert set(levels) == {expect}, (rate_mbit, levels)  # fp16 while unknown, and kept
         assert d.reason.endswith("(lower bound B)") and p.bandwidth.value_Bps is None
     # The step-time law keeps §5's rule: no estimate, no move.
     q = netsense()

@@ -64,14 +64,14 @@ def test_the_update_encode_time_is_the_chosen_levels_cost() -> None:
     policy = down.policy
     assert isinstance(policy, NetsensePolicy)
     links: list[LinkState] = []
-    down.choose(3, links, 4_000_000)  # bandwidth unknown: the safe level, fp32
+    down.choose(3, links, 4_000_000)  # bandwidth unknown: the safe level, fp16
     pending = down._pending
-    assert pending is not None and pending[0].spec == "fp32" and pending[0].step == 3
-    down._observe_encode((4, "fp32", 0.5), 4_000_000)  # first encode at fp32: set-up, skipped
-    assert policy.costs.measured(0) == (False, False)
-    down._observe_encode((5, "fp32", 0.5), 4_000_000)  # not the version this decision made
-    down._observe_encode((4, "fp16", 0.5), 4_000_000)  # not the level it chose
-    assert policy.costs.measured(0) == (False, False)
-    down._observe_encode((4, "fp32", 0.002), 4_000_000)
-    assert policy.costs.measured(0) == (True, False)
-    assert abs(policy.costs.encode_s_per_mb(0) - 0.002 / 4) < 1e-9
+    assert pending is not None and pending[0].spec == "fp16" and pending[0].step == 3
+    down._observe_encode((4, "fp16", 0.5), 4_000_000)  # first encode at fp16: set-up, skipped
+    assert policy.costs.measured(1) == (False, False)
+    down._observe_encode((5, "fp16", 0.5), 4_000_000)  # not the version this decision made
+    down._observe_encode((4, "fp32", 0.5), 4_000_000)  # not the level it chose
+    assert policy.costs.measured(1) == (False, False) and policy.costs.measured(0) == (False, False)
+    down._observe_encode((4, "fp16", 0.002), 4_000_000)
+    assert policy.costs.measured(1) == (True, False)
+    assert abs(policy.costs.encode_s_per_mb(1) - 0.002 / 4) < 1e-9
