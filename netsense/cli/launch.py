@@ -85,6 +85,9 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port, metrics_host=args.metrics_host,
     )  # fmt: skip
     launcher.check()  # a model that does not load, a bad link: one line, before any process starts
+    # The run folder is the job's own (checked above): made now, a summary inside it can be checked
+    # (the README's main job writes runs/demo/summary.json, which a fresh clone does not have).
+    launcher.run_dir.mkdir(parents=True, exist_ok=True)
     check_output_file("--summary-json", args.summary_json)  # not a traceback after the job ran
     if not args.no_progress:
         from tqdm import tqdm
