@@ -58,14 +58,24 @@ class BandwidthEstimate:
         """True when the latest application sample did not fill the pipe."""
         return bool(self._app) and self._app[-1][1]
 
-    def add_app_sample(self, *, bytes_sent: int, comm_s: float, min_rtt_s: float, app_limited: bool) -> None:
+    def add_app_sample(
+        self, *, bytes_sent: int, comm_s: float, min_rtt_s: float, app_limited: bool, mid_push: bool = False
+    ) -> None:
         """Record one send; a latency-bound or small, short send is marked app-limited, unless it
         was *slowed*: it and the send before it each spanned at least 2 min RTTs beyond the first
         and ran at under half the estimate. An application limit can make a send short, never slow, so a slowed send is
         evidence that the path lost capacity, however small: 76 kB pushes after a 100 -> 10 Mbit/s
         step took 4-5x their predicted time, and as "small" sends they could not lower the estimate
         (the dynamic-trace benchmark held 44-54 Mbit/s through the 10 Mbit/s phase). A slowed
-        sample replaces the higher application samples before it."""
+        sample replaces the higher application samples before it, and discounts the link's
+        app-limited value (`update`).
+
+        `mid_push`: the sample is a push still running, with bytes waiting unsent, at its redecide
+        time (worker/redecide.py: at least twice its predicted time and 0.2 s past it). One such
+        slow sample is slowed on its own: the two-in-a-row rule guards against host stalls of a few
+        ms, not of 0.2 s, and without it the push the drop hit could not lower the estimate (a
+        probe's stale 84 Mbit/s app-limited link value held the redecide at 60 Mbit/s while the push
+        ran at 6.6: docs/BENCHMARKS.md, "Adaptive policy under a rate step")."""
         if bytes_sent <= 0 or comm_s <= 0:
             return
         net_s = comm_s - min_rtt_s  # the ack's return trip carries no payload
@@ -87,7 +97,7 @@ class BandwidthEstimate:
         )
         # Two in a row: a path that lost capacity slows every send; a stalled host (CPU contention
         # on shared cores slows a 40 kB loopback push to 8 ms now and then) mostly one.
-        slowed, self._slow_before = slow and self._slow_before, slow
+        slowed, self._slow_before = slow and (self._slow_before or mid_push), slow
         small = bytes_sent < self.min_sample_bytes and not long_enough and not slowed
         limited = app_limited or latency_bound or small
         if slowed:

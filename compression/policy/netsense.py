@@ -134,7 +134,7 @@ class NetsensePolicy(Policy):
         if index is None or self.level is None or elapsed_s <= 0:
             return None
         self.bandwidth.add_app_sample(
-            bytes_sent=bytes_acked, comm_s=elapsed_s, min_rtt_s=self._min_rtt_s, app_limited=False
+            bytes_sent=bytes_acked, comm_s=elapsed_s, min_rtt_s=self._min_rtt_s, app_limited=False, mid_push=True
         )
         bw = self.effective_bandwidth(link)
         if bw is None:

@@ -137,6 +137,22 @@ def test_redecide_mid_push_moves_heavier_only_when_the_law_says_so() -> None:
     assert nxt.level == new.level and nxt.reason.startswith("hold")
 
 
+def test_redecide_believes_the_slow_push_over_a_stale_app_limited_link_value() -> None:
+    """The rate-step run's failure: a probe's push (light, so app-limited) left the link reporting
+    84 Mbit/s; the next push, hit by a drop to ~10 Mbit/s per worker, ran at 6.6. The redecide's
+    sample alone must set the estimate (the push's pipe is full), or the law stays near the stale
+    rate and goes one level heavier instead of to the level that fits."""
+    p = netsense()
+    run(p, [1000.0] * 3)
+    stale = LinkState(time_s=3.5, bandwidth_Bps=1000.0 * MBIT, min_rtt_s=RTT, srtt_s=RTT, app_limited=True)
+    sent = p.choose(ChooseRequest(link=stale, payload_bytes=S, compute_s=TC, step=3))
+    rate_mbit, elapsed = 20.0, 0.5
+    acked = int(rate_mbit * MBIT * (elapsed - RTT))
+    new = p.redecide(link=stale, sent=sent, bytes_acked=acked, elapsed_s=elapsed)
+    assert new is not None and new.level == reference_level(rate_mbit * MBIT), (new, reference_level(rate_mbit * MBIT))
+    assert new.bandwidth_Bps == pytest.approx(rate_mbit * MBIT)
+
+
 def test_redecide_is_none_for_non_adaptive_policies() -> None:
     fixed = make_policy("fixed:qsgd:8", LADDER)
     sent = fixed.choose(ChooseRequest(link=link(1000.0), payload_bytes=S, compute_s=TC, step=0))
