@@ -366,3 +366,15 @@ def test_launch_checks_a_summary_inside_its_run_folder_once_it_made_it(tmp_path:
     run = tmp_path / "runs" / "demo"
     assert main(["launch", "--no-progress", "--run-dir", str(run), "--summary-json", str(run / "summary.json")]) == 0
     assert (run / "summary.json").exists()
+
+
+def test_a_launch_that_fails_its_checks_leaves_no_temporary_run_folder(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Without --run-dir the run folder is a fresh temporary one, made when the job starts: a
+    launch refused up front (here an unknown model) left an empty netsense-launch-* folder behind,
+    eleven per test-suite run."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert main(["launch", "--insecure", "--no-progress", "--model", "no_such_module_xyz:factory"]) == 2
+    assert "no_such_module_xyz" in capsys.readouterr().err
+    assert not list(tmp_path.glob("netsense-launch-*"))

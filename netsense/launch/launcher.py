@@ -92,7 +92,7 @@ class Launcher:
         self.config = config
         self.verbose = verbose
         self.on_event = on_event or (lambda rank, e: None)
-        self.run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="netsense-launch-"))
+        self._run_dir = Path(run_dir) if run_dir else None
         self.worker_args = worker_args or []
         self.link = link
         """Emulated link spec between the workers and the PS (`netsense emulate` child), or None."""
@@ -108,6 +108,14 @@ class Launcher:
         self.relays: list[dict[str, Any]] = []
         """Per relayed site: its plan's fields, the ports it serves and, once stopped, its WAN bytes."""
         self._checked = False
+
+    @property
+    def run_dir(self) -> Path:
+        """The run folder: the one given, else a fresh temporary one, made on first use, so a
+        launch that fails its checks (or a launcher only checked) leaves no empty folder behind."""
+        if self._run_dir is None:
+            self._run_dir = Path(tempfile.mkdtemp(prefix="netsense-launch-"))
+        return self._run_dir
 
     def _cmd(self, *args: str) -> list[str]:
         flags = ["-v"] * self.verbose
@@ -127,7 +135,8 @@ class Launcher:
         progress bar). Where the job will write is checked too (decision logs, checkpoints, the run
         folder), so a typo there is not a child's traceback once the PS runs."""
         config = with_sites(self.config)  # the workers and shards the sites make
-        check_output_dir("--run-dir", self.run_dir)
+        if self._run_dir is not None:  # a temporary one is made fresh, writable by construction
+            check_output_dir("--run-dir", self._run_dir)
         check_output_dir("server.checkpoint_dir", config.server.checkpoint_dir)
         if config.train.decision_log:
             for rank in range(config.workers):
