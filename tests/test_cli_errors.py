@@ -356,7 +356,6 @@ def test_processes_that_ensure_the_same_certs_at_once_all_get_one_set(tmp_path: 
     assert len(set(got)) == 1  # one secret, made once
 
 
-
 def test_launch_checks_a_summary_inside_its_run_folder_once_it_made_it(tmp_path: Path, monkeypatch) -> None:
     """The README's main job writes its summary into the run folder launch creates: on a fresh
     clone that folder did not exist yet and the up-front check refused the summary path."""

@@ -133,13 +133,18 @@ def _costs_at(rec: dict[str, Any], ladder: Ladder, mbit: float) -> tuple[list[fl
     return steps, [p / max(qi, 1e-9) for p, qi in zip(steps, q)]
 
 
+def _accepted(costs: list[float], eps: float) -> list[int]:
+    """The levels the law accepts: cost within (1 + eps) of the cheapest."""
+    return [i for i, c in enumerate(costs) if c <= (1 + eps) * min(costs)]
+
+
 def fits(rec: dict[str, Any], ladder: Ladder, mbit: float, eps: float) -> bool:
     """Whether the record's level meets the law's budget at the true per-worker rate: the
     convergence-aware law's (docs/POLICIES.md): cost C_l = P_l / q_l within (1 + eps) of the
     cheapest, so a level is judged by the same rule the policy applies, fed the true rate instead
     of its estimate."""
     _, costs = _costs_at(rec, ladder, mbit)
-    return costs[rec["level"]] <= (1 + eps) * min(costs)
+    return rec["level"] in _accepted(costs, eps)
 
 
 def heavy_enough(rec: dict[str, Any], ladder: Ladder, mbit: float, eps: float) -> bool:
@@ -148,8 +153,7 @@ def heavy_enough(rec: dict[str, Any], ladder: Ladder, mbit: float, eps: float) -
     redecide's sample of a push the drop hit, with the old cwnd's losses in it, can read below the
     new rate: 4 Mbit/s for 10) has gone heavier; returning from it is the lighter rule's work."""
     steps, costs = _costs_at(rec, ladder, mbit)
-    ok = [p for p, c in zip(steps, costs) if c <= (1 + eps) * min(costs)]
-    return steps[rec["level"]] <= (1 + eps) * max(ok)
+    return steps[rec["level"]] <= (1 + eps) * max(steps[i] for i in _accepted(costs, eps))
 
 
 def reaction_times(run: RateStepRun) -> tuple[float | None, float | None, dict[str, Any]]:
