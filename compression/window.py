@@ -14,7 +14,8 @@ gradient noise that SGD carries anyway. W = 1 gives back the one-step 1 / (1 + e
 
 `WindowProbe` runs error feedback for every candidate level on its own residuals, on one fixed
 subsample of the real gradient stream (whole keys for low-rank levels, whose error depends on the
-matrix's size): W/2 steps to fill the residuals, W steps measured. The same
+matrix's size): W/2 steps to fill the residuals (or none: the policy's first window starts with
+the run's own zero residuals), W steps measured. The same
 W measured steps give the gradient noise scale (the pairwise estimator: |G|^2 from the cross
 products of different steps, tr(Sigma_B) from the rest), reported as B_noise / B. Sans I/O.
 """
@@ -178,8 +179,11 @@ class WindowProbe:
         if not all(samples.values()):
             return None
         measuring = self.fed >= self.warm
-        if self.fed == self.warm:
-            self._start = {lv: [r.clone() for r in rs] for lv, rs in self._residual.items()}
+        if self.fed == self.warm:  # residuals not yet made (warm 0) start at zero, as `_step_level` makes them
+            self._start = {
+                lv: [r.clone() for r in self._residual[lv]] if lv in self._residual else [torch.zeros_like(x) for x in samples[lv in self._whole]]
+                for lv in self.specs
+            }
         for level in list(self.specs):
             self._step_level(level, samples[level in self._whole])
         if measuring:

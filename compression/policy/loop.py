@@ -53,6 +53,7 @@ class PolicyLoop:
         self.window: WindowProbe | None = None
         """The progress window under way, None between windows."""
         self._cumulative = direction == "down"  # the downlink feeds parameters, not gradients
+        self._windows = 0  # progress windows started
 
     def time_compute(self, sample_s: float) -> None:
         """Fold one compute-time sample into the EWMA."""
@@ -104,7 +105,11 @@ class PolicyLoop:
             if not levels or steps < 2:
                 return False
             specs = {level: self.policy.ladder[level].spec for level in levels}
-            self.window = WindowProbe(specs, window=steps, cumulative=self._cumulative)
+            # The first window starts with the run, whose own residuals are zero too: nothing to
+            # warm, so its interim figure comes W/4 steps in, not W/2 + W/4 (docs/POLICIES.md).
+            warm = 0 if self._windows == 0 else None
+            self.window = WindowProbe(specs, window=steps, cumulative=self._cumulative, warm=warm)
+            self._windows += 1
         return True
 
     def feed_window(self, tensors: list[torch.Tensor]) -> WindowResult | None:

@@ -101,16 +101,33 @@ def test_the_loop_runs_a_window_on_the_stream_and_feeds_the_policy() -> None:
     loop = PolicyLoop(p, direction="up")
     gen = torch.Generator().manual_seed(0)
     base = [torch.randn(s, generator=gen) * 0.05 for s in SHAPES]
-    step, result = 0, None
+    step, result, seen = 0, None, []
     while result is None or result.interim:
         assert loop.window_due(step)
         result = loop.feed_window([b + torch.randn(b.shape, generator=gen) for b in base])
         step += 1
-    assert step == 24 and loop.window is None
+        if result is not None:
+            seen.append((step, result.interim))
+    # The first window starts with the run's own zero residuals: no warm-up, an interim 4 steps in.
+    assert seen == [(4, True), (16, False)] and loop.window is None
     assert set(result.progress) == {i for i, lv in enumerate(LADDER) if not lv.lossless}
     assert all(p.progress.windowed[i] for i in result.progress)
     assert result.noise.ratio > 10  # noise 1 per element against a 0.05 signal
     assert result.progress[Q4] > 0.9 and result.progress[Q4] > result.progress[LADDER.find("topk:0.001+fp16")]
+
+
+def test_later_windows_warm_their_residuals_first() -> None:
+    p = policy(progress_every=1, progress_budget=0.0)
+    loop = PolicyLoop(p, direction="up")
+    gen = torch.Generator().manual_seed(1)
+    step = 0
+    for window in range(2):
+        fed, result = 0, None
+        while result is None or result.interim:
+            assert loop.window_due(step)
+            result = loop.feed_window([torch.randn(s, generator=gen) for s in SHAPES])
+            step, fed = step + 1, fed + 1
+        assert fed == (16 if window == 0 else 8 + 16)
 
 
 def test_powersgd_ratio_is_measured_on_the_keys_shapes() -> None:

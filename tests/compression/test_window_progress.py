@@ -207,6 +207,20 @@ def test_an_interim_result_comes_after_a_quarter_of_the_measured_steps_and_price
     assert results[0][1].progress[1] < results[1][1].progress[1]  # fewer re-sends credited
 
 
+def test_without_warm_up_the_window_measures_from_zero_residuals() -> None:
+    # warm=0 (the first window, as the run's own residuals): D = r_end, so q_W = |sum g|^2 / (|sum g|^2 + |r_end|^2).
+    gen = torch.Generator().manual_seed(8)
+    grads = [[torch.randn(D, generator=gen) + 1.0] for _ in range(4)]
+    probe = WindowProbe({3: "winfakedrop"}, window=4, warm=0)
+    result = None
+    for g in grads:
+        result = probe.feed(g)
+    assert result is not None and probe.done and not result.interim
+    total = sum(g[0] for g in grads)
+    expected = float(total.square().sum()) / float(total.square().sum() + total[D // 2 :].square().sum())
+    assert result.progress[3] == pytest.approx(expected, rel=1e-5)
+
+
 def test_low_rank_levels_see_whole_keys_and_are_not_flattered_by_a_row_subsample() -> None:
     # A rank-2 fit to 8 of 512 rows keeps far more of a noisy matrix than the fit to all 512 rows.
     gen = torch.Generator().manual_seed(6)
