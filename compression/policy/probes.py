@@ -40,6 +40,10 @@ class Probes:
         """Link time of the last level change, probe or exploration."""
         self.exploring: int | None = None
         """The level the last decision explored, None when it did not."""
+        self.backoff = 1
+        """Factor on both probe intervals: doubled by each probe that found no headroom, up to
+        `probe_backoff_max`; 1 again after a probe that found some or a change of level."""
+        self._probed = False  # the last decision was a probe: the next one judges what it found
 
     def next_move(
         self,
@@ -58,10 +62,12 @@ class Probes:
         assert index is not None
         if self.moved_at is None or self.hold.since_change == 0:
             self.moved_at = link.time_s
+        self._back_off(reason)
         if self._probe_due(link, reason, last_send_slow) and self._capacity_matters(levels, request, bw, per_byte, q):
             self.hold.since_probe = 0
             self.moved_at = link.time_s
             probe = self._probe_level(index, request.payload_bytes)
+            self._probed = True
             return probe, f"probe: {index - probe} lighter than {self.ladder[index].spec}"
         explore = self._explore_level(link, reason, q)
         self.exploring = explore
@@ -71,17 +77,31 @@ class Probes:
         self.moved_at = link.time_s
         return explore, f"explore: per-byte cost unknown, {self.ladder[explore].spec}"
 
+    def _back_off(self, reason: str) -> None:
+        """Judge the probe sent last decision by this decision's law (`reason`, its probe's sample
+        folded in): no headroom toward a lighter level doubles the intervals; headroom, a relax or
+        a new level resets them. A path whose rate stands still then pays for a probe every 80
+        steps (8 s) instead of every 20 (2 s); a rise is seen that much later there, at worst,
+        while a link that changed level starts again from the short cadence."""
+        if self.hold.since_change == 0:
+            self.backoff = 1
+        elif self._probed:
+            found = not reason.startswith("hold: C*")
+            self.backoff = 1 if found else min(self.settings.probe_backoff_max, 2 * self.backoff)
+        self._probed = False
+
     def _cadence_due(self, link: LinkState) -> bool:
-        """Whether `probe_interval` steps or `probe_interval_s` seconds passed since the level last
-        moved or probed (by seconds, with at least one step at the committed level in between)."""
+        """Whether `probe_interval` steps or `probe_interval_s` seconds, times `backoff`, passed
+        since the level last moved or probed (by seconds, with at least one step at the committed
+        level in between)."""
         s = self.settings
         steps = min(self.hold.since_change, self.hold.since_probe)
-        by_steps = s.probe_interval > 0 and steps >= s.probe_interval
+        by_steps = s.probe_interval > 0 and steps >= s.probe_interval * self.backoff
         by_time = (
             s.probe_interval_s > 0
             and steps >= 2  # at least one step at the committed level between probes
             and self.moved_at is not None
-            and link.time_s - self.moved_at >= s.probe_interval_s
+            and link.time_s - self.moved_at >= s.probe_interval_s * self.backoff
         )
         return by_steps or by_time
 

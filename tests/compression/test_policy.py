@@ -200,7 +200,7 @@ def test_app_limited_higher_sample_raises_estimate() -> None:
 
 
 def test_upward_probe_while_app_limited() -> None:
-    p = netsense(probe_interval=5, probe_interval_s=0)
+    p = netsense(probe_interval=5, probe_interval_s=0, probe_backoff_max=1)
     heavy = run(p, [20])[-1]
     assert heavy is not None and heavy > 0
     decisions = [
@@ -216,7 +216,7 @@ def test_upward_probe_while_app_limited() -> None:
 
 def test_probe_interval_in_seconds_bounds_recovery_when_steps_are_slow() -> None:
     """Steps of 4 s: 20 steps between probes would be 80 s; `probe_interval_s` probes after 6 s."""
-    p = netsense(probe_interval=20, probe_interval_s=6.0)
+    p = netsense(probe_interval=20, probe_interval_s=6.0, probe_backoff_max=1)
     heavy = run(p, [20])[-1]
     assert heavy is not None and heavy > 0
     decisions = [
@@ -228,6 +228,28 @@ def test_probe_interval_in_seconds_bounds_recovery_when_steps_are_slow() -> None
     assert netsense(probe_interval=0, probe_interval_s=0).settings.probe_interval_s == 0
     with pytest.raises(ConfigError, match="probe_interval_s"):
         netsense(probe_interval_s=-1)
+
+
+def test_probes_that_find_no_headroom_back_off_and_a_new_level_resets_them() -> None:
+    """A steady app-limited path: each probe's sample leaves the law where it was, so the gaps
+    double (5, 10, 20, then `probe_backoff_max` = 4 keeps 20); a drop moves the level heavier and
+    the short cadence is back."""
+    p = netsense(probe_interval=5, probe_interval_s=0)
+    heavy = run(p, [100])[-1]
+    assert heavy is not None and heavy > 0
+    steps = [
+        s
+        for s in range(1, 80)
+        if p.choose(ChooseRequest(link=link(100, t=s, app_limited=True), payload_bytes=S, compute_s=TC, step=s)).reason.startswith("probe")
+    ]
+    assert [b - a for a, b in zip(steps, steps[1:])][:4] == [10, 20, 20, 20] and steps[0] == 5
+    assert p.probes.backoff == 4 and p.level == heavy
+    drop = p.choose(ChooseRequest(link=link(2, t=80.0), payload_bytes=S, compute_s=TC, step=80))
+    assert drop.level is not None and drop.level > heavy
+    p.choose(ChooseRequest(link=link(2, t=81.0, app_limited=True), payload_bytes=S, compute_s=TC, step=81))
+    assert p.probes.backoff == 1
+    with pytest.raises(ConfigError, match="probe_backoff_max"):
+        netsense(probe_backoff_max=0)
 
 
 def test_probe_is_big_enough_to_measure_and_skipped_after_a_slow_send() -> None:
