@@ -31,13 +31,14 @@ afresh and a rate drop shows at the next step (with 2 s it took 2-3 steps of ~1 
 
 
 PROGRESS_START_STEP = 2
-"""First step of the candidate rounds (then every `progress_every`). Not at steps 0-1: a round holds
-the GIL while the push is on the wire, so the network thread handles acks late, srtt inflates and
-the pacer slows the next pushes; on loaded cores a first round (~0.1 s) made steps 0-1 take
-0.15-0.25 s where fp16 took 0.04 s, and those are the first bandwidth samples. Not later either:
-until a round or a window prices PowerSGD it stands at its prior (0.05), and with the first round
-at step 8 wide-mlp at 50 Mbit/s sent qsgd:8 for steps 2-8 (0.13 s each where powersgd:4 took
-0.04 s; docs/BENCHMARKS.md, "Early steps")."""
+"""First step of the candidate rounds (then every `progress_every`). A round now runs before its
+step's push leaves (`NetSenseOptimizer.step`), so it no longer delays the acks of the first
+bandwidth samples, the reason it was kept off steps 0-1 at first. Step 1 was tried (2026-12-02,
+wide-mlp at 50 Mbit/s): step 2 went out at powersgd:1 instead of qsgd:8, but step 1 carried the
+round's ~0.1 s, and the time at step 10 did not move beyond run-to-run noise (2.01, 2.21 s against
+2.17 s). Not later either: until a round or a window prices PowerSGD it stands at its prior (0.05),
+and with the first round at step 8 wide-mlp sent qsgd:8 for steps 2-8 (0.13 s each where
+powersgd:4 took 0.04 s; docs/BENCHMARKS.md, "Early steps")."""
 STARTUP_STEPS = 1
 """Pushes that are not bandwidth evidence: the first one runs in slow start right after the
 handshake, so it is not fed back to the policy, and the link's own estimate stays masked for the
