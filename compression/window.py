@@ -179,11 +179,12 @@ class WindowProbe:
         if not all(samples.values()):
             return None
         measuring = self.fed >= self.warm
-        if self.fed == self.warm:  # residuals not yet made (warm 0) start at zero, as `_step_level` makes them
-            self._start = {
-                lv: [r.clone() for r in self._residual[lv]] if lv in self._residual else [torch.zeros_like(x) for x in samples[lv in self._whole]]
-                for lv in self.specs
-            }
+        for level in self.specs:
+            if level not in self._codecs:
+                self._codecs[level] = [make_codec(self.specs[level]) for _ in samples[level in self._whole]]
+                self._residual[level] = [torch.zeros_like(x) for x in samples[level in self._whole]]
+        if self.fed == self.warm:
+            self._start = {lv: [r.clone() for r in rs] for lv, rs in self._residual.items()}
         for level in list(self.specs):
             self._step_level(level, samples[level in self._whole])
         if measuring:
@@ -198,11 +199,7 @@ class WindowProbe:
 
     def _step_level(self, level: int, sample: list[torch.Tensor]) -> None:
         """One error-feedback step of `level` on every key; a failing codec drops the level."""
-        codecs = self._codecs.get(level)
-        if codecs is None:
-            codecs = self._codecs[level] = [make_codec(self.specs[level]) for _ in sample]
-            self._residual[level] = [torch.zeros_like(x) for x in sample]
-        residual = self._residual[level]
+        codecs, residual = self._codecs[level], self._residual[level]
         try:
             for i, (codec, x) in enumerate(zip(codecs, sample)):
                 v = x + residual[i]
