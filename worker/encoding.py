@@ -95,14 +95,20 @@ class GradientEncoder:
                 sources[slot.key] = source
 
     def track_progress(self, level: int | None, spec: str) -> None:
-        """Feed the policy the progress efficiency q of the level just sent (error feedback's sums),
-        this step's gradient to a progress window under way, and, when it asks, candidate levels
-        measured on g + r, the next step's likely input."""
+        """Feed the policy the progress efficiency q of the level just sent (error feedback's sums)
+        and this step's gradient to a progress window under way (a few ms: while the push is on
+        the wire)."""
         if self.uplink.policy.wants_gradient_norm:
             self.uplink.observe_gradient(self.gradient_norm())
         self.observe_progress(level, spec)
         if self.uplink.window_due():
             self.uplink.feed_window([slot.view(slot.param.grad) for slot in self.slots if slot.param.grad is not None])
+
+    def measure_candidates(self) -> None:
+        """The candidate round, when the policy asks for one this step: every candidate level
+        measured on g + r, exactly what this step's encode will take in. Call it before the
+        step's choice, which it informs (the first round, at step 0, prices every level before
+        the first push)."""
         candidates = self.uplink.progress_candidates()
         if not candidates:
             return

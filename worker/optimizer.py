@@ -292,7 +292,14 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         else:
             decision = None
             if codec is None:
-                decision = self.uplink.choose(self._exchange.read_link(), started=t0)
+                link = self._exchange.read_link()
+                # The candidate round (every `progress_every` steps) runs before the choice it
+                # informs and before the push leaves: on the wire, the network thread contends for
+                # the GIL at every torch call of a round (the rate-step test measured an fp16 cast
+                # of 65k elements at ~20 ms, which priced fp16 and qsgd:8 out of the law for 50
+                # steps). Its time is the choice's, not the chosen level's encode cost.
+                self._encoder.measure_candidates()
+                decision = self.uplink.choose(link, started=t0)
             spec = codec or (decision.spec if decision is not None else self.codec_spec)
         self._next_samples = samples
         stats = StepStats(codec=spec)
@@ -303,17 +310,10 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         )
         self._encoder.encode_rest(spec, payloads, sources)
         buckets = self._shard_buckets(payloads, early)
-        # Candidate rounds (every `progress_every` steps) are timed before the push leaves: on the
-        # wire, the network thread contends for the GIL at every torch call of a round, and the
-        # rate-step test measured an fp16 cast of 65k elements at ~20 ms (0.3 s per 4 MB), which
-        # priced fp16 and qsgd:8 out of the law for 50 steps. The cheap rest waits for the push.
-        rounds = decision is not None and early is None and bool(self.uplink.progress_candidates())
-        if rounds:
-            self._encoder.track_progress(decision.level, spec)  # type: ignore[union-attr]
         t1 = time.perf_counter()
         self._set_fields(fields)
         pending = self._exchange.start_step(buckets, samples, early.futures if early else None, early.push_started if early else None)
-        if decision is not None and not rounds:
+        if decision is not None:
             self._encoder.track_progress(decision.level, spec)  # while the push is on the wire
         result, redecided = self._wait(pending, t1, decision, sources, payloads)
         if redecided is not None:

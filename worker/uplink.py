@@ -30,15 +30,14 @@ slides with sample time, and a push is one burst after a compute gap, so each pu
 afresh and a rate drop shows at the next step (with 2 s it took 2-3 steps of ~1 s to show)."""
 
 
-PROGRESS_START_STEP = 2
-"""First step of the candidate rounds (then every `progress_every`). A round now runs before its
-step's push leaves (`NetSenseOptimizer.step`), so it no longer delays the acks of the first
-bandwidth samples, the reason it was kept off steps 0-1 at first. Step 1 was tried (2026-12-02,
-wide-mlp at 50 Mbit/s): step 2 went out at powersgd:1 instead of qsgd:8, but step 1 carried the
-round's ~0.1 s, and the time at step 10 did not move beyond run-to-run noise (2.01, 2.21 s against
-2.17 s). Not later either: until a round or a window prices PowerSGD it stands at its prior (0.05),
-and with the first round at step 8 wide-mlp sent qsgd:8 for steps 2-8 (0.13 s each where
-powersgd:4 took 0.04 s; docs/BENCHMARKS.md, "Early steps")."""
+PROGRESS_START_STEP = 0
+"""First step of the candidate rounds (then every `progress_every`). A round runs before the choice
+of its own step and before that step's push leaves (`NetSenseOptimizer.step`), so the first one, at
+step 0, prices every level on the run's first gradient before anything is sent: with the 8-bit
+level measured lossless the steps of unknown bandwidth go out at it instead of fp16, and the first
+step with a known bandwidth already has PowerSGD's measured q instead of its 0.05 prior
+(docs/BENCHMARKS.md, "Rounds before the choice"). It was step 2 while rounds ran after the choice
+and, before that, on the wire, where they delayed the acks of the first bandwidth samples."""
 STARTUP_STEPS = 1
 """Pushes that are not bandwidth evidence: the first one runs in slow start right after the
 handshake, so it is not fed back to the policy, and the link's own estimate stays masked for the

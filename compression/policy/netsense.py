@@ -62,8 +62,8 @@ class NetsensePolicy(Policy):
         self._window_at: float | None = None  # link time the latest progress window started
         self._ratios: dict[int, float] = {}  # wire ratios measured on the run's shapes (`observe_ratio`)
         self._contenders: list[int] | None = None  # levels the law could accept at q = 1 (last decision)
-        self.safe_level = s.safe_level if s.safe_level is not None else safe_level(ladder, s.progress_tol)
-        """The level sent while the bandwidth is unknown (`NetsensePolicySettings.safe_level`)."""
+        self._worst_q = [worst_case_q(lv) for lv in ladder]  # each codec's own, not the ladder's figure
+        self._bandwidth_seen = False  # the bandwidth (or a lower bound) was known at a decision
 
     @property
     def level(self) -> int | None:
@@ -78,6 +78,22 @@ class NetsensePolicy(Policy):
     def k_now(self) -> int:
         """Current headroom requirement (k with back-off)."""
         return self.hold.k_now
+
+    def safe_level(self) -> int:
+        """The level sent while the bandwidth is unknown: `settings.safe_level` if set, else the
+        fewest bytes (the ratio measured on the run's shapes, else nominal; the first on a tie)
+        among the levels that lose nothing measurable, q within `progress_tol` of 1: a level's
+        measured q once a candidate round or a window measured it, else its codec's own worst case
+        (not the ladder's figure, which a caller may set). Before any measurement that is fp16 on
+        the default ladder (fp32 without a 16-bit level); once the first round (step 0, before the
+        first push) measured the 8-bit level lossless, that level: half of fp16's bytes."""
+        s = self.settings
+        if s.safe_level is not None:
+            return s.safe_level
+        measured = self.progress.measured
+        q = [self.progress.values[i] if measured[i] else self._worst_q[i] for i in range(len(self.ladder))]
+        ok = [i for i, qi in enumerate(q) if qi >= 1 - s.progress_tol] or [0]
+        return min(ok, key=lambda i: (self._ratios.get(i, self.ladder[i].ratio), i))
 
     def effective_bandwidth(self, link: LinkState) -> float | None:
         """The estimate after `link`, shrunk by losses and a queue (`BandwidthEstimate.effective`)."""
@@ -99,9 +115,10 @@ class NetsensePolicy(Policy):
 
         bound = self.bandwidth.lower_bound_Bps if bw is None and s.progress_aware else None
         if bw is None and bound is None:
-            if self.level is None:
-                self.level = self.safe_level
+            if not self._bandwidth_seen:  # follows the measurements until a bandwidth is known
+                self.level = self.safe_level()
             return emit(self.level, "unknown-bandwidth")
+        self._bandwidth_seen = True
         if bw is None:
             bw = bound  # `emit` reports it as the bandwidth used
         assert bw is not None
@@ -296,18 +313,10 @@ class NetsensePolicy(Policy):
         return list(self.progress.values)
 
 
-def safe_level(ladder: Ladder, progress_tol: float) -> int:
-    """The level with the fewest bytes (nominal ratio; the first on a tie) among those whose codec's
-    own worst-case q (`Codec.nominal_progress`, not the ladder's figure, which a caller may set) is
-    within `progress_tol` of 1: with nothing known of the link it loses no measurable progress and
-    costs at most a cast, where fp32's first steps of a 1.3 MB model at 50 Mbit/s took 0.4 s."""
-
-    def nominal(level: Level) -> float:
-        codec = make_codec(level.spec)
-        return 1.0 if codec.lossless else float(codec.nominal_progress(NOMINAL_NUMEL))
-
-    ok = [i for i, lv in enumerate(ladder) if nominal(lv) >= 1 - progress_tol] or [0]
-    return min(ok, key=lambda i: (ladder[i].ratio, i))
+def worst_case_q(level: Level) -> float:
+    """The q its codec guarantees whatever the tensor (`Codec.nominal_progress`; 1 if lossless)."""
+    codec = make_codec(level.spec)
+    return 1.0 if codec.lossless else float(codec.nominal_progress(NOMINAL_NUMEL))
 
 
 register_policy("netsense", settings_factory("netsense", NetsensePolicy, NetsensePolicySettings))

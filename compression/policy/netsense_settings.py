@@ -36,9 +36,10 @@ class NetsensePolicySettings:
     queue_tolerance_s: float = 0.010
     """Standing queue (srtt - min_rtt) ignored before it starts to shrink the bandwidth."""
     safe_level: int | None = None
-    """Level used while the bandwidth is unknown; None: the fewest bytes among the levels whose
-    codec's worst-case q is within `progress_tol` of 1 (fp16 on the default ladder: a cast, half
-    of fp32's bytes; fp32 on a ladder without a 16-bit level; 0 keeps fp32)."""
+    """Level used while the bandwidth is unknown; None: the fewest bytes among the levels whose q
+    is within `progress_tol` of 1, measured where a round or window measured it, else the codec's
+    worst case (`NetsensePolicy.safe_level`: fp16 on the default ladder until the 8-bit level is
+    measured lossless, then that; fp32 on a ladder without a 16-bit level; 0 keeps fp32)."""
     warmup_steps: int = 0
     """Steps, from the first decision, during which the level is capped at `warmup_level`."""
     warmup_level: int = 0

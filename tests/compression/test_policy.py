@@ -346,6 +346,28 @@ def test_unknown_bandwidth_stays_at_safe_level() -> None:
     assert make_policy("netsense", Ladder.parse("fp32,bf16,fp16")).choose(unknown).spec == "bf16"
 
 
+def test_unknown_bandwidth_level_follows_measured_progress_until_the_bandwidth_is_known() -> None:
+    """A round that measures the 8-bit level lossless (q within progress_tol of 1) makes it the
+    unknown-bandwidth level, half of fp16's bytes; one that measures it lossy does not; a lossy
+    level never qualifies whatever it measures once the bandwidth was known (the law decides then)."""
+    unknown = ChooseRequest(link=link(None), payload_bytes=S, compute_s=TC, step=0)
+    q8, q4 = LADDER.find("qsgd:8"), LADDER.find("qsgd:4")
+    p = netsense()
+    assert p.choose(unknown).spec == "fp16"
+    p.observe_progress(level=q8, progress=0.9999)
+    assert (p.choose(unknown).spec, p.choose(unknown).reason) == ("qsgd:8", "unknown-bandwidth")
+    p.observe_progress(level=q4, progress=0.9999)  # measured lossless too, and fewer bytes
+    assert p.choose(unknown).spec == "qsgd:4"
+    lossy = netsense()
+    lossy.observe_progress(level=q8, progress=0.98)
+    assert lossy.choose(unknown).spec == "fp16"
+    assert netsense(safe_level=0).choose(unknown).spec == "fp32"  # a set level is kept
+    known = netsense()
+    d = known.choose(ChooseRequest(link=link(1000), payload_bytes=S, compute_s=TC, step=0))  # fast: the law's pick
+    known.observe_progress(level=q8, progress=0.9999)
+    assert known.choose(ChooseRequest(link=link(None), payload_bytes=S, compute_s=TC, step=1)).level == d.level
+
+
 def test_warmup_caps_the_level() -> None:
     levels = run(netsense(warmup_steps=3, warmup_level=1), [20] * 5)
     assert levels == [1, 1, 1, 6, 6]

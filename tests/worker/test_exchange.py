@@ -45,6 +45,24 @@ def test_a_step_crosses_to_the_network_thread_once_plus_once_for_a_policy(ps) ->
         assert decision.spec == "fp32" and link.time_s > 0
 
 
+class _SlowPush:
+    """A step's future whose push is still running whenever it is waited for with a timeout (the
+    redecide time), however fast the loopback PS answered: the state a redecide is for."""
+
+    def __init__(self, future: Any) -> None:
+        self._future = future
+
+    def result(self, timeout: float | None = None) -> Any:
+        if timeout is not None:
+            raise TimeoutError
+        return self._future.result()
+
+
+def _still_running_at_redecide(opt: NetSenseOptimizer) -> None:
+    start_step = opt._exchange.start_step
+    opt._exchange.start_step = lambda *a, **k: _SlowPush(start_step(*a, **k))  # type: ignore[method-assign]
+
+
 def test_an_adaptive_policy_reads_the_path_when_the_step_starts(ps) -> None:  # type: ignore[no-untyped-def]
     model = torch.nn.Linear(8, 4)
     with NetSenseOptimizer(model, connect=ps.connect_settings(), worker_id="w0", policy="netsense") as opt:
@@ -94,6 +112,7 @@ def test_a_fixed_policy_never_crosses_to_redecide_a_slow_push(ps, monkeypatch) -
     model = torch.nn.Linear(8, 4)
     for policy, asks in (("fp16", False), ("netsense", True)):
         with NetSenseOptimizer(model, connect=ps.connect_settings(), worker_id=f"w-{policy}", policy=policy) as opt:
+            _still_running_at_redecide(opt)
             crossings = _count_crossings(opt)
             for _ in range(3):
                 model(torch.randn(3, 8)).sum().backward()

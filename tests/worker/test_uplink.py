@@ -30,9 +30,8 @@ def test_first_push_is_not_a_bandwidth_sample() -> None:
 
 def test_candidates_are_measured_and_reported() -> None:
     up, policy = controller()
-    assert up.progress_candidates() == []  # no round before PROGRESS_START_STEP (the first samples)
-    up._step = PROGRESS_START_STEP
-    assert up.progress_candidates() == [1, 2, 3]  # then every lossy level, every progress_every steps
+    assert PROGRESS_START_STEP == 0  # the first round prices every level before the first push
+    assert up.progress_candidates() == [1, 2, 3]  # every lossy level, every progress_every steps
     up._step = PROGRESS_START_STEP + 1
     assert up.progress_candidates() == []
     up._step = PROGRESS_START_STEP + policy.settings.progress_every

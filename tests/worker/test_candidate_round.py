@@ -1,0 +1,27 @@
+"""The candidate round runs before the choice it informs (worker/optimizer.py, worker/uplink.py
+`PROGRESS_START_STEP`): the first step's decision already carries every level's measured q."""
+
+from __future__ import annotations
+
+import torch
+
+from netsense.worker.optimizer import NetSenseOptimizer
+
+
+def test_the_first_decision_is_taken_on_the_first_rounds_measurements(ps) -> None:  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    with NetSenseOptimizer(model, connect=ps.connect_settings(), worker_id="w0", policy="netsense") as opt:
+        policy = opt.uplink.policy
+        prior = list(policy.progress.values)
+        loss = torch.nn.functional.cross_entropy(model(torch.randn(32, 64)), torch.randint(0, 10, (32,)))
+        loss.backward()
+        opt.step(samples=32)
+        decision, _ = opt.uplink.last  # type: ignore[misc]
+        assert decision.step == 0 and decision.reason == "unknown-bandwidth"
+        q8 = policy.ladder.find("qsgd:8")
+        assert decision.progress_levels is not None and decision.progress_levels != tuple(prior)
+        assert all(policy.progress.measured)  # every lossy level measured before the first push
+        # 8-bit measured lossless on a real gradient: the bandwidth-unknown step sends it, not fp16.
+        assert decision.progress_levels[q8] >= 1 - policy.settings.progress_tol
+        assert decision.spec == "qsgd:8"
