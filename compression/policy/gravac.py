@@ -26,11 +26,13 @@ from the previous CF). Steps, not epochs: the factor moves every `interval` step
 down by `step` to theta_max (theirs: fp32 values; ours: the ladder's top-k wire format), or any
 list in `levels`; they and `dense` make this policy's own ladder (the configured one lends only its
 calibration). Throughput: 1 / (compute_s + comm_s) of each send (`Policy.observe`), smoothed like
-the gain (theirs: the step's last value). Their published code steps from theta_min every time
-(`min_cf * cfstepsize`) and, after the warm-up, sends nothing while the CF is theta_min; we take the
-CF to be multiplied each time and apply the same gain rule at theta_min. Their "multi-level
-compression" is not in their code (its README says so) and is not here; their scaling policy is
-the multiplicative one of their code. The uplink feeds the gains and the send times; the PS's
+the gain (theirs: the step's last value). Their published code's move compares kept fractions the
+wrong way round (theta_min jumps to theta_max) and would otherwise always set min_cf * cfstepsize,
+and after the warm-up it sends nothing while the CF is theta_min; we multiply the current factor
+by `step` and apply the same gain rule at theta_min. The paper's other scaling policy and its
+multi-level compression are not in their code (its README: multi-level "still needs
+implementation") and are not here; the rule above was read in the code, the paper only in its
+summary. The uplink feeds the gains and the send times; the PS's
 downlink feeds candidate rounds on its parameter updates and its send times too. A direction that
 feeds no gain holds theta_min (the warm-up level). The link is not consulted beyond the send times.
 """
