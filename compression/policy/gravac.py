@@ -106,8 +106,8 @@ class Smoothed:
 
 
 def family(theta_min: float, theta_max: float, step: float) -> list[str]:
-    """Top-k specs from `theta_min` down by `step` to `theta_max` (three significant digits, as the
-    paper law's specs), least compressed first; the last is `theta_max`."""
+    """Top-k specs from `theta_min` down by `step` to `theta_max` (three significant digits, as
+    `netsenseml-paper` writes its own), least compressed first; the last is `theta_max`."""
     thetas, theta = [], theta_min
     while theta > theta_max * (1 + 1e-9):
         thetas.append(theta)
