@@ -74,12 +74,14 @@ def _summ(median: float) -> CellSummary:
 
 def test_best_fixed_is_the_fastest_non_adaptive_policy() -> None:
     s = {"none": _summ(30.0), "fp16": _summ(20.0), "fixed:powersgd:2": _summ(15.0), "dc2": _summ(5.0),
-         "accordion": _summ(4.0), "netsense": _summ(18.0), "fixed:qsgd:4": _summ(math.inf)}  # fmt: skip
+         "accordion": _summ(4.0), "gravac": _summ(36.0), "netsense": _summ(18.0),
+         "fixed:qsgd:4": _summ(math.inf)}  # fmt: skip
     assert best_fixed(s) == "fixed:powersgd:2"
     ratios = row_ratios(s)
     assert ratios["best_fixed"] == "fixed:powersgd:2"
     assert ratios["vs_best_fixed"] == pytest.approx(18.0 / 15.0)
     assert ratios["vs_dc2"] == pytest.approx(18.0 / 5.0) and ratios["vs_accordion"] == pytest.approx(4.5)
+    assert ratios["vs_gravac"] == pytest.approx(0.5)
     assert "vs_netsenseml-paper" not in ratios  # not run: no column
     assert best_fixed({"none": _summ(math.inf), "netsense": _summ(1.0)}) is None
 

@@ -49,9 +49,10 @@ class TrainSettings:
     """Uplink codec (a spec of `netsense.compression.make_codec`); the same as policy ``fixed:<codec>``."""
     policy: str | None = None
     """Uplink policy spec (``none``, ``fp16``, ``fixed:<codec>``, ``dc2``, ``netsenseml-paper``,
-    ``netsense``); overrides `codec` when set."""
+    ``accordion``, ``gravac``, ``netsense``); overrides `codec` when set."""
     ladder: str | None = None
-    """Comma-separated codec specs the policy picks from, least lossy first (None: DEFAULT_LADDER)."""
+    """Comma-separated codec specs the policy picks from, least lossy first (None: DEFAULT_LADDER;
+    ``gravac`` picks from its own compression factors and takes only the ladder's calibration)."""
     decision_log: str | None = None
     """JSONL file for one decision record per step (None: no log)."""
     overlap: bool | None = None

@@ -10,8 +10,8 @@ every one of them.
 Where things are: the policy's input `link.LinkState`, the level ladder `ladder`, the request, the
 decision and the step-time model `decision`, the decision log `decisionlog`, measured costs
 `costs`, the per-level progress estimate `progress`, the per-direction bookkeeping the uplink and
-downlink share `loop`; one module per policy (`fixed`, `dc2`, `paper`, `accordion`, `netsense`), the netsense
-policy's parts in `netsense_settings`, `law`, `probes` and `bandwidth`.
+downlink share `loop`; one module per policy (`fixed`, `dc2`, `paper`, `accordion`, `gravac`,
+`netsense`), the netsense policy's parts in `netsense_settings`, `law`, `probes` and `bandwidth`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from .base import Policy
 from .dc2 import Dc2Policy, Dc2Settings
 from .decision import ChooseRequest, Decision, Prediction, SendReport, predict
 from .fixed import FixedPolicy
+from .gravac import GravacPolicy, GravacSettings
 from .netsense import NetsensePolicy
 from .netsense_settings import NetsensePolicySettings
 from .paper import PaperPolicy, PaperPolicySettings
@@ -35,6 +36,8 @@ __all__ = [
     "Dc2Settings",
     "Decision",
     "FixedPolicy",
+    "GravacPolicy",
+    "GravacSettings",
     "NetsensePolicy",
     "NetsensePolicySettings",
     "PaperPolicy",

@@ -74,7 +74,8 @@ class Decision:
     """Predicted step time P_l (s): compute plus or overlapped with T_l; None while unknown."""
     reason: str
     """Why: a leading keyword (``law``, ``heavier``, ``relax``, ``hold``, ``probe``, ``warm-up``,
-    ``unknown-bandwidth``, ``fixed``, ``paper``, ``dc2``, ``accordion``) and short details."""
+    ``unknown-bandwidth``, ``fixed``, ``paper``, ``dc2``, ``accordion``, ``gravac``) and short
+    details."""
     step: int
     """Training step the decision is for."""
     payload_bytes: int

@@ -35,7 +35,8 @@ FORMAT, VERSION = "netsense-bench-matrix", 1
 DEFAULT_MODELS = "digits-cnn,charlm,wide-mlp"
 DEFAULT_LINKS = "20mbit,100mbit,unshaped,steps,trace"
 DEFAULT_POLICIES = (
-    "none,fp16,fixed:qsgd:4,fixed:qsgd:8,fixed:powersgd:2,fixed:topk:0.01+fp16,dc2,netsenseml-paper,accordion,netsense"
+    "none,fp16,fixed:qsgd:4,fixed:qsgd:8,fixed:powersgd:2,fixed:topk:0.01+fp16,dc2,netsenseml-paper,accordion,gravac,"
+    "netsense"
 )
 CELLULAR_TRACE = Path(__file__).resolve().parents[2] / "examples" / "traces" / "cellular.mahimahi"
 STEP_LINK = "rate=0s:50mbit,4s:10mbit,8s:100mbit,12s:25mbit,16s:loop,delay=10ms"
@@ -76,7 +77,7 @@ def register(kinds: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument("--models", default=DEFAULT_MODELS, help=f"comma-separated models (default {DEFAULT_MODELS})")
     p.add_argument("--links", default=DEFAULT_LINKS, help=f"comma-separated links (default {DEFAULT_LINKS})")
-    p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated policies (default: the ten of issue #14)")
+    p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated policies (default: the eleven of issue #14)")
     p.add_argument("--seeds", type=int, default=2, help="seeds per cell, 0..N-1 (default 2)")
     p.add_argument("--max-time", type=float, default=300.0, help="each run's --max-time, seconds (default 300)")
     p.add_argument("--targets", help="target accuracy: one number for every model, or MODEL=ACC,... "

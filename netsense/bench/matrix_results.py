@@ -8,7 +8,7 @@ cell is then finite only when most seeds reached it, and a ratio against a polic
 there reads "faster". A *failed* seed (the run crashed or hung) is no time at all: it is left out
 of the median and named under the table. Ratios are **time ratios**, netsense's median time to
 target over the other policy's: < 1 is faster, and issue #14's targets read <= 1.1 against the
-best fixed policy and <= 1 against dc2, netsenseml-paper and accordion.
+best fixed policy and <= 1 against dc2, netsenseml-paper, accordion and gravac.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 ADAPTIVE = "netsense"
-PEERS = ("dc2", "netsenseml-paper", "accordion")
+PEERS = ("dc2", "netsenseml-paper", "accordion", "gravac")
 """The adaptive schemes netsense is compared with, each in its own ratio column."""
 
 

@@ -74,7 +74,7 @@ def test_no_norms_holds_the_light_level() -> None:
 
 def test_only_accordion_asks_for_norms() -> None:
     assert make_policy("accordion", LADDER).wants_gradient_norm
-    for name in ("none", "fp16", "dc2", "netsense", "netsenseml-paper"):
+    for name in ("none", "fp16", "dc2", "netsense", "netsenseml-paper", "gravac"):
         assert not make_policy(name, LADDER).wants_gradient_norm
 
 
