@@ -17,10 +17,14 @@ def test_priors_are_conservative_bounds() -> None:
     assert q["topk:0.1+fp16"] == 0.1 and q["topk:0.01+fp16"] == 0.01 and q["randk:0.01+fp16"] == 0.01
     gen = torch.Generator().manual_seed(0)
     x = [torch.randn(50_000, generator=gen), torch.randn(200, 300, generator=gen)]
+    torch.manual_seed(0)  # rand-k and qsgd draw from the global generator: one draw of rand-k fell to 0.85x its prior
     for lv in ladder:  # measured on a random tensor, every prior is a lower bound (rand-k's in expectation)
-        measured = measure_progress(make_codec(lv.spec), x)
-        slack = 0.1 * lv.progress if lv.spec.startswith("randk") else 1e-6
-        assert measured is not None and measured >= lv.progress - slack, lv.spec
+        draws = 20 if lv.spec.startswith("randk") else 1
+        values = [measure_progress(make_codec(lv.spec), x) for _ in range(draws)]
+        assert all(v is not None for v in values), lv.spec
+        measured = sum(values) / draws  # type: ignore[arg-type]
+        slack = 0.05 * lv.progress if lv.spec.startswith("randk") else 1e-6
+        assert measured >= lv.progress - slack, lv.spec
 
 
 def test_measure_progress_top_k_keeps_the_energy_share_of_its_entries() -> None:
