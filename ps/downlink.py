@@ -23,20 +23,22 @@ import asyncio
 import logging
 import time
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from netsense.compression.policy import Decision, Policy, build_policy
 from netsense.compression.policy.link import LinkState
-from netsense.compression.policy.loop import PolicyLoop
+from netsense.compression.policy.loop import PolicyLoop, RoundObserver, RoundRecord
 from netsense.compression.window import WindowProbe, WindowResult
 from netsense.transport.sensing.signal import SignalReader
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 WATCH_TIMEOUT_S = 60.0
 """Give up timing one delivery after this long (a worker that vanished)."""
@@ -132,25 +134,46 @@ class DownlinkController:
     def measure(self, version: int, params: dict[str, torch.Tensor], shadow: dict[str, torch.Tensor]) -> dict[int, float]:
         """At the start of `version`'s step: measure the candidates of the last snapshot if it was
         taken one update ago, then snapshot the shadow when the policy asks for candidates now; and
-        feed the parameters to a progress window under way (its steps are their changes).
-        Returns the q measured per level (fed to the policy with the timings)."""
+        feed the parameters to a progress window under way (its steps are their changes). On a
+        running loop the rounds run on the window thread, as the window steps do, and reach the
+        policy on the loop when done; without one they run here. Returns the q measured here per
+        level (fed to the policy with the timings; empty when the thread measures)."""
         measured: dict[int, float] = {}
         if version > 0 and self.loop.window_due(version):  # the window diffs parameters into updates
             self._feed_window(list(params.values()))
         snap, self._snapshot = self._snapshot, None
         if snap is not None and snap[0] + 1 == version and snap[2].keys() == params.keys():
-            update = [params[k] - snap[2][k] for k in params]
-            measured = self.loop.measure(snap[1], update)  # warmed up at the snapshot
-        # Not at version 0 (`PROGRESS_START_VERSION`): a round blocks the PS's loop (0.1-0.2 s with
-        # six levels' first calls on loaded cores) and the srtt it inflates slows the pacer for the
-        # next pushes too, which at step 0 are the uplink's first bandwidth samples (a 100 Mbit/s
+            update = [params[k] - snap[2][k] for k in params]  # new tensors: the thread may keep them
+            was = snap[1]
+            measured = self._round(lambda observer: self.loop.measure(was, update, observer)) or {}
+        # Not at version 0 (`PROGRESS_START_VERSION`): the first pushes are the uplink's first
+        # bandwidth samples, and a round then competed with them for the PS's CPU (on the loop it
+        # blocked it: 0.1-0.2 s with six levels' first calls on loaded cores, and a 100 Mbit/s
         # path measured 1 MB/s and sent qsgd:4); by version 2 the estimates hold a push or two more.
         start = PROGRESS_START_VERSION
         levels = self.policy.progress_candidates(version - start) if version >= start else []
         if levels and shadow and version > 0:
-            self.loop.warm_up(levels, list(params.values()))
-            self._snapshot = (version, levels, {k: v.clone() for k, v in shadow.items()})
+            kept = {k: v.clone() for k, v in shadow.items()}
+            tensors = list(kept.values())
+            self._round(lambda observer: self.loop.warm_up(levels, tensors, observer))
+            self._snapshot = (version, levels, kept)
         return measured
+
+    def _round(self, work: Callable[[RoundObserver], T]) -> T | None:
+        """A candidate round's `work` (a warm-up or a measurement; its argument is what it reports
+        to). On a running loop it runs on the window thread, reporting to a `RoundRecord` that is
+        replayed into the policy on the loop when it is done, and None is returned: on the loop a
+        round held every worker's push for 0.05-0.1 s at versions 2 and 3, and two such pushes in
+        a row read as a *slowed* path (wide-mlp's estimate fell 13x, deepmlp's uplink sent top-k
+        0.1 % for 20 steps: docs/BENCHMARKS.md, "Rounds off the PS's loop"). Its codec timings
+        there include the loop's share of the GIL, which only overprices them a little. Without a
+        running loop it runs here, reporting to the policy."""
+        loop = _running_loop()
+        if loop is None:
+            return work(self.policy)
+        record = RoundRecord()
+        self._submit(loop, lambda: work(record), lambda _: record.replay(self.policy), what="candidate round")
+        return None
 
     def _feed_window(self, tensors: list[torch.Tensor]) -> None:
         """One step of the window under way, on the window thread when the loop runs: a window step
@@ -160,35 +183,59 @@ class DownlinkController:
         kernels release it). In order, one at a time, only ever on that thread; without a running
         loop, here and now."""
         probe = self.loop.window
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
+        loop = _running_loop()
         if probe is None or loop is None:
             self.loop.feed_window(tensors)
             return
+        copies = [t.detach().clone() for t in tensors]  # the store updates its tensors in place
+
+        def dropped() -> None:
+            if self.loop.window is probe:
+                self.loop.window = None
+
+        self._submit(
+            loop,
+            lambda: _feed_probe(probe, copies),
+            lambda result: self.loop.window_result(probe, result),
+            what="progress window",
+            failed=dropped,
+        )
+
+    def _submit(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        work: Callable[[], Any],
+        done: Callable[[Any], None],
+        *,
+        what: str,
+        failed: Callable[[], None] | None = None,
+    ) -> None:
+        """Run `work` on the window thread (in order, one at a time) and `done(result)` on the loop
+        after it; an exception is logged and `failed()` called instead. Beyond `WINDOW_QUEUE`
+        waiting, the loop waits for this one: never the policy or a probe from two threads."""
         if self._window_pool is None:
             self._window_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netsense-window")
-        copies = [t.detach().clone() for t in tensors]  # the store updates its tensors in place
         self._window_queued += 1
-        future = self._window_pool.submit(_feed_probe, probe, copies)
-        future.add_done_callback(lambda f: _call_soon(loop, self._window_done, probe, f))
+        future = self._window_pool.submit(work)
+        future.add_done_callback(lambda f: _call_soon(loop, self._finished, f, done, what, failed))
         if self._window_queued > WINDOW_QUEUE:
             # The thread fell behind: wait for it here, never feed the probe from two threads.
             wait([future])
 
-    def _window_done(self, probe: WindowProbe, future: Future[WindowResult | None]) -> None:
-        """On the loop: a window step finished on the thread; its result goes to the policy."""
+    def _finished(
+        self, future: Future[Any], done: Callable[[Any], None], what: str, failed: Callable[[], None] | None
+    ) -> None:
+        """On the loop: work of the window thread finished; its result goes to `done`."""
         self._window_queued -= 1
         if future.cancelled():
             return
         exc = future.exception()
         if exc is not None:
-            log.warning("downlink progress window dropped: %s", exc)
-            if self.loop.window is probe:
-                self.loop.window = None
+            log.warning("downlink %s dropped: %s", what, exc)
+            if failed is not None:
+                failed()
             return
-        self.loop.window_result(probe, future.result())
+        done(future.result())
 
     def choose(self, version: int, links: list[LinkState], payload_bytes: int) -> str | None:
         """The codec spec for the update that will take the store to `version` + 1, for the slowest
@@ -263,6 +310,14 @@ class DownlinkController:
 def _feed_probe(probe: WindowProbe, tensors: list[torch.Tensor]) -> WindowResult | None:
     """One window step, on the window thread (a probe that finished takes no more steps)."""
     return None if probe.done else probe.feed(tensors)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running in this thread, None outside one."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Any, *args: Any) -> None:

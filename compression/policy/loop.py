@@ -11,7 +11,7 @@ the connections and clocks and hand it plain values.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -22,11 +22,40 @@ from .base import Policy
 from .decision import ChooseRequest, Decision, SendReport
 from .decisionlog import DecisionLog
 from .link import LinkState
-from .progress import measure_into
+from .progress import LevelObserver, measure_into
 
 COMPUTE_EWMA_ALPHA = 0.3
 """Weight of the newest compute-time sample (the time between one send and the next, less the
 send): a few steps smooth out scheduler noise."""
+
+
+class RoundObserver(LevelObserver, Protocol):
+    """What a candidate round reports to: a policy, or a `RoundRecord` to replay into one later."""
+
+    def observe_ratio(self, *, level: int, ratio: float) -> None: ...
+
+
+class RoundRecord:
+    """A candidate round's reports, kept to be handed to the policy later on its own thread: the
+    PS measures its rounds on the window thread, and its policy is only ever touched by the loop."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        """(method name, keyword arguments) in the order the round made them."""
+
+    def observe_costs(self, **kwargs: Any) -> None:
+        self.calls.append(("observe_costs", kwargs))
+
+    def observe_progress(self, **kwargs: Any) -> None:
+        self.calls.append(("observe_progress", kwargs))
+
+    def observe_ratio(self, **kwargs: Any) -> None:
+        self.calls.append(("observe_ratio", kwargs))
+
+    def replay(self, policy: Policy) -> None:
+        """Make the recorded calls on `policy`, in order."""
+        for name, kwargs in self.calls:
+            getattr(policy, name)(**kwargs)
 
 
 class PolicyLoop:
@@ -82,17 +111,22 @@ class PolicyLoop:
         """What the send of `decision` cost: `bytes_sent` wire bytes in `comm_s`."""
         self.policy.observe(SendReport(step=decision.step, level=decision.level, bytes_sent=bytes_sent, comm_s=comm_s))
 
-    def warm_up(self, levels: list[int], tensors: list[torch.Tensor]) -> None:
-        """Build the candidate codecs of `levels` and call each once on a small sample of `tensors`."""
+    def warm_up(self, levels: list[int], tensors: list[torch.Tensor], observer: RoundObserver | None = None) -> None:
+        """Build the candidate codecs of `levels` and call each once on a small sample of `tensors`;
+        what that learns (wire ratios) goes to `observer` (default: the policy)."""
         for level in levels:
-            self._codec(level, tensors)
+            self._codec(level, tensors, observer or self.policy)
 
-    def measure(self, levels: list[int], tensors: list[torch.Tensor]) -> dict[int, float]:
-        """Measure q and the codec times of each of `levels` on `tensors` and feed them to the
-        policy (warming a codec up first if it is new); returns the q measured per level."""
+    def measure(
+        self, levels: list[int], tensors: list[torch.Tensor], observer: RoundObserver | None = None
+    ) -> dict[int, float]:
+        """Measure q and the codec times of each of `levels` on `tensors` and feed them to
+        `observer` (default: the policy; warming a codec up first if it is new); returns the q
+        measured per level."""
+        obs = observer or self.policy
         measured = {}
         for level in levels:
-            q = measure_into(self.policy, level, self._codec(level, tensors), tensors)
+            q = measure_into(obs, level, self._codec(level, tensors, obs), tensors)
             if q is not None:
                 measured[level] = q
         return measured
@@ -130,7 +164,7 @@ class PolicyLoop:
             self.policy.observe_window(result)
         return result
 
-    def _codec(self, level: int, tensors: list[torch.Tensor]) -> Codec:
+    def _codec(self, level: int, tensors: list[torch.Tensor], observer: RoundObserver) -> Codec:
         """The candidate codec of `level`; a new one is called once on a small sample of `tensors`
         first: a first call pays lazy set-up (2-10x), which must not count as the level's cost.
         A new one also reports the level's wire ratio on the tensors' real shapes (`measure_ratio`)."""
@@ -140,7 +174,7 @@ class PolicyLoop:
             measure_level(codec, tensors, max_numel=WARM_UP_NUMEL)
             ratio = measure_ratio(self.policy.ladder[level].spec, tensors)
             if ratio is not None:
-                self.policy.observe_ratio(level=level, ratio=ratio)
+                observer.observe_ratio(level=level, ratio=ratio)
         return codec
 
     def write(

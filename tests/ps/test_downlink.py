@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from netsense.compression.policy import NetsensePolicy
@@ -75,3 +76,55 @@ def test_the_update_encode_time_is_the_chosen_levels_cost() -> None:
     down._observe_encode((4, "fp16", 0.002), 4_000_000)
     assert policy.costs.measured(1) == (True, False)
     assert abs(policy.costs.encode_s_per_mb(1) - 0.002 / 4) < 1e-9
+
+
+def test_on_a_running_loop_rounds_run_on_the_window_thread_and_reach_the_policy_on_the_loop() -> None:
+    """A round on the PS's loop held every worker's push (two slow pushes in a row read as a slowed
+    path); on the window thread it reports to a record that the loop replays into the policy: the
+    same figures, and the policy is only ever touched by the loop's thread."""
+    import asyncio
+    import threading
+
+    v = PROGRESS_START_VERSION
+    params = tensors(0)
+    shadow = {k: t.clone() for k, t in params.items()}
+    later = {k: params[k] + 0.01 * t for k, t in tensors(1).items()}
+
+    torch.manual_seed(0)  # qsgd rounds stochastically: both runs draw the same numbers in the same order
+    here = DownlinkController("netsense", ladder=LADDER)
+    here.measure(v, params, shadow)
+    measured = here.measure(v + 1, later, shadow)
+    assert sorted(measured) == [1, 2, 3, 4]
+
+    away = DownlinkController("netsense", ladder=LADDER)
+    rounds: set[str] = set()
+    told: set[str] = set()
+    measure, report = away.loop.measure, away.policy.observe_progress
+
+    def traced_measure(*args, **kwargs):  # type: ignore[no-untyped-def]
+        rounds.add(threading.current_thread().name)
+        return measure(*args, **kwargs)
+
+    def traced_report(**kwargs):  # type: ignore[no-untyped-def]
+        told.add(threading.current_thread().name)
+        return report(**kwargs)
+
+    away.loop.measure = traced_measure  # type: ignore[method-assign]
+    away.policy.observe_progress = traced_report  # type: ignore[method-assign]
+
+    async def main() -> None:
+        torch.manual_seed(0)
+        away.measure(v, params, shadow)
+        assert away.measure(v + 1, later, shadow) == {}  # measured on the thread, reported later
+        for _ in range(2500):
+            if away._window_queued == 0:
+                return
+            await asyncio.sleep(0.002)
+
+    asyncio.run(main())
+    away.close()
+    assert rounds and all(name.startswith("netsense-window") for name in rounds), rounds
+    assert told == {threading.main_thread().name}, told
+    for level, q in measured.items():
+        assert away.policy.progress.values[level] == pytest.approx(q, rel=1e-5)
+    assert away.policy.costs.measured(1) == (True, True)
