@@ -164,10 +164,10 @@ class DownlinkController:
         to). On a running loop it runs on the window thread, reporting to a `RoundRecord` that is
         replayed into the policy on the loop when it is done, and None is returned: on the loop a
         round held every worker's push for 0.05-0.1 s at versions 2 and 3, and two such pushes in
-        a row read as a *slowed* path (wide-mlp's estimate fell 13x, deepmlp's uplink sent top-k
-        0.1 % for 20 steps: docs/BENCHMARKS.md, "Rounds off the PS's loop"). Its codec timings
-        there include the loop's share of the GIL, which only overprices them a little. Without a
-        running loop it runs here, reporting to the policy."""
+        a row read as a *slowed* path (deepmlp's uplink estimate fell 13x and it sent top-k 0.1 %
+        for ~20 steps: docs/BENCHMARKS.md, "Rounds before the choice, and off the PS's loop"). Its
+        codec timings there include the loop's share of the GIL, which only overprices them a
+        little. Without a running loop it runs here, reporting to the policy."""
         loop = _running_loop()
         if loop is None:
             return work(self.policy)
