@@ -56,7 +56,7 @@ DEFAULT_TARGETS = {"digits-cnn": 0.9, "charlm": 0.55, "resnet18-synth": 0.5, "wi
 """Target test accuracy per registered model when --target-accuracy is not given."""
 
 EPILOG = """\
-Policies: none, fp16, fixed:<codec>, dc2, netsenseml-paper, netsense (comma-separated, run in order),
+Policies: none, fp16, fixed:<codec>, dc2, netsenseml-paper, accordion, gravac, netsense (comma-separated, run in order),
 the peers ddp:none, ddp:fp16, ddp:powersgd (PyTorch DDP, gloo over TCP, across kernel tbf links
 in network namespaces: root only, constant rate, no delay; --netns-link sets their spec), and
 netns:<policy>: a NetSense job across those same links. --topology sites (default): one site per

@@ -82,7 +82,7 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
 def add_policy_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policy",
-        help="adaptive policy: none, fp16, fixed:CODEC, dc2, netsenseml-paper, netsense "
+        help="adaptive policy: none, fp16, fixed:CODEC, dc2, netsenseml-paper, accordion, gravac, netsense "
         "(overrides --codec; --codec X is --policy fixed:X)",
     )
     p.add_argument("--ladder", help="levels the policy picks from, least lossy first, e.g. fp32,fp16,qsgd:8,topk:0.01+fp16")
