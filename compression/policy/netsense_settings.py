@@ -15,7 +15,14 @@ class NetsensePolicySettings:
     eps: float = 0.1
     """The least lossy level whose predicted cost (P_l / q_l) is within (1 + eps) of the best one wins."""
     relax_eps: float = 0.05
-    """Stricter tolerance a lighter level must meet to count as headroom (a dead band against flapping)."""
+    """Stricter tolerance a lighter level must meet to count as headroom (a dead band against
+    flapping); the step-time law's (`progress_aware=False`) only: the progress-aware one moves with
+    `move_eps`."""
+    move_eps: float = 0.02
+    """Progress-aware law: a move (the first decision, heavier, or a relax after k steps of headroom)
+    goes to the least lossy level whose cost is within (1 + move_eps) of the best; the committed
+    level then holds while its cost is within (1 + eps). So [move_eps, eps] is the dead band, and
+    a lossy level is not charged for its loss twice (once in q, once by the eps preference)."""
     k: int = 5
     """Consecutive steps of headroom before moving back toward lighter levels."""
     relax_rise: float = 1.5
@@ -96,6 +103,7 @@ class NetsensePolicySettings:
         s, n, top = self, "netsense", levels - 1
         require(s.eps >= 0, n, "eps", s.eps, ">= 0")
         require(0 <= s.relax_eps <= s.eps, n, "relax_eps", s.relax_eps, "in [0, eps]")
+        require(0 <= s.move_eps <= s.eps, n, "move_eps", s.move_eps, "in [0, eps]")
         require(s.k >= 1, n, "k", s.k, ">= 1")
         require(s.max_k >= s.k, n, "max_k", s.max_k, ">= k")
         require(s.relax_rise == 0 or s.relax_rise > 1, n, "relax_rise", s.relax_rise, "0 or > 1")

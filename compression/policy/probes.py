@@ -132,7 +132,7 @@ class Probes:
             return True
         unlimited = predict_steps(levels, request, bandwidth_Bps=math.inf, per_byte_s=host)
         assert self.hold.level is not None
-        return self.hold.law(unlimited, q, self.settings.eps, self.settings.tie_eps)[0] < self.hold.level
+        return self.hold.target(unlimited, q) < self.hold.level
 
     def _probe_level(self, index: int, payload_bytes: int) -> int:
         """The heaviest lighter level whose send is big enough to be a bandwidth sample (a probe too
