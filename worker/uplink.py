@@ -224,6 +224,10 @@ class UplinkController:
         """The norm of this step's local gradient, for a policy that reads it (accordion)."""
         self.policy.observe_gradient(step=self._step, norm=norm)
 
+    def observe_round_norms(self, gradient_norm: float, input_norm: float) -> None:
+        """||g|| and ||g + r|| of this step's candidate round, for a policy that reads them (gravac)."""
+        self.policy.observe_round_norms(step=self._step, gradient_norm=gradient_norm, input_norm=input_norm)
+
     def mark_end(self) -> None:
         """The step finished (also when it was dropped): compute time counts from now."""
         self._last_end = time.perf_counter()

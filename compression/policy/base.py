@@ -71,6 +71,15 @@ class Policy(ABC):
         """The L2 norm of step `step`'s local gradient, before compression and error feedback.
         Default: ignored (only read where `wants_gradient_norm`)."""
 
+    wants_round_norms: bool = False
+    """Whether the uplink should report, with each candidate round, the norms of the step's plain
+    gradient and of the error-feedback-corrected input the round measured (`observe_round_norms`):
+    two passes over the gradient, so only for the policies that read them."""
+
+    def observe_round_norms(self, *, step: int, gradient_norm: float, input_norm: float) -> None:
+        """||g|| and ||g + r|| of step `step`, whose candidate round measures q on g + r next.
+        Default: ignored (only sent where `wants_round_norms`)."""
+
     def observe_costs(
         self, *, level: int, dense_bytes: int, encode_s: float | None = None, decode_s: float | None = None
     ) -> None:

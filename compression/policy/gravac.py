@@ -14,12 +14,14 @@ epoch's end the CF is multiplied by `cfstepsize` (0.5), not past theta_max; when
 compression throughputs seen are within omega (0.05) of each other, the search stops at the more
 compressed of those two CFs.
 
-Ours: the gain is sqrt(q) of the level, q the progress efficiency the worker measures on g + r
-(`Policy.observe_progress`: the candidate rounds this policy asks for with `progress_candidates`,
-and the error-feedback sums of the level just sent), so 1 - ||v - C(v)||^2 / ||v||^2 with
-v = g + r; for a projection (top-k, PowerSGD) that is ||C(v)||^2 / ||v||^2, so sqrt(q) is their
-norm ratio with ||g + r|| for ||g|| in the denominator and the residual of the level sent rather
-than one per candidate. One gain per level, smoothed over its own last `window` figures (theirs
+Ours: the gain is sqrt(q) ||g + r|| / ||g||, q the progress efficiency the worker measures on
+g + r (`Policy.observe_progress`: the candidate rounds this policy asks for with
+`progress_candidates`, and the error-feedback sums of the level just sent), so
+1 - ||v - C(v)||^2 / ||v||^2 with v = g + r; for a projection (top-k, PowerSGD) that is
+||C(v)||^2 / ||v||^2, and the round's ||v|| / ||g|| (`observe_round_norms`) makes it their norm
+ratio. The residual is the level sent's rather than one per candidate. (Until 2026-12-02 the gain
+was sqrt(q) alone: with ||g + r|| for ||g||, the residual of error feedback held every deeper
+factor under epsilon, and runs never left theta_min.) One gain per level, smoothed over its own last `window` figures (theirs
 smooths the numerator and the denominator separately, and the current CF's tracker carries over
 from the previous CF). Steps, not epochs: the factor moves every `interval` steps after the warm-up
 (theirs: once an epoch). The factors are codec specs: by default `topk:<theta>+fp16` from theta_min
@@ -157,6 +159,9 @@ class GravacPolicy(Policy):
         self._steps = 0  # decisions so far (a step each, in both directions)
         self._next_move = s.window  # decision count at which the factor next moves
         self._compute_s = 0.0  # the last request's compute time, for the sends' step times
+        self.inflation = 1.0
+        """||g + r|| / ||g|| of the latest candidate round (`observe_round_norms`; the uplink's:
+        the downlink's rounds measure the update itself, for which the ratio is 1)."""
 
     def gain(self, level: int) -> float | None:
         """The smoothed compression gain of ladder level `level` (1 for the dense level), None unmeasured."""
@@ -167,12 +172,23 @@ class GravacPolicy(Policy):
         """The first `window` steps, or until the first factor has a gain: send that factor."""
         return self._steps < self.settings.window or self.gain(1) is None
 
+    wants_round_norms = True
+
+    def observe_round_norms(self, *, step: int, gradient_norm: float, input_norm: float) -> None:
+        """||g|| and ||g + r|| of the round whose q come next: their ratio turns sqrt(q) =
+        ||C(g + r)|| / ||g + r|| into their gain, ||C(g + r)|| / ||g||. Figures that are not finite,
+        or a zero gradient, leave the last ratio."""
+        ok = all(isinstance(x, (int, float)) and math.isfinite(x) for x in (gradient_norm, input_norm))
+        if ok and gradient_norm > 0 and input_norm >= 0:
+            self.inflation = input_norm / gradient_norm
+
     def observe_progress(self, *, level: int, progress: float) -> None:
-        """q of `level` on g + r; its square root is the level's compression gain."""
+        """q of `level` on g + r; its square root times ||g + r|| / ||g|| (`inflation`) is the
+        level's compression gain, as theirs."""
         if not (isinstance(progress, (int, float)) and math.isfinite(progress) and progress >= 0):
             return  # no evidence of a gain (the encoder zeroes non-finite keys)
         if isinstance(level, int) and 0 < level < len(self.ladder):
-            self.gains[level].add(math.sqrt(min(1.0, float(progress))))
+            self.gains[level].add(math.sqrt(min(1.0, float(progress))) * self.inflation)
 
     def progress_candidates(self, step: int) -> list[int]:
         """The first factor every step (their min-CF compressor), and the factor under evaluation."""

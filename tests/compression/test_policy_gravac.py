@@ -151,6 +151,34 @@ def test_candidate_rounds_feed_the_gain() -> None:
     assert policy.gain(1) == pytest.approx(math.sqrt(0.5), rel=1e-3)
 
 
+def test_the_round_norms_make_the_gain_theirs() -> None:
+    """Their gain is ||C(g + r)|| / ||g||: q on g + r gives ||C(g + r)|| / ||g + r||, and the round's
+    ||g + r|| / ||g|| scales it. A residual that grew g + r's norm by 1.5x lifts q = 0.5 (0.707,
+    under epsilon) to 1.06; q = 0.55 with the ratio 1 stays dense, with 1.2 it sends the factor."""
+    policy = make_policy("gravac", LADDER)
+    assert isinstance(policy, GravacPolicy) and policy.wants_round_norms
+    policy.observe_round_norms(step=0, gradient_norm=2.0, input_norm=3.0)
+    policy.observe_progress(level=1, progress=0.5)
+    assert policy.gain(1) == pytest.approx(1.5 * math.sqrt(0.5))
+    for bad in ((0.0, 1.0), (float("nan"), 1.0), (1.0, float("inf")), (1.0, -1.0)):
+        policy.observe_round_norms(step=1, gradient_norm=bad[0], input_norm=bad[1])
+    assert policy.inflation == 1.5  # bad figures leave the last ratio
+
+    def inflated(ratio: float) -> list[str]:
+        p = make_policy("gravac", LADDER, window=4, interval=100)
+        assert isinstance(p, GravacPolicy)
+        out = []
+        for step in range(10):
+            out.append(_choose(p, step).spec)
+            p.observe_round_norms(step=step, gradient_norm=1.0, input_norm=ratio)
+            for level in p.progress_candidates(step):
+                p.observe_progress(level=level, progress=0.55)
+        return out
+
+    assert inflated(1.0)[4:] == ["fp32"] * 6
+    assert inflated(1.2)[4:] == ["topk:0.1+fp16"] + ["topk:0.05+fp16"] * 5
+
+
 @pytest.mark.parametrize(
     "settings",
     [
