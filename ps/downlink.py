@@ -244,11 +244,14 @@ class DownlinkController:
             return None
         self._chosen_for = version
         now = time.perf_counter()
-        self._finish()
         if self._pending is not None:
+            # Before `_finish`, which pops the deliveries: read after it, comm was always 0, so the
+            # "compute" time held the last update's own delivery and every level's predicted step
+            # carried it twice (wide-mlp: 66-71 ms of "compute" in a 60 ms update cycle).
             interval = now - self._pending[2]
             comm = max(self._sent.get(self._pending[0].step + 1, [0.0]) or [0.0])
             self.loop.time_compute(max(0.0, interval - comm))
+        self._finish()
         link = self.slowest(links)
         if self.loop.compute_s is None:  # nothing timed yet: no basis to trade bytes for time
             link = replace(link, bandwidth_Bps=None)

@@ -58,6 +58,21 @@ def test_fixed_policies_measure_nothing() -> None:
     assert down._snapshot is None and down.measure(PROGRESS_START_VERSION + 1, params, params) == {}
 
 
+def test_compute_time_is_the_update_interval_less_its_delivery(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The time between two choices, less the slowest delivery of the update in between, is the
+    compute time the next decision weighs levels against: the delivery is the level's own cost."""
+    import netsense.ps.downlink as downlink
+
+    clock = iter([10.0, 10.5, 11.0])
+    monkeypatch.setattr(downlink.time, "perf_counter", lambda: next(clock))
+    down = DownlinkController("netsense", ladder=LADDER)
+    down.choose(3, [], 4_000_000)  # at t = 10.0
+    down._sent[4] = [0.1, 0.3]  # update 4 reached the two workers in 0.1 and 0.3 s
+    down.choose(4, [], 4_000_000)  # at t = 10.5: 0.5 s since the last choice, 0.3 of it delivery
+    assert down.loop.compute_s == pytest.approx(0.2)
+    assert 4 not in down._sent  # the deliveries were consumed by the log line of update 4
+
+
 def test_the_update_encode_time_is_the_chosen_levels_cost() -> None:
     """The store's timing of the update it encoded feeds the level the downlink chose for it,
     from its second use on (the first pays set-up); a timing of another version or codec does not."""
