@@ -54,9 +54,19 @@ WINDOW_QUEUE = 4
 class DownlinkController:
     """One PS's adaptive downlink: `choose` before an update is encoded, `sent` per PARAMS reply."""
 
-    def __init__(self, policy: str, *, ladder: str | None = None, decision_log: str | Path | None = None) -> None:
+    def __init__(
+        self, policy: str, *, ladder: str | None = None, decision_log: str | Path | None = None, windows: bool = False
+    ) -> None:
         self.loop = PolicyLoop(build_policy(policy, ladder), direction="down", decision_log=decision_log)
         """The policy and the bookkeeping the uplink shares (compute EWMA, histogram, log)."""
+        self.windows = windows
+        """Whether progress windows price the levels (False: the candidate rounds' one-update q).
+        A window credits what error feedback re-sends within it, which is right for a gradient
+        (mass applied later), not for the downlink: its residual is how far every worker's replica
+        lags the PS's parameters, the point all gradients are taken at, for as long as it persists.
+        Windowed, the downlink chose powersgd:2 and powersgd:1 on convfc and deepmlp and needed
+        1.5-2.5x the updates to reach the target (docs/BENCHMARKS.md, "The downlink's compute
+        time and its q")."""
         self._readers: weakref.WeakKeyDictionary[Any, SignalReader] = weakref.WeakKeyDictionary()
         self._chosen_for: int | None = None
         self._pending: tuple[Decision, LinkState, float] | None = None  # decision, link, chosen at
@@ -139,7 +149,7 @@ class DownlinkController:
         policy on the loop when done; without one they run here. Returns the q measured here per
         level (fed to the policy with the timings; empty when the thread measures)."""
         measured: dict[int, float] = {}
-        if version > 0 and self.loop.window_due(version):  # the window diffs parameters into updates
+        if self.windows and version > 0 and self.loop.window_due(version):  # the window diffs parameters into updates
             self._feed_window(list(params.values()))
         snap, self._snapshot = self._snapshot, None
         if snap is not None and snap[0] + 1 == version and snap[2].keys() == params.keys():

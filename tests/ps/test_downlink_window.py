@@ -14,7 +14,7 @@ LADDER = "fp32,fp16,qsgd:4,powersgd:2,topk:0.01+fp16"
 
 
 def test_a_window_runs_on_consecutive_updates_and_prices_every_lossy_level() -> None:
-    down = DownlinkController("netsense", ladder=LADDER)
+    down = DownlinkController("netsense", ladder=LADDER, windows=True)
     policy = down.policy
     assert isinstance(policy, NetsensePolicy)
     gen = torch.Generator().manual_seed(0)
@@ -36,6 +36,23 @@ def test_a_window_runs_on_consecutive_updates_and_prices_every_lossy_level() -> 
     assert q[1] > 0.999 and q[2] > 0.95 and q[4] < q[2]
 
 
+def test_by_default_the_downlink_prices_levels_by_its_rounds_not_windows() -> None:
+    """The downlink's residual is a lag of every replica, not mass applied later: no window runs
+    (`DownlinkController.windows`), and the candidate rounds' one-update q price the levels."""
+    down = DownlinkController("netsense", ladder=LADDER)
+    policy = down.policy
+    assert isinstance(policy, NetsensePolicy) and not down.windows
+    gen = torch.Generator().manual_seed(0)
+    params = {"w": torch.randn(200, 100, generator=gen), "b": torch.randn(100, generator=gen)}
+    shadow = {k: v.clone() for k, v in params.items()}
+    for version in range(30):
+        down.measure(version, params, shadow)
+        assert down.loop.window is None
+        params = {k: v - 0.01 * torch.randn(v.shape, generator=gen) for k, v in params.items()}
+    assert not any(policy.progress.windowed) and not any(policy.progress.interim)
+    assert all(policy.progress.measured)  # the round at update 2, measured at 3
+
+
 def _updates(versions: int) -> Iterator[dict[str, torch.Tensor]]:
     """The same parameters, updated in place (as the store's optimizer does) after each yield."""
     gen = torch.Generator().manual_seed(1)
@@ -55,13 +72,13 @@ def test_on_a_running_loop_the_window_steps_run_on_the_window_thread_with_the_sa
     import asyncio
     import threading
 
-    here = DownlinkController("netsense", ladder=LADDER)
+    here = DownlinkController("netsense", ladder=LADDER, windows=True)
     for version, params in enumerate(_updates(27)):
         here.measure(version, params, params)
     assert any(here.policy.progress.windowed)
 
     threads: set[str] = set()
-    away = DownlinkController("netsense", ladder=LADDER)
+    away = DownlinkController("netsense", ladder=LADDER, windows=True)
     feed = away.loop.window_due  # the probe is made on the loop; record where its steps run
 
     def due(version: int) -> bool:
