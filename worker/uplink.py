@@ -11,6 +11,7 @@ mid-push redecide.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -64,6 +65,7 @@ class UplinkController:
         self._reader_quic: Any = None
         self._shard_readers: dict[int, tuple[Any, SignalReader]] = {}
         self._last_end: float | None = None
+        self._waited_s = 0.0  # the last step's wait for its update (push acked to update received)
         self._pending: tuple[Decision, LinkState] | None = None
         self._step = 0
         self.last: tuple[Decision, LinkState] | None = None
@@ -134,7 +136,12 @@ class UplinkController:
         """This step's decision; `started` is when `step()` began (perf_counter)."""
         started = time.perf_counter() if started is None else started
         if self._last_end is not None:
-            self.loop.time_compute(max(0.0, started - self._last_end))
+            # Tc is the step less what this direction's level costs (encode and push): the compute
+            # and the last step's wait for its update, which the barrier, the PS and the downlink
+            # take whatever this worker sends. Without the wait (before 2026-12-02) every level's
+            # predicted step was ~60 % of the measured one on wide-mlp, which overstated how much
+            # a lighter push shortens a step.
+            self.loop.time_compute(max(0.0, started - self._last_end) + self._waited_s)
         decision = self.loop.choose(link, payload_bytes=self.payload_bytes, step=self._step)
         self._choose_s = max(0.0, time.perf_counter() - started)
         self._pending = (decision, link)
@@ -151,7 +158,8 @@ class UplinkController:
             return None
         decision, link = self._pending
         self._pending = None
-        encode_s = fields.get("encode_s")
+        encode_s, wire_s = fields.get("encode_s"), fields.get("wire_s")
+        self._waited_s = max(0.0, wire_s - comm_s) if isinstance(wire_s, float) and math.isfinite(wire_s) else 0.0
         if self._step >= STARTUP_STEPS:
             if decision.level is not None and isinstance(encode_s, float):
                 self.loop.observe_encode(decision.level, self.payload_bytes, max(0.0, encode_s - self._choose_s))

@@ -62,3 +62,23 @@ def test_step_encode_time_and_candidate_rounds_become_measured_costs() -> None:
     gen = torch.Generator().manual_seed(0)
     up.measure_progress([2], [torch.randn(300, 200, generator=gen)])  # warmed up, then timed
     assert policy.costs.measured(2) == (True, True) and policy.costs.measured(1) == (False, False)
+
+
+def test_compute_time_holds_the_wait_for_the_update(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Tc is the step less what this direction's level costs: the compute since the last step ended
+    plus that step's wait for its update (wire_s - comm_s: the barrier, the PS and the downlink)."""
+    import netsense.worker.uplink as uplink
+
+    now = [0.0]
+    monkeypatch.setattr(uplink.time, "perf_counter", lambda: now[0])
+    up, _ = controller()
+    link = LinkState(0.0, None, 0.002, 0.002)
+    up.choose(link)
+    up.observe(bytes_sent=S, comm_s=0.2, wire_s=0.5)  # pushed in 0.2 s, the update came 0.3 s later
+    now[0] = 1.0
+    up.mark_end()
+    now[0] = 1.5
+    up.choose(link)  # 0.5 s of compute since the step ended
+    assert up.loop.compute_s == 0.5 + 0.3
+    up.observe(bytes_sent=S, comm_s=0.2)  # no wire time reported: no wait counted
+    assert up._waited_s == 0.0
