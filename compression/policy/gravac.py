@@ -14,29 +14,29 @@ epoch's end the CF is multiplied by `cfstepsize` (0.5), not past theta_max; when
 compression throughputs seen are within omega (0.05) of each other, the search stops at the more
 compressed of those two CFs.
 
-Ours: the gain is sqrt(q) ||g + r|| / ||g||, q the progress efficiency the worker measures on
-g + r (`Policy.observe_progress`: the candidate rounds this policy asks for with
-`progress_candidates`, and the error-feedback sums of the level just sent), so
-1 - ||v - C(v)||^2 / ||v||^2 with v = g + r; for a projection (top-k, PowerSGD) that is
-||C(v)||^2 / ||v||^2, and the round's ||v|| / ||g|| (`observe_round_norms`) makes it their norm
-ratio. The residual is the level sent's rather than one per candidate. (Until 2026-12-02 the gain
-was sqrt(q) alone: with ||g + r|| for ||g||, the residual of error feedback held every deeper
-factor under epsilon, and runs never left theta_min.) One gain per level, smoothed over its own last `window` figures (theirs
-smooths the numerator and the denominator separately, and the current CF's tracker carries over
-from the previous CF). Steps, not epochs: the factor moves every `interval` steps after the warm-up
-(theirs: once an epoch). The factors are codec specs: by default `topk:<theta>+fp16` from theta_min
-down by `step` to theta_max (theirs: fp32 values; ours: the ladder's top-k wire format), or any
-list in `levels`; they and `dense` make this policy's own ladder (the configured one lends only its
-calibration). Throughput: 1 / (compute_s + comm_s) of each send (`Policy.observe`), smoothed like
-the gain (theirs: the step's last value). Their published code's move compares kept fractions the
-wrong way round (theta_min jumps to theta_max) and would otherwise always set min_cf * cfstepsize,
-and after the warm-up it sends nothing while the CF is theta_min; we multiply the current factor
-by `step` and apply the same gain rule at theta_min. The paper's other scaling policy and its
-multi-level compression are not in their code (its README: multi-level "still needs
-implementation") and are not here; the rule above was read in the code, the paper only in its
-summary. The uplink feeds the gains and the send times; the PS's
-downlink feeds candidate rounds on its parameter updates and its send times too. A direction that
-feeds no gain holds theta_min (the warm-up level). The link is not consulted beyond the send times.
+Ours: the gain is sqrt(q) ||g + r|| / ||g||, q the progress efficiency the worker measures on g + r
+(`Policy.observe_progress`: the candidate rounds this policy asks for with `progress_candidates`,
+and the error-feedback sums of the level just sent), so 1 - ||v - C(v)||^2 / ||v||^2 with v = g + r;
+for a projection (top-k, PowerSGD) that is ||C(v)||^2 / ||v||^2, and the round's ||v|| / ||g||
+(`observe_round_norms`) makes it their norm ratio. The residual is the level sent's rather than one
+per candidate. (Until 2026-12-02 the gain was sqrt(q) alone: with ||g + r|| for ||g||, the residual
+of error feedback held every deeper factor under epsilon, and runs never left theta_min.) One gain
+per level, smoothed over its own last `window` figures (theirs smooths the numerator and the
+denominator separately, and the current CF's tracker carries over from the previous CF). Steps, not
+epochs: the factor moves every `interval` steps after the warm-up (theirs: once an epoch). The
+factors are codec specs: by default `topk:<theta>+fp16` from theta_min down by `step` to theta_max
+(theirs: fp32 values; ours: the ladder's top-k wire format), or any list in `levels`; they and
+`dense` make this policy's own ladder (the configured one lends only its calibration). Throughput:
+1 / (compute_s + comm_s) of each send (`Policy.observe`), smoothed like the gain (theirs: the step's
+last value). Their published code's move compares kept fractions the wrong way round (theta_min
+jumps to theta_max) and would otherwise always set min_cf * cfstepsize, and after the warm-up it
+sends nothing while the CF is theta_min; we multiply the current factor by `step` and apply the same
+gain rule at theta_min. The paper's other scaling policy and its multi-level compression are not in
+their code (its README: multi-level "still needs implementation") and are not here; the rule above
+was read in the code, the paper only in its summary. The uplink feeds the gains and the send times;
+the PS's downlink feeds candidate rounds on its parameter updates and its send times too. A
+direction that feeds no gain holds theta_min (the warm-up level). The link is not consulted beyond
+the send times.
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ class NetsensePolicySettings:
     """Settings of our policy; one place for its defaults (docs/POLICIES.md explains each)."""
 
     eps: float = 0.1
-    """The least lossy level whose predicted cost (P_l / q_l) is within (1 + eps) of the best one wins."""
+    """Progress-aware: how far above the best cost (P_l / q_l) the committed level's may drift
+    before it moves (`move_eps` says where to). Step-time law: the least lossy level whose
+    predicted step is within (1 + eps) of the best wins."""
     relax_eps: float = 0.05
     """Stricter tolerance a lighter level must meet to count as headroom (a dead band against
     flapping); the step-time law's (`progress_aware=False`) only: the progress-aware one moves with
