@@ -112,19 +112,16 @@ class GradientEncoder:
         candidates = self.uplink.progress_candidates()
         if not candidates:
             return
-        tensors, g_sq = [], 0.0
-        norms = self.uplink.policy.wants_round_norms
+        tensors = []
         for slot in self.slots:
             if slot.param.grad is None:
                 continue
             g = slot.view(slot.param.grad).float()
             r = self.feedback.residual(slot.key) if self.feedback is not None else None
             tensors.append(g + r if r is not None and r.shape == g.shape else g)
-            if norms:
-                g_sq += float(torch.dot(g.reshape(-1), g.reshape(-1)))
-        if norms:
+        if self.uplink.policy.wants_round_norms:
             v_sq = sum(float(torch.dot(v.reshape(-1), v.reshape(-1))) for v in tensors)
-            self.uplink.observe_round_norms(g_sq**0.5, v_sq**0.5)
+            self.uplink.observe_round_norms(self.gradient_norm(), v_sq**0.5)
         self.uplink.measure_progress(candidates, tensors)
 
     def gradient_norm(self) -> float:

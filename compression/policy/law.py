@@ -75,11 +75,13 @@ class LevelHold:
         return self.law(preds, q, s.move_eps, s.tie_eps * s.move_eps / s.eps if s.eps > 0 else 0.0)[0]
 
     def holds(self, current: int, preds: list[float], q: list[float]) -> bool:
-        """Progress-aware: whether the committed level may stay: its cost within (1 + eps) of the
+        """Whether the committed level may stay. Progress-aware: its cost within (1 + eps) of the
         best, and no level of equal progress (q within `progress_tol`) faster by more than
-        `tie_eps` (fp16 is never given away for fp32). The law's own set is narrower: it keeps
-        only the most progressive levels of the eps band."""
+        `tie_eps` (fp16 is never given away for fp32); the law's own set is narrower: it keeps
+        only the most progressive levels of the eps band. Step-time law: it is in the law's set."""
         s = self.settings
+        if not s.progress_aware:
+            return current in self.law(preds, q, s.eps, s.tie_eps)[1]
         cost = [p / qi for p, qi in zip(preds, q)]
         if cost[current] > (1 + s.eps) * min(cost):
             return False
@@ -91,9 +93,7 @@ class LevelHold:
         used); return the reason."""
         s = self.settings
         best = min(p / q[i] for i, p in enumerate(preds))
-        target, ok = self.law(preds, q, s.eps, s.tie_eps)
-        if s.progress_aware:
-            target = self.target(preds, q)  # (without progress awareness it is the eps law's pick)
+        target = self.target(preds, q)
         if self.level is None:
             self.set_level(target)
             return f"law: C*={best:.4g}s"
@@ -106,7 +106,7 @@ class LevelHold:
             if self.since_relax >= self.k_now:  # the relax held: trust relaxing a bit sooner again
                 self.k_now = max(s.k, self.k_now // 2)
                 self.since_relax = None
-        fits = self.holds(current, preds, q) if s.progress_aware else current in ok
+        fits = self.holds(current, preds, q)
         if not fits and target > current:
             self.go_heavier(target, bw)
             return f"heavier: C_{current}={preds[current] / q[current]:.4g}s, C*={best:.4g}s"
