@@ -108,6 +108,7 @@ class Policy(ABC):
         progress_levels: tuple[float, ...] | None = None,
         per_byte_s: float = 0.0,
         predicted_levels: tuple[float, ...] | None = None,
+        jitter: float | None = None,
     ) -> Decision:
         """The decision to send `level` for `request`, with its prediction at `bandwidth_Bps`."""
         comm = step_s = None
@@ -131,4 +132,5 @@ class Policy(ABC):
             progress_levels=progress_levels,
             predicted_levels=predicted_levels,
             per_byte_s=per_byte_s,
+            jitter=jitter,
         )

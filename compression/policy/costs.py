@@ -7,6 +7,8 @@ Two figures the step-time model needs and the ladder can only guess:
   cores, its encode alone measured ~50 s/MB (7.5 ms for 153 kB), more than fp16 saves in bytes on
   an unshaped or 100 Mbit/s path. Each level starts from the ladder's figures (defaults or
   `Ladder.calibrate`) and switches to what was measured as soon as one timing arrives.
+- `StepJitter`: how much the measured step varies from one step to the next, the noise floor
+  under which two levels' predicted costs cannot be told apart.
 - `TransportCost`: seconds per wire byte as the application sees the transport. Loopback QUIC in
   Python is CPU-bound (~40-100 MB/s per connection: docs/ARCHITECTURE.md, "Measured aioquic
   facts"), so bytes cost time even where no link limits, and the bandwidth estimate (delivery
@@ -221,3 +223,29 @@ class TransportCost:
         """1 / c: the rate at which one more byte moves, None when unknown or free."""
         c = self.s_per_byte(now_s)
         return 1.0 / c if c else None
+
+
+JITTER_MIN_SAMPLES = 4
+"""Step times `StepJitter` needs before it reports anything but 0."""
+
+
+class StepJitter:
+    """The median relative deviation of the last `window` measured step times: |t - m| / m, m their
+    median. The codec and transport timings behind every P_l are medians of a few samples taken
+    under this noise, so a difference in predicted cost below it is not evidence (`LevelHold.target`).
+    0 until `JITTER_MIN_SAMPLES` steps were seen; `window` 0 keeps it 0."""
+
+    def __init__(self, window: int) -> None:
+        self._steps: deque[float] = deque(maxlen=max(window, 1))
+        self._on = window > 0
+        self.value = 0.0
+        """The current relative jitter (0 while unknown)."""
+
+    def observe(self, step_s: float) -> None:
+        """One measured step (compute plus the send); non-finite or non-positive ones are ignored."""
+        if not self._on or not (math.isfinite(step_s) and step_s > 0):
+            return
+        self._steps.append(step_s)
+        if len(self._steps) >= JITTER_MIN_SAMPLES:
+            m = statistics.median(self._steps)
+            self.value = statistics.median(abs(t - m) for t in self._steps) / m

@@ -99,6 +99,8 @@ class Decision:
     log shows why a level won: its cost is P_l / q_l. None when no prediction was made."""
     per_byte_s: float | None = None
     """Measured transport seconds per wire byte (c) the predictions used; 0 while unknown."""
+    jitter: float | None = None
+    """The measured step's relative jitter, the floor of a move's band (netsense), else None."""
 
     def request(self, link: LinkState) -> ChooseRequest:
         """The request this decision answered, asked again on the path as `link` shows it now."""
@@ -135,6 +137,7 @@ class Decision:
             if self.predicted_levels is None
             else [_json_safe(round(p, 4)) for p in self.predicted_levels],
             "per_byte_s": self.per_byte_s,
+            "jitter": self.jitter,
             "bw_Bps": link.bandwidth_Bps,
             "min_rtt_s": link.min_rtt_s,
             "srtt_s": link.srtt_s,

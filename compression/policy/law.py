@@ -2,8 +2,8 @@
 
 Cost C_l = P_l / q_l is time per unit of progress; the law for a tolerance x accepts the levels
 within (1 + x) of the best cost and picks the least lossy among the most progressive of them.
-`LevelHold` commits to a level: a move goes to the law's pick with `move_eps` (2 %), and the
-committed level holds while its cost is within `eps` (10 %) of the best: heavier at once when it
+`LevelHold` commits to a level: a move goes to the law's pick with `move_eps` (2 %), or the step's
+measured jitter where that is larger (`jitter`, at most eps), and the committed level holds while its cost is within `eps` (10 %) of the best: heavier at once when it
 does not, lighter only after k steps of headroom, with k backing off when a relax is soon undone.
 Without progress awareness (q = 1, the step-time law) moves use `eps` and headroom the stricter
 `relax_eps`.
@@ -41,6 +41,8 @@ class LevelHold:
         """Steps since the last relax, while it is on probation (None: not on probation)."""
         self.low_bw: float | None = None
         """The lowest bandwidth seen at the committed level."""
+        self.jitter = 0.0
+        """The step's measured relative jitter (the policy sets it): a move's band is at least it."""
 
     def law(self, preds: list[float], q: list[float], eps: float, tie_eps: float) -> tuple[int, list[int]]:
         """The levels the law accepts (ascending) and its pick, the first of them, for step-time
@@ -68,11 +70,16 @@ class LevelHold:
         `move_eps`. q prices each level's loss already, so there eps is only how far the committed
         level may drift from the best cost (`holds`). Picking the least lossy level of the eps band
         at every move charged the loss twice: on wide-mlp each direction held powersgd:4 at 6 % over
-        powersgd:2's cost, and the two directions' choices compounded to a 1.3x slower step."""
+        powersgd:2's cost, and the two directions' choices compounded to a 1.3x slower step.
+        The band is never narrower than the step's measured `jitter` (capped at eps): the codec and
+        transport timings behind P_l are taken under that noise, so smaller differences in cost are
+        not evidence. On loopback, where every P_l is compute plus a few ms, predictions 4-6 % apart
+        picked powersgd:4 (q 0.98) over fp16, yet it measured 5 ms slower and behind in loss."""
         s = self.settings
         if not s.progress_aware:
             return self.law(preds, q, s.eps, s.tie_eps)[0]
-        return self.law(preds, q, s.move_eps, s.tie_eps * s.move_eps / s.eps if s.eps > 0 else 0.0)[0]
+        band = min(s.eps, max(s.move_eps, self.jitter))
+        return self.law(preds, q, band, s.tie_eps * band / s.eps if s.eps > 0 else 0.0)[0]
 
     def holds(self, current: int, preds: list[float], q: list[float]) -> bool:
         """Whether the committed level may stay. Progress-aware: its cost within (1 + eps) of the

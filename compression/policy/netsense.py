@@ -16,7 +16,7 @@ from ..progress import DEFAULT_SAMPLE_NUMEL
 from ..window import WINDOW_SAMPLE_NUMEL, WindowResult, sees_whole_keys
 from .bandwidth import BandwidthEstimate
 from .base import Policy
-from .costs import CodecCosts, TransportCost
+from .costs import CodecCosts, StepJitter, TransportCost
 from .decision import ChooseRequest, Decision, SendReport, predict_steps
 from .ladder import NOMINAL_NUMEL, Ladder, Level
 from .law import LevelHold
@@ -54,6 +54,9 @@ class NetsensePolicy(Policy):
         """The committed level and its hysteresis."""
         self.probes = Probes(s, ladder, self.hold, self.bandwidth, self.transport)
         """When to send a step lighter (probe) or heavier (exploration) than the committed level."""
+        self.jitter = StepJitter(s.jitter_window)
+        """The measured step's relative jitter: the floor of a move's band (`LevelHold.target`)."""
+        self._compute_s: float | None = None  # Tc of the last decision, for its step's measured time
         self._decisions = 0
         self._predicted_wire_s: float | None = None  # of the last decision with a known bandwidth
         self._last_send_slow = False  # the last send took much longer than predicted
@@ -105,6 +108,7 @@ class NetsensePolicy(Policy):
         if link.min_rtt_s is not None:
             self._min_rtt_s = link.min_rtt_s
         self._payload_bytes, self._queue_s, self._now_s = request.payload_bytes, link.queue_delay_s, link.time_s
+        self._compute_s = request.compute_s
         bw = self.effective_bandwidth(link)
         levels = self._levels_now()
         per_byte = self._per_byte_s()
@@ -178,6 +182,9 @@ class NetsensePolicy(Policy):
         """Adds an application bandwidth sample (bytes over comm time less one min RTT)."""
         level, bytes_sent, comm_s = report.level, report.bytes_sent, report.comm_s
         predicted, self._predicted_wire_s = self._predicted_wire_s, None
+        if self._compute_s is not None:
+            self.jitter.observe(self._compute_s + comm_s)
+            self.hold.jitter = self.jitter.value
         self._last_send_slow = predicted is not None and comm_s > 1.5 * predicted + 0.005
         self.bandwidth.add_app_sample(
             bytes_sent=bytes_sent, comm_s=comm_s, min_rtt_s=self._min_rtt_s, app_limited=bool(report.app_limited)
@@ -289,6 +296,7 @@ class NetsensePolicy(Policy):
             progress_levels=tuple(self.progress.values),
             per_byte_s=per_byte,
             predicted_levels=None if preds is None else tuple(preds),
+            jitter=self.hold.jitter,
         )
 
     def _levels_now(self) -> list[Level]:

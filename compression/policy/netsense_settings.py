@@ -24,7 +24,13 @@ class NetsensePolicySettings:
     """Progress-aware law: a move (the first decision, heavier, or a relax after k steps of headroom)
     goes to the least lossy level whose cost is within (1 + move_eps) of the best; the committed
     level then holds while its cost is within (1 + eps). So [move_eps, eps] is the dead band, and
-    a lossy level is not charged for its loss twice (once in q, once by the eps preference)."""
+    a lossy level is not charged for its loss twice (once in q, once by the eps preference).
+    The band widens to the step's measured jitter (`jitter_window`), never beyond eps."""
+    jitter_window: int = 8
+    """Measured step times (compute plus the send) whose median relative deviation is the step's
+    jitter: a move's band is max(move_eps, jitter), capped at eps. Costs that differ by less than
+    the noise the codec and transport timings were taken under are not told apart by them, so the
+    least lossy of those levels wins (0: move_eps alone)."""
     k: int = 5
     """Consecutive steps of headroom before moving back toward lighter levels."""
     relax_rise: float = 1.5
@@ -106,6 +112,7 @@ class NetsensePolicySettings:
         require(s.eps >= 0, n, "eps", s.eps, ">= 0")
         require(0 <= s.relax_eps <= s.eps, n, "relax_eps", s.relax_eps, "in [0, eps]")
         require(0 <= s.move_eps <= s.eps, n, "move_eps", s.move_eps, "in [0, eps]")
+        require(s.jitter_window >= 0, n, "jitter_window", s.jitter_window, ">= 0")
         require(s.k >= 1, n, "k", s.k, ">= 1")
         require(s.max_k >= s.k, n, "max_k", s.max_k, ">= k")
         require(s.relax_rise == 0 or s.relax_rise > 1, n, "relax_rise", s.relax_rise, "0 or > 1")

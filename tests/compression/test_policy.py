@@ -636,6 +636,36 @@ def test_progress_aware_moves_to_the_cheapest_and_holds_within_eps() -> None:
     assert run_aware(p, [400])[0] in (qsgd8, qsgd8 + 1)  # type: ignore[operator]
 
 
+def test_a_jittery_step_widens_the_move_band_to_the_least_lossy_level() -> None:
+    """At 400 Mbit/s qsgd:4 has the best cost, qsgd:8's is 1.6 % and fp16's 4 % above it. With
+    steady measured steps a move goes within move_eps: qsgd:8. Once the steps vary by 4-8 %
+    (compute +-8 %, plus the send), fp16's 4 % is inside the noise the costs were measured
+    under, and the move (here a relax from top-k 10 % after k steps of headroom) goes to the least
+    lossy level within that band, fp16. The band never passes eps: at 30 % jitter it is 10 %."""
+    fp16, qsgd8, topk10 = 1, 2, 4
+
+    def relax_after(jitter: float) -> int | None:
+        p = aware(probe_interval=0, probe_interval_s=0)
+        for step in range(12):
+            tc = TC * (1 + (jitter if step % 2 else -jitter)) if step else TC
+            d = p.choose(ChooseRequest(link=link(400, t=float(step)), payload_bytes=S, compute_s=tc, step=step))
+            if step == 0:
+                assert d.level == qsgd8  # no step measured yet: move_eps
+            comm_s = d.predicted_bytes / (400 * MBIT) + RTT
+            p.observe(SendReport(step=step, level=d.level, bytes_sent=d.predicted_bytes, comm_s=comm_s, app_limited=False))
+        assert p.hold.jitter == 0.0 if jitter == 0 else 0.04 < p.hold.jitter <= jitter  # the send dilutes it
+        p.level = topk10
+        return run_aware(p, [400] * (p.k_now + 1))[-1]
+
+    assert relax_after(0.0) == qsgd8
+    assert relax_after(0.08) == fp16
+    hold = aware().hold
+    preds, q = [1.25, 0.9975, 0.9], [1.0, 0.95, 0.9]  # costs 1.25, 1.05, 1.0
+    assert hold.target(preds, q) == 2
+    hold.jitter = 0.3
+    assert hold.target(preds, q) == 1  # capped at eps = 0.1; 0.3 would reach level 0
+
+
 def test_the_committed_level_gives_way_to_an_equally_progressive_faster_one() -> None:
     """Within the eps band a level holds, except against a level of equal q that is faster by more
     than tie_eps: fp32 committed (after a probe, say) where fp16 is 4 % faster goes back at once."""
@@ -705,7 +735,7 @@ def test_measured_progress_moves_the_choice() -> None:
     assert rec["progress"] == 0.3 and rec["progress_levels"] == [1.0, 1.0, 0.97, 0.3]
     # The log shows why: every level's P_l, and the chosen one's P / q is the cheapest.
     costs = [pl / q for pl, q in zip(rec["predicted_levels"], rec["progress_levels"])]
-    assert len(costs) == 4 and costs[3] == min(costs) and rec["per_byte_s"] == 0.0
+    assert len(costs) == 4 and costs[3] == min(costs) and rec["per_byte_s"] == 0.0 and rec["jitter"] == 0.0
     json.dumps(rec, allow_nan=False)
     assert p.progress_candidates(50) == [1, 2, 3] and p.progress_candidates(10) == []
     assert aware(progress_every=0).progress_candidates(0) == []

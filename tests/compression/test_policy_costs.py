@@ -11,7 +11,7 @@ import pytest
 
 import netsense.compression  # noqa: F401  (registers the real codecs the ladder names)
 from netsense.compression.policy import ChooseRequest, NetsensePolicy, SendReport, make_policy
-from netsense.compression.policy.costs import CodecCosts, TransportCost
+from netsense.compression.policy.costs import CodecCosts, StepJitter, TransportCost
 from netsense.compression.policy.ladder import DEFAULT_LADDER, Ladder
 from netsense.compression.policy.link import LinkState
 
@@ -323,3 +323,33 @@ def test_no_flapping_with_noisy_costs_and_link() -> None:
                 changes += 1
             last = p.level
         assert changes <= 2, (rate, changes)
+
+
+# --- StepJitter ---------------------------------------------------------------------------------
+
+
+def test_step_jitter_is_the_median_relative_deviation() -> None:
+    """Steady steps give 0; steps alternating +-15 % around 0.2 s give 0.15; one stall among
+    steady steps moves nothing (a median, not a mean); nothing before four steps."""
+    j = StepJitter(8)
+    for t in (0.2, 0.2, 0.2):
+        j.observe(t)
+    assert j.value == 0.0
+    for _ in range(8):
+        j.observe(0.2)
+    j.observe(2.0)  # a scheduler stall
+    assert j.value == 0.0
+    for i in range(8):
+        j.observe(0.2 * (1.15 if i % 2 else 0.85))
+    assert j.value == pytest.approx(0.15)
+
+
+def test_step_jitter_ignores_bad_figures_and_can_be_off() -> None:
+    j = StepJitter(4)
+    for t in (0.1, 0.2, float("nan"), float("inf"), -1.0, 0.0, 0.1, 0.2):
+        j.observe(t)
+    assert j.value == pytest.approx(0.05 / 0.15)  # 0.1, 0.2, 0.1, 0.2: median 0.15
+    off = StepJitter(0)
+    for t in (0.1, 0.3, 0.1, 0.3, 0.1):
+        off.observe(t)
+    assert off.value == 0.0
