@@ -365,6 +365,38 @@ def test_failed_ddp_row_is_recorded_and_the_bench_goes_on(tmp_path: Path, monkey
     assert "`ddp:fp16` failed: " in (out / "results.md").read_text()
 
 
+def test_a_rank_that_fails_is_named_before_the_peer_it_took_down() -> None:
+    """Rank 1 raises; rank 0 aborts on the lost connection first (seen in a CI-like run: the report
+    named only rank 0's "Connection closed by peer"). The report names both, the cause first, and
+    no rank is left running."""
+    import subprocess
+    import sys
+    import threading
+
+    from netsense.bench import ddp_baseline
+    from netsense.errors import ProcessFailed
+
+    lost = "import sys; sys.stderr.write('what():  [pair.cc:553] Connection closed by peer [10.0.0.2]:7336\\n'); sys.exit(134)"
+    cause = "import sys, time; time.sleep(0.5); sys.stderr.write('RuntimeError: injected crash at step 3\\n'); sys.exit(1)"
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for code in (lost, cause)]  # fmt: skip
+    outs: list[list[str]] = [[], []]
+    errs: list[list[str]] = [[], []]
+    readers = []
+    for p, out, err in zip(procs, outs, errs):
+        readers += [threading.Thread(target=ddp_baseline._pump, args=(p.stdout, out), daemon=True),
+                    threading.Thread(target=ddp_baseline._pump, args=(p.stderr, err), daemon=True)]  # fmt: skip
+    for t in readers:
+        t.start()
+    with pytest.raises(ProcessFailed) as e:
+        ddp_baseline._supervise(procs, outs, errs, readers, hook="fp16", max_time_s=30.0)
+    message = str(e.value)
+    assert message.index("DDP rank 1 (fp16) exited with status 1: RuntimeError: injected crash") < message.index(
+        "DDP rank 0 (fp16) exited with status 134"
+    )
+    assert all(p.poll() is not None for p in procs)
+
+
 def test_hung_ddp_row_is_stopped_and_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A rank blocked in a collective never reports the step past --max-time: the hang guard ends it."""
     _needs_netns()

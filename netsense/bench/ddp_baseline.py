@@ -38,6 +38,12 @@ HANG_GRACE_S = 120.0
 """Seconds past `run_ddp`'s ``max_time_s`` (start-up, the last step, the last eval) before ranks that
 have not ended are taken for hung: a rank blocked in a collective never reports the step that
 would stop the run at its time limit."""
+FAIL_GRACE_S = 5.0
+"""After a rank fails, how long the others get to end on their own before they are stopped: a rank
+that raises takes its peers down with it ("Connection closed by peer"), and the peer's abort can
+be seen first; the report names every rank that failed, the cause first."""
+PEER_LOSS = ("Connection closed by peer", "Connection reset by peer")
+"""gloo's words for a peer that went away: an effect of another rank's failure, reported after it."""
 
 
 def _net_bytes() -> tuple[int, int]:
@@ -224,13 +230,8 @@ def _supervise(
     deadline = time.monotonic() + max_time_s + HANG_GRACE_S
     while True:
         codes = [p.poll() for p in procs]
-        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-        if failed:
-            for r, _ in failed:
-                readers[2 * r + 1].join(timeout=2.0)  # the rank's last words
-            stop_processes(procs)
-            raise ProcessFailed("; ".join(f"DDP rank {r} ({hook}) exited with status {c}: {_last_error(errs[r])}"
-                                          for r, c in failed))  # fmt: skip
+        if any(c not in (None, 0) for c in codes):
+            raise ProcessFailed(_failure(procs, errs, readers, hook=hook))
         if all(c == 0 for c in codes):
             return
         step_lines = (line for line in reversed(outs[0]) if '"event": "step"' in line and line.endswith("\n"))
@@ -245,6 +246,25 @@ def _supervise(
             raise ProcessFailed(f"DDP ranks ({hook}) still ran {max_time_s:g} s + {HANG_GRACE_S:g} s after they "
                                 f"started, rank 0 at step {step}: hung")  # fmt: skip
         time.sleep(0.2)
+
+
+def _failure(procs: list[subprocess.Popen[str]], errs: list[list[str]], readers: list[threading.Thread], *, hook: str) -> str:
+    """Why the run failed, once one rank has: the others get `FAIL_GRACE_S` to end on their own
+    (then all are stopped), and every rank that failed is named, those whose last error is only a
+    lost peer (`PEER_LOSS`) after the rest."""
+    from netsense.launch.launcher import stop_processes
+
+    deadline = time.monotonic() + FAIL_GRACE_S
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    codes = [p.poll() for p in procs]
+    stop_processes(procs)
+    failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+    for r in failed:
+        readers[2 * r + 1].join(timeout=2.0)  # the rank's last words
+    why = {r: _last_error(errs[r]) for r in failed}
+    failed.sort(key=lambda r: any(words in why[r] for words in PEER_LOSS))
+    return "; ".join(f"DDP rank {r} ({hook}) exited with status {codes[r]}: {why[r]}" for r in failed)
 
 
 def figures(events: dict[int, list[dict[str, Any]]], *, link: str, target: float, global_batch: int) -> dict[str, Any]:
