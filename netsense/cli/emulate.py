@@ -10,7 +10,7 @@ import sys
 
 from netsense.errors import ConfigError
 from netsense.transport.emulation.emulator import EmulatorStats, LinkEmulator
-from netsense.transport.emulation.linkspec import parse_link
+from netsense.transport.emulation.linkspec import DuplexSpec, parse_link
 
 EPILOG = """\
 Spec fields (comma-separated, for both directions unless prefixed up. or down.):
@@ -72,6 +72,11 @@ def format_stats(stats: EmulatorStats, previous: EmulatorStats | None = None) ->
     return "\n".join(lines) + f"\n{'':9} clients {stats.clients}"
 
 
+def _restart(emu: LinkEmulator, spec: DuplexSpec) -> None:
+    emu.set_spec(spec)
+    print("trace restarted at its time 0", flush=True)
+
+
 async def _serve(args: argparse.Namespace) -> None:
     spec = parse_link(args.link, trace=args.trace)
     stop = asyncio.Event()
@@ -79,6 +84,10 @@ async def _serve(args: argparse.Namespace) -> None:
     with contextlib.suppress(NotImplementedError):  # not on Windows
         loop.add_signal_handler(signal.SIGTERM, stop.set)
     async with LinkEmulator(upstream=args.upstream, spec=spec, listen=args.listen) as emu:
+        with contextlib.suppress(NotImplementedError):
+            # SIGUSR1 restarts a trace at its time 0 (`netsense launch` sends it at the first step,
+            # so every run meets the trace from the same point however long its set-up took).
+            loop.add_signal_handler(signal.SIGUSR1, _restart, emu, spec)
         host, port = emu.address
         upstream = f"{args.upstream[0]}:{args.upstream[1]}"
         print(f"emulating {spec.describe()}\nlistening on {host}:{port} -> {upstream}", flush=True)

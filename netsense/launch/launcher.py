@@ -41,6 +41,7 @@ from netsense.launch.shardcheck import check_shards
 from netsense.launch.sites import format_sites, rank_sites, shard_sites
 from netsense.models import check_model
 from netsense.transport.emulation.linkspec import parse_link
+from netsense.transport.emulation.traces import ConstantRate
 from netsense.transport.tls import LOOPBACK_MAX_DATAGRAM_SIZE, TransportSettings
 from netsense.worker.device import resolve_device
 
@@ -256,6 +257,7 @@ class Launcher:
         relays: list[subprocess.Popen[str]] | None = None,
     ) -> None:
         """Forward events until every worker exits 0; raise at the first process that fails."""
+        restarted = False  # the emulators' traces, at the first step (`_restart_traces`)
         while True:
             try:
                 rank, event = events.get(timeout=0.2)
@@ -264,6 +266,9 @@ class Launcher:
                 elif event.get("event") == "metrics":
                     self.metrics_ports["workers"].append(int(event["port"]))
                 event_log.write(strict_json({"t": time.time(), "rank": rank, **event}) + "\n")
+                if event.get("event") == "step" and emulators and not restarted:
+                    restarted = True
+                    self._restart_traces(emulators)
                 self.on_event(rank, event)
             except queue.Empty:
                 pass
@@ -372,6 +377,19 @@ class Launcher:
             path = Path(configured)
             return str(path.with_name(f"{path.stem}-{rank}{path.suffix or '.jsonl'}"))
         return str(self.run_dir / f"decisions-up-{rank}.jsonl")
+
+    def _restart_traces(self, emulators: list[subprocess.Popen[str]]) -> None:
+        """Restart a time-varying link at its time 0 (SIGUSR1 to `netsense emulate`), once, when the
+        first step is reported: the trace's clock ran from the emulator's start, so a run whose
+        set-up took seconds longer met it in another phase (on the matrix's looping step link,
+        netsense's first steps fell in the 10 Mbit/s phase where fixed powersgd:2's fell in the
+        50 Mbit/s one). Now every run meets the trace one step in. Constant links are left alone."""
+        rate = parse_link(self.link or "", trace=self.trace).up.rate
+        if rate is None or isinstance(rate, ConstantRate):
+            return
+        for emulator in emulators:
+            if emulator.poll() is None:
+                emulator.send_signal(signal.SIGUSR1)
 
     def _start_emulator(self, ps_port: int, timeout_s: float = 30.0) -> tuple[subprocess.Popen[str], int]:
         """`netsense emulate` between the workers and the PS; returns it and the port it listens on."""

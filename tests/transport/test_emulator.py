@@ -452,6 +452,46 @@ def test_cli_help_has_an_example_and_checks_addresses(capsys: pytest.CaptureFixt
         parser.parse_args(["emulate", "--upstream", "nowhere"])
 
 
+def test_cli_restarts_its_trace_on_sigusr1() -> None:
+    """`netsense launch` sends SIGUSR1 at the first step so every run meets a trace from its time 0.
+    Here 3 s at 8 kbit/s, then 100 Mbit/s: past 3 s a 1000-byte datagram crosses at once; after
+    the restart it waits ~1 s for the slow phase's capacity again."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    server.bind(("127.0.0.1", 0))
+    server.settimeout(10.0)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CLI, "emulate", "--upstream", f"127.0.0.1:{server.getsockname()[1]}",
+         "--link", "rate=0s:8kbit,3s:100mbit,600s:loop", "--stats-every", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default,
+    )  # fmt: skip
+    client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+
+    def crossing_s(address: tuple[str, int]) -> float:
+        t0 = time.monotonic()
+        client.sendto(b"x" * 1000, address)
+        assert len(server.recv(2000)) == 1000
+        return time.monotonic() - t0
+
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()
+        host, port = proc.stdout.readline().split()[2].rsplit(":", 1)
+        time.sleep(3.5)  # into the fast phase (the trace's clock started before the line was printed)
+        assert crossing_s((host, int(port))) < 0.5
+        proc.send_signal(signal.SIGUSR1)
+        assert proc.stdout.readline().strip() == "trace restarted at its time 0"
+        assert crossing_s((host, int(port))) > 0.5
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=10)
+    finally:
+        client.close()
+        server.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0
+
+
 def test_cli_relays_prints_counters_and_stops_on_ctrl_c() -> None:
     server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     server.bind(("127.0.0.1", 0))
