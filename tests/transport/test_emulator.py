@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import random
 import signal
@@ -16,7 +17,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -452,71 +453,66 @@ def test_cli_help_has_an_example_and_checks_addresses(capsys: pytest.CaptureFixt
         parser.parse_args(["emulate", "--upstream", "nowhere"])
 
 
+@contextlib.contextmanager
+def _cli_emulator(
+    link: str, *, stats_every: str, timeout_s: float
+) -> Iterator[tuple[socket.socket, socket.socket, subprocess.Popen[str], tuple[str, int], str]]:
+    """A UDP server, a client and `netsense emulate` relaying between them over `link`, with the
+    address it listens on and its first line; everything is closed or killed on the way out."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    server.bind(("127.0.0.1", 0))
+    server.settimeout(timeout_s)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CLI, "emulate", "--upstream", f"127.0.0.1:{server.getsockname()[1]}",
+         "--link", link, "--stats-every", stats_every],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default,
+    )  # fmt: skip
+    client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        host, port = proc.stdout.readline().split()[2].rsplit(":", 1)
+        yield server, client, proc, (host, int(port)), first
+    finally:
+        client.close()
+        server.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def test_cli_restarts_its_trace_on_sigusr1() -> None:
     """`netsense launch` sends SIGUSR1 at the first step so every run meets a trace from its time 0.
     Here 3 s at 8 kbit/s, then 100 Mbit/s: past 3 s a 1000-byte datagram crosses at once; after
     the restart it waits ~1 s for the slow phase's capacity again."""
-    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    server.bind(("127.0.0.1", 0))
-    server.settimeout(10.0)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _CLI, "emulate", "--upstream", f"127.0.0.1:{server.getsockname()[1]}",
-         "--link", "rate=0s:8kbit,3s:100mbit,600s:loop", "--stats-every", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default,
-    )  # fmt: skip
-    client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    link = "rate=0s:8kbit,3s:100mbit,600s:loop"
+    with _cli_emulator(link, stats_every="0", timeout_s=10.0) as (server, client, proc, address, _):
 
-    def crossing_s(address: tuple[str, int]) -> float:
-        t0 = time.monotonic()
-        client.sendto(b"x" * 1000, address)
-        assert len(server.recv(2000)) == 1000
-        return time.monotonic() - t0
+        def crossing_s() -> float:
+            t0 = time.monotonic()
+            client.sendto(b"x" * 1000, address)
+            assert len(server.recv(2000)) == 1000
+            return time.monotonic() - t0
 
-    try:
         assert proc.stdout is not None
-        proc.stdout.readline()
-        host, port = proc.stdout.readline().split()[2].rsplit(":", 1)
         time.sleep(3.5)  # into the fast phase (the trace's clock started before the line was printed)
-        assert crossing_s((host, int(port))) < 0.5
+        assert crossing_s() < 0.5
         proc.send_signal(signal.SIGUSR1)
         assert proc.stdout.readline().strip() == "trace restarted at its time 0"
-        assert crossing_s((host, int(port))) > 0.5
+        assert crossing_s() > 0.5
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=10)
-    finally:
-        client.close()
-        server.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0
 
 
 def test_cli_relays_prints_counters_and_stops_on_ctrl_c() -> None:
-    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    server.bind(("127.0.0.1", 0))
-    server.settimeout(2.0)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _CLI, "emulate", "--upstream", f"127.0.0.1:{server.getsockname()[1]}",
-         "--link", "rate=1mbit,delay=5ms", "--stats-every", "0.2"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default,
-    )
-    client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().startswith("emulating up: 1 Mbit/s, delay 5 ms")
-        listen = proc.stdout.readline().split()[2]
-        host, port = listen.rsplit(":", 1)
-        client.sendto(b"hello", (host, int(port)))
+    link = "rate=1mbit,delay=5ms"
+    with _cli_emulator(link, stats_every="0.2", timeout_s=2.0) as (server, client, proc, address, first):
+        assert first.startswith("emulating up: 1 Mbit/s, delay 5 ms")
+        client.sendto(b"hello", address)
         assert server.recv(100) == b"hello"
         time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=10)
-    finally:
-        client.close()
-        server.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0, err
     assert "final" in out and "clients 1" in out and "fwd 1 pkt 5 B" in out
