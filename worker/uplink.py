@@ -41,8 +41,8 @@ step with a known bandwidth already has PowerSGD's measured q instead of its 0.0
 ran after the choice and, before that, on the wire, where they delayed the first samples' acks."""
 STARTUP_STEPS = 1
 """Pushes that are not bandwidth evidence: the first one runs in slow start right after the
-handshake, so it is not fed back to the policy, and the link's own estimate stays masked for the
-next decision too (its window still holds that push: 4.6 Mbit/s was seen on an idle loopback,
+handshake, so it is not fed back to the policy, nor is its wait for the first update counted in
+Tc, and the link's own estimate stays masked for the next decision too (its window still holds that push: 4.6 Mbit/s was seen on an idle loopback,
 which sent one worker to top-k for 5 steps)."""
 
 
@@ -160,6 +160,11 @@ class UplinkController:
         self._pending = None
         encode_s, wire_s = fields.get("encode_s"), fields.get("wire_s")
         self._waited_s = max(0.0, wire_s - comm_s) if isinstance(wire_s, float) and math.isfinite(wire_s) else 0.0
+        if self._step < STARTUP_STEPS:
+            # The first update's wait is start-up, not the cycle: its delivery runs in slow start
+            # on fresh connections (1.04 s for fp16 on wide-mlp at 50 Mbit/s, where later updates
+            # took 0.03 s), and as Tc it held the uplink at the safe level's size for 3 more steps.
+            self._waited_s = 0.0
         if self._step >= STARTUP_STEPS:
             if decision.level is not None and isinstance(encode_s, float):
                 self.loop.observe_encode(decision.level, self.payload_bytes, max(0.0, encode_s - self._choose_s))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from netsense.compression.policy import NetsensePolicy, make_policy
@@ -66,19 +67,28 @@ def test_step_encode_time_and_candidate_rounds_become_measured_costs() -> None:
 
 def test_compute_time_holds_the_wait_for_the_update(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Tc is the step less what this direction's level costs: the compute since the last step ended
-    plus that step's wait for its update (wire_s - comm_s: the barrier, the PS and the downlink)."""
+    plus that step's wait for its update (wire_s - comm_s: the barrier, the PS and the downlink),
+    except the first step's, whose update arrives in slow start (`STARTUP_STEPS`)."""
     import netsense.worker.uplink as uplink
 
     now = [0.0]
     monkeypatch.setattr(uplink.time, "perf_counter", lambda: now[0])
     up, _ = controller()
     link = LinkState(0.0, None, 0.002, 0.002)
+    assert STARTUP_STEPS == 1
     up.choose(link)
+    up.observe(bytes_sent=S, comm_s=0.2, wire_s=1.2)  # step 0: the first update, 1 s in slow start
+    assert up._waited_s == 0.0  # start-up, not the cycle
+    now[0] = 0.5
+    up.mark_end()
+    now[0] = 0.6
+    up.choose(link)  # 0.1 s of compute since step 0 ended, no wait
+    assert up.loop.compute_s == pytest.approx(0.1)
     up.observe(bytes_sent=S, comm_s=0.2, wire_s=0.5)  # pushed in 0.2 s, the update came 0.3 s later
     now[0] = 1.0
     up.mark_end()
     now[0] = 1.5
     up.choose(link)  # 0.5 s of compute since the step ended
-    assert up.loop.compute_s == 0.5 + 0.3
+    assert up.loop.compute_s == pytest.approx(0.3 * (0.5 + 0.3) + 0.7 * 0.1)
     up.observe(bytes_sent=S, comm_s=0.2)  # no wire time reported: no wait counted
     assert up._waited_s == 0.0
