@@ -128,6 +128,9 @@ def train(
             task.train_data, task.loader, rank=rank, world_size=world_size, batch_size=b, seed=settings.seed, steps=steps
         )
     t_start = time.perf_counter()
+    # Training starts now (the connection is up): `netsense launch` restarts a time-varying link
+    # here, so every run meets its trace from the first push (docs/EMULATOR.md, "Steps").
+    emit({"event": "start", "step": opt.version, "steps": steps})
     loss_value = float("nan")
     samples = 0
     reported = 0  # the highest step number a `step` event carried

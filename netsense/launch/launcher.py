@@ -266,7 +266,7 @@ class Launcher:
                 elif event.get("event") == "metrics":
                     self.metrics_ports["workers"].append(int(event["port"]))
                 event_log.write(strict_json({"t": time.time(), "rank": rank, **event}) + "\n")
-                if event.get("event") == "step" and emulators and not restarted:
+                if event.get("event") in ("start", "step") and emulators and not restarted:
                     restarted = True
                     self._restart_traces(emulators)
                 self.on_event(rank, event)
@@ -380,10 +380,12 @@ class Launcher:
 
     def _restart_traces(self, emulators: list[subprocess.Popen[str]]) -> None:
         """Restart a time-varying link at its time 0 (SIGUSR1 to `netsense emulate`), once, when the
-        first step is reported: the trace's clock ran from the emulator's start, so a run whose
-        set-up took seconds longer met it in another phase (on the matrix's looping step link,
-        netsense's first steps fell in the 10 Mbit/s phase where fixed powersgd:2's fell in the
-        50 Mbit/s one). Now every run meets the trace one step in. Constant links are left alone."""
+        first worker reports `start` (its training loop begins; a worker without that event: its
+        first step): the trace's clock ran from the emulator's start, so a run whose set-up took
+        seconds longer met it in another phase (on the matrix's looping step link, netsense's first
+        steps fell in the 10 Mbit/s phase where fixed powersgd:2's fell in the 50 Mbit/s one).
+        At the first step was too late: netsense's first update, 1-1.7 s, still crossed the old
+        phase. Constant links are left alone."""
         rate = parse_link(self.link or "", trace=self.trace).up.rate
         if rate is None or isinstance(rate, ConstantRate):
             return

@@ -56,4 +56,5 @@ def test_step_events_never_go_back_after_the_ps_restores_an_older_checkpoint() -
     [resync] = [e for e in events if e["event"] == "resync"]
     assert (resync["from_version"], resync["to_version"], resync["step"]) == (6, 3, 6)
     assert [e["step"] for e in events if e["event"] == "redo"] == [4, 5, 6]  # redone after the resync
-    assert [e["event"] for e in events].index("resync") == 6  # right after step 6
+    assert [e["event"] for e in events].index("resync") == 7  # right after step 6 (and `start`)
+    assert events[0] == {"event": "start", "step": 0, "steps": 10}  # before the first step
