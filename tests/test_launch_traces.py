@@ -1,4 +1,4 @@
-"""`netsense launch` restarts a time-varying emulated link at the first step (docs/EMULATOR.md)."""
+"""`netsense launch` restarts a time-varying emulated link when training starts (docs/EMULATOR.md)."""
 
 from __future__ import annotations
 

@@ -159,12 +159,11 @@ class UplinkController:
         decision, link = self._pending
         self._pending = None
         encode_s, wire_s = fields.get("encode_s"), fields.get("wire_s")
-        self._waited_s = max(0.0, wire_s - comm_s) if isinstance(wire_s, float) and math.isfinite(wire_s) else 0.0
-        if self._step < STARTUP_STEPS:
-            # The first update's wait is start-up, not the cycle: its delivery runs in slow start
-            # on fresh connections (1.04 s for fp16 on wide-mlp at 50 Mbit/s, where later updates
-            # took 0.03 s), and as Tc it held the uplink at the safe level's size for 3 more steps.
-            self._waited_s = 0.0
+        # The first update's wait is start-up, not the cycle: its delivery runs in slow start on
+        # fresh connections (1.04 s for fp16 on wide-mlp at 50 Mbit/s, where later updates took
+        # 0.03 s), and as Tc it held the uplink at the safe level's size for 3 more steps.
+        timed = isinstance(wire_s, float) and math.isfinite(wire_s) and self._step >= STARTUP_STEPS
+        self._waited_s = max(0.0, wire_s - comm_s) if timed else 0.0
         if self._step >= STARTUP_STEPS:
             if decision.level is not None and isinstance(encode_s, float):
                 self.loop.observe_encode(decision.level, self.payload_bytes, max(0.0, encode_s - self._choose_s))

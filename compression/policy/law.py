@@ -3,8 +3,9 @@
 Cost C_l = P_l / q_l is time per unit of progress; the law for a tolerance x accepts the levels
 within (1 + x) of the best cost and picks the least lossy among the most progressive of them.
 `LevelHold` commits to a level: a move goes to the law's pick with `move_eps` (2 %), or the step's
-measured jitter where that is larger (`jitter`, at most eps), and the committed level holds while its cost is within `eps` (10 %) of the best: heavier at once when it
-does not, lighter only after k steps of headroom, with k backing off when a relax is soon undone.
+measured jitter where that is larger (`jitter`, at most eps), and the committed level holds while
+its cost is within `eps` (10 %) of the best: heavier at once when it does not, lighter only after
+k steps of headroom, with k backing off when a relax is soon undone.
 Without progress awareness (q = 1, the step-time law) moves use `eps` and headroom the stricter
 `relax_eps`.
 """

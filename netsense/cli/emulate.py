@@ -85,7 +85,7 @@ async def _serve(args: argparse.Namespace) -> None:
         loop.add_signal_handler(signal.SIGTERM, stop.set)
     async with LinkEmulator(upstream=args.upstream, spec=spec, listen=args.listen) as emu:
         with contextlib.suppress(NotImplementedError):
-            # SIGUSR1 restarts a trace at its time 0 (`netsense launch` sends it at the first step,
+            # SIGUSR1 restarts a trace at its time 0 (`netsense launch` sends it when training starts,
             # so every run meets the trace from the same point however long its set-up took).
             loop.add_signal_handler(signal.SIGUSR1, _restart, emu, spec)
         host, port = emu.address

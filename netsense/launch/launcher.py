@@ -257,7 +257,7 @@ class Launcher:
         relays: list[subprocess.Popen[str]] | None = None,
     ) -> None:
         """Forward events until every worker exits 0; raise at the first process that fails."""
-        restarted = False  # the emulators' traces, at the first step (`_restart_traces`)
+        restarted = False  # the emulators' traces, when training starts (`_restart_traces`)
         while True:
             try:
                 rank, event = events.get(timeout=0.2)
