@@ -94,6 +94,11 @@ class GradientEncoder:
             if sources is not None:
                 sources[slot.key] = source
 
+    def gradients(self) -> list[tuple[str, torch.Tensor]]:
+        """This step's local gradient of every key that has one (before error feedback): what the
+        progress windows, the candidate rounds and the gradient norm read."""
+        return [(slot.key, slot.view(slot.param.grad)) for slot in self.slots if slot.param.grad is not None]
+
     def track_progress(self, level: int | None, spec: str) -> None:
         """Feed the policy the progress efficiency q of the level just sent (error feedback's sums)
         and this step's gradient to a progress window under way (a few ms: while the push is on
@@ -102,7 +107,7 @@ class GradientEncoder:
             self.uplink.observe_gradient(self.gradient_norm())
         self.observe_progress(level, spec)
         if self.uplink.window_due():
-            self.uplink.feed_window([slot.view(slot.param.grad) for slot in self.slots if slot.param.grad is not None])
+            self.uplink.feed_window([g for _, g in self.gradients()])
 
     def measure_candidates(self) -> None:
         """The candidate round, when the policy asks for one this step: every candidate level
@@ -113,11 +118,9 @@ class GradientEncoder:
         if not candidates:
             return
         tensors = []
-        for slot in self.slots:
-            if slot.param.grad is None:
-                continue
-            g = slot.view(slot.param.grad).float()
-            r = self.feedback.residual(slot.key) if self.feedback is not None else None
+        for key, grad in self.gradients():
+            g = grad.float()
+            r = self.feedback.residual(key) if self.feedback is not None else None
             tensors.append(g + r if r is not None and r.shape == g.shape else g)
         if self.uplink.policy.wants_round_norms:
             v_sq = sum(float(torch.dot(v.reshape(-1), v.reshape(-1))) for v in tensors)
@@ -127,15 +130,14 @@ class GradientEncoder:
     def gradient_norm(self) -> float:
         """L2 norm of this step's local gradient (before error feedback), for the policies that read it."""
         total = 0.0
-        for slot in self.slots:
-            if slot.param.grad is not None:
-                g = slot.view(slot.param.grad).float().reshape(-1)
-                total += float(torch.dot(g, g))
+        for _, grad in self.gradients():
+            g = grad.float().reshape(-1)
+            total += float(torch.dot(g, g))
         return total**0.5
 
     def observe_progress(self, level: int | None, spec: str) -> None:
         """The q of the level just sent, from error feedback's sums (lossy levels only)."""
-        codec = self.codec_for(self.slots[0].key, spec)
+        codec = self.codec_for("", spec)  # only its kind is read: lossless, unbiased
         if self.feedback is not None and not codec.lossless:
             self.uplink.observe_progress(level, self.feedback.pop_progress(unbiased=codec.unbiased))
 
