@@ -125,7 +125,7 @@ def test_wan_bytes_scale_with_workers_without_site_aggregation() -> None:
 def test_relays_go_at_sites_of_several_workers_in_a_job_of_several_sites() -> None:
     """A relay per site of >= 2 workers (its ranks), every shard's step then has one member per
     relayed site plus each unrelayed worker; none with one site, --no-relay, or an async job."""
-    from netsense.launch.relays import plan_relays, relay_args, upstream_codec
+    from netsense.launch.relays import plan_relays, relay_args, upstream_codec, upstream_policy
 
     def job(text: str, **kw: object) -> JobConfig:
         return with_sites(override(JobConfig(), sites=parse_sites(text), **kw))
@@ -140,16 +140,23 @@ def test_relays_go_at_sites_of_several_workers_in_a_job_of_several_sites() -> No
     assert plan_relays(job("a:workers=2;b:workers=2", relay=False)) == []
     assert plan_relays(job("a:workers=2;b:workers=2", server__staleness=2)) == []
     assert plan_relays(override(JobConfig(), workers=4)) == []
-    # The site's sum goes up in the workers' fixed codec; fp16 under an adaptive policy.
+    # The site's sum goes up in the workers' fixed codec; under an adaptive policy the relay runs it.
     assert upstream_codec(JobConfig()) == "fp32"
     assert upstream_codec(override(JobConfig(), train__policy="fp16")) == "fp16"
     assert upstream_codec(override(JobConfig(), train__policy="none")) == "fp32"
     assert upstream_codec(override(JobConfig(), train__policy="fixed:topk:0.01+fp16")) == "topk:0.01+fp16"
-    assert upstream_codec(override(JobConfig(), train__policy="netsense")) == "fp16"
+    assert upstream_codec(override(JobConfig(), train__policy="netsense")) is None
+    assert upstream_policy(override(JobConfig(), train__policy="netsense")) == "netsense"
+    assert upstream_policy(override(JobConfig(), train__policy="fp16")) is None and upstream_policy(JobConfig()) is None
     args = relay_args(plans[1], config_path="c.json", upstream=["h:1", "h:2"], host="10.0.0.2", job_id="j")
     assert args[0] == "relay" and args[args.index("--ps") + 1] == "h:1,h:2"
-    assert [args[args.index(f) + 1] for f in ("--site", "--site-workers", "--upstream-world", "--host")] == [
-        "b", "2", "2", "10.0.0.2"]  # fmt: skip
+    assert [args[args.index(f) + 1] for f in ("--site", "--site-workers", "--upstream-world", "--host", "--upstream-codec")] == [
+        "b", "2", "2", "10.0.0.2", "fp32"]  # fmt: skip
+    assert "--upstream-policy" not in args and "--decision-log" not in args
+    (adaptive, _) = plan_relays(job("a:workers=2;b:workers=2", train__policy="dc2"))
+    args = relay_args(adaptive, config_path="c.json", upstream=["h:1"], host="h", job_id="j", decision_log="d.jsonl")
+    assert [args[args.index(f) + 1] for f in ("--upstream-policy", "--decision-log")] == ["dc2", "d.jsonl"]
+    assert "--upstream-codec" not in args
 
 
 def test_relays_halve_the_wan_bytes_of_two_sites_of_two_workers() -> None:

@@ -21,9 +21,11 @@ from netsense.cli.flags import (
 )
 from netsense.compression import make_codec
 from netsense.compression.feedback import require_feedback_safe
+from netsense.compression.policy import build_policy
 from netsense.config import JobConfig
 from netsense.devcerts import check_cert_dates, ensure_certs
 from netsense.errors import ConfigError, NetSenseError
+from netsense.launch.outputs import check_output_file
 from netsense.relay import Relay, RelaySettings
 from netsense.transport.auth import load_secret
 from netsense.transport.loop import run as run_loop
@@ -58,6 +60,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(default: the INIT's world size - SITE_WORKERS + 1)")
     p.add_argument("--upstream-codec", default="fp32", metavar="SPEC",
                    help="codec of the site's push upstream (default fp32; lossy ones run under error feedback at the relay)")
+    p.add_argument("--upstream-policy", metavar="SPEC",
+                   help="adapt the site's push to each upstream path with this uplink policy, as a worker does "
+                   "(netsense, dc2, ...; levels from the config's train.ladder); replaces --upstream-codec")
+    p.add_argument("--decision-log", metavar="PATH",
+                   help="JSONL log of the adaptive push's decisions (with --upstream-policy; shard i of several: PATH-shard<i>)")
     p.add_argument("--server-name", help="name to verify in the upstream PS certificate (default: the PS host)")
     p.add_argument("--job-id", metavar="ID", help="the job's id, sent upstream (default: whatever job the upstream PS holds)")
     p.add_argument("--resume", action="store_true", default=None, help="continue the job the PS holds even if its id differs")
@@ -95,6 +102,14 @@ def settings_from_args(args: argparse.Namespace, config: JobConfig, certs: CertP
         require_feedback_safe(make_codec(args.upstream_codec))
     except NetSenseError as exc:
         raise ConfigError(f"--upstream-codec is not a valid codec: {exc}") from None
+    if args.decision_log is not None and args.upstream_policy is None:
+        raise ConfigError("--decision-log logs the adaptive push: it needs --upstream-policy")
+    if args.upstream_policy is not None:
+        try:
+            build_policy(args.upstream_policy, config.train.ladder)
+        except NetSenseError as exc:
+            raise ConfigError(f"--upstream-policy: {exc}") from None
+        check_output_file("--decision-log", args.decision_log)
     if config.train.job_id and not JOB_ID_RE.match(config.train.job_id):
         raise ConfigError(f"--job-id must be up to 128 characters of [A-Za-z0-9_.-:], got {config.train.job_id!r}")
     if server.staleness is not None:
@@ -113,6 +128,7 @@ def settings_from_args(args: argparse.Namespace, config: JobConfig, certs: CertP
     return RelaySettings(
         upstream=tuple(upstream), site=site, server=server, site_workers=args.site_workers,
         upstream_world=args.upstream_world, upstream_codec=args.upstream_codec,
+        upstream_policy=args.upstream_policy, ladder=config.train.ladder, decision_log=args.decision_log,
     )  # fmt: skip
 
 
@@ -146,7 +162,9 @@ async def _serve(relay: Relay, quic_config, socket_buffer_bytes: int) -> int:  #
     sent, received = relay.wan_bytes()
     failed = relay.failed
     await relay.close()
+    levels = relay.levels
     print(json.dumps({"event": "stopped", "wan_bytes_sent": sent, "wan_bytes_received": received,
-                      "error": str(failed) if failed else None}), flush=True)  # fmt: skip
+                      "error": str(failed) if failed else None, **({"levels": levels} if levels else {})}),
+          flush=True)  # fmt: skip
     sys.stdout.flush()
     return 1 if failed is not None else 0

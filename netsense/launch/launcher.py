@@ -324,7 +324,7 @@ class Launcher:
         procs = []
         for plan in plan_relays(self.config):
             args = relay_args(plan, config_path=str(cfg_path), upstream=upstream(plan.site), host=self._host(plan.site),
-                              job_id=self.config.train.job_id or "")  # fmt: skip
+                              job_id=self.config.train.job_id or "", decision_log=self._relay_log(plan.site))  # fmt: skip
             proc = self._spawn(self._cmd(*args), plan.site)
             box: queue.Queue[dict[str, Any]] = queue.Queue()
             reader = threading.Thread(target=read_events, args=(proc.stdout, box), daemon=True)
@@ -338,7 +338,8 @@ class Launcher:
                 return ports[0]
 
             _await_port(box, proc, port_of, what=f"the relay of site {plan.site}", report="ready", timeout_s=60.0)
-            self.relays.append({**_plan_fields(plan), "ports": ports, "events": (box, reader)})
+            logged = {"decision_log": self._relay_log(plan.site)} if plan.upstream_policy is not None else {}
+            self.relays.append({**_plan_fields(plan), **logged, "ports": ports, "events": (box, reader)})
             procs.append(proc)
         return procs
 
@@ -353,7 +354,7 @@ class Launcher:
                 event = box.get()
                 if event.get("event") == "stopped":
                     info.update(wan_bytes_sent=event.get("wan_bytes_sent"), wan_bytes_received=event.get("wan_bytes_received"),
-                                error=event.get("error"))  # fmt: skip
+                                error=event.get("error"), **({"levels": event["levels"]} if "levels" in event else {}))  # fmt: skip
 
     def _metrics_args(self, index: int) -> list[str]:
         """Metrics flags of child `index` (shards first, then workers): base port + index, or 0 for 0."""
@@ -369,6 +370,10 @@ class Launcher:
         if self.config.servers == 1:
             return str(path)
         return str(path.with_name(f"{path.stem}-shard{shard}{path.suffix or '.jsonl'}"))
+
+    def _relay_log(self, site: str) -> str:
+        """The decision log of site `site`'s relay when its push adapts (the run dir's)."""
+        return str(self.run_dir / f"decisions-relay-{site}.jsonl")
 
     def _up_log(self, rank: int) -> str:
         """Worker `rank`'s uplink decision log: the configured path with the rank, or the run dir's."""
@@ -456,7 +461,8 @@ def _await_port(
 
 def _plan_fields(plan: RelayPlan) -> dict[str, Any]:
     return {"site": plan.site, "worker_id": plan.worker_id, "ranks": list(plan.ranks),
-            "upstream_world": plan.upstream_world, "upstream_codec": plan.upstream_codec}  # fmt: skip
+            "upstream_world": plan.upstream_world, "upstream_codec": plan.upstream_codec,
+            "upstream_policy": plan.upstream_policy}  # fmt: skip
 
 
 def _merge_levels(histograms: Any) -> dict[str, int]:

@@ -18,11 +18,6 @@ from typing import IO, Any
 from netsense.config import JobConfig
 from netsense.launch.sites import Site, rank_sites
 
-ADAPTIVE_UPSTREAM_CODEC = "fp16"
-"""A relay runs no policy: under an adaptive uplink policy it pushes the site's sum in fp16
-(under error feedback), half the fp32 bytes on the WAN."""
-
-
 @dataclass(frozen=True)
 class RelayPlan:
     """One site's relay as the launcher starts it."""
@@ -32,7 +27,11 @@ class RelayPlan:
     """The site's worker ranks: they talk to the relay only."""
     upstream_world: int
     """Members of every upstream shard's step: relayed sites plus workers at unrelayed sites."""
-    upstream_codec: str
+    upstream_codec: str | None
+    """The workers' fixed codec, at which the site's sum goes up; None under an adaptive policy."""
+    upstream_policy: str | None = None
+    """The job's adaptive uplink policy, which the relay runs on each upstream path as a worker
+    would (`netsense.relay.adaptive`); None under a fixed codec."""
 
     @property
     def worker_id(self) -> str:
@@ -47,9 +46,9 @@ def relayed_sites(config: JobConfig) -> list[Site]:
     return [s for s in config.sites if s.workers >= 2]
 
 
-def upstream_codec(config: JobConfig) -> str:
-    """The workers' fixed uplink codec (the policy's, or `train.codec` without one); for an adaptive
-    policy `ADAPTIVE_UPSTREAM_CODEC`."""
+def upstream_codec(config: JobConfig) -> str | None:
+    """The workers' fixed uplink codec (the policy's, or `train.codec` without one); None for an
+    adaptive policy (`upstream_policy`)."""
     policy = config.train.policy
     if policy is None:
         return config.train.codec
@@ -57,7 +56,12 @@ def upstream_codec(config: JobConfig) -> str:
     from netsense.compression.policy.fixed import FixedPolicy
 
     built = make_policy(policy, Ladder.parse(config.train.ladder or DEFAULT_LADDER))
-    return str(built.level.spec) if isinstance(built, FixedPolicy) else ADAPTIVE_UPSTREAM_CODEC
+    return str(built.level.spec) if isinstance(built, FixedPolicy) else None
+
+
+def upstream_policy(config: JobConfig) -> str | None:
+    """The job's uplink policy when it adapts (then the relays run it too), else None."""
+    return config.train.policy if upstream_codec(config) is None else None
 
 
 def plan_relays(config: JobConfig) -> list[RelayPlan]:
@@ -68,20 +72,26 @@ def plan_relays(config: JobConfig) -> list[RelayPlan]:
     names = {s.name for s in relayed}
     direct = sum(s.workers for s in config.sites if s.name not in names)
     ranks = rank_sites(config.sites)
-    codec = upstream_codec(config)
+    codec, policy = upstream_codec(config), upstream_policy(config)
     return [
-        RelayPlan(s.name, tuple(r for r, x in enumerate(ranks) if x == s.name), len(relayed) + direct, codec)
+        RelayPlan(s.name, tuple(r for r, x in enumerate(ranks) if x == s.name), len(relayed) + direct, codec, policy)
         for s in relayed
     ]
 
 
-def relay_args(plan: RelayPlan, *, config_path: str, upstream: Sequence[str], host: str, job_id: str) -> list[str]:
-    """The `netsense relay` arguments of `plan` (after ``netsense``)."""
+def relay_args(
+    plan: RelayPlan, *, config_path: str, upstream: Sequence[str], host: str, job_id: str, decision_log: str | None = None
+) -> list[str]:
+    """The `netsense relay` arguments of `plan` (after ``netsense``); `decision_log`: where an
+    adaptive relay logs its decisions."""
+    if plan.upstream_policy is not None:
+        push = ["--upstream-policy", plan.upstream_policy, *(["--decision-log", decision_log] if decision_log else [])]
+    else:
+        push = ["--upstream-codec", plan.upstream_codec or "fp32"]
     return [
         "relay", "--config", config_path, "--ps", ",".join(upstream), "--site", plan.site,
-        "--site-workers", str(len(plan.ranks)), "--upstream-world", str(plan.upstream_world),
-        "--upstream-codec", plan.upstream_codec, "--host", host, "--port", "0", "--server-name", "127.0.0.1",
-        "--job-id", job_id,
+        "--site-workers", str(len(plan.ranks)), "--upstream-world", str(plan.upstream_world), *push,
+        "--host", host, "--port", "0", "--server-name", "127.0.0.1", "--job-id", job_id,
     ]  # fmt: skip
 
 

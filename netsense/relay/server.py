@@ -15,15 +15,18 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from aioquic.quic.configuration import QuicConfiguration
 
+from netsense.compression.policy import build_policy
 from netsense.errors import ConfigError, NetSenseError, PeerError
 from netsense.ps.server import PSServer, ServerSettings
 from netsense.transport.wire import Init, Limits, Params
 from netsense.worker.connect import ConnectSettings
 
+from .adaptive import AdaptiveUpstream
 from .site import Aggregate, SiteStore
 from .upstream import Upstream
 
@@ -49,6 +52,13 @@ class RelaySettings:
     workers). 0: the INIT's own world size less this site's workers plus one (the relay)."""
     upstream_codec: str = "fp32"
     """Codec of the site's push upstream; lossy ones run under error feedback at the relay."""
+    upstream_policy: str | None = None
+    """The job's uplink policy (``netsense``, ``dc2``, ...): the site's push adapts to each upstream
+    shard's path as a worker's does (`AdaptiveUpstream`), and `upstream_codec` is unused."""
+    ladder: str | None = None
+    """The policy's levels (None: its default ladder)."""
+    decision_log: str | None = None
+    """JSONL decision log of the adaptive push (shard i of several: ``<stem>-shard<i><suffix>``)."""
     rank: int = 0
     """The rank the relay claims upstream: 0, so that this site's rank 0 can initialize the job
     through it (the PS ignores a second INIT, so a rank 0 at another site is first just as well)."""
@@ -62,6 +72,8 @@ class RelaySettings:
             raise ConfigError("relay site_workers and upstream_world must be >= 0")
         if self.server.staleness is not None:
             raise ConfigError("a relay aggregates synchronous steps; an asynchronous (staleness) job needs no relay")
+        if self.upstream_policy is not None:
+            build_policy(self.upstream_policy, self.ladder)  # a bad spec or ladder fails here, before any I/O
 
     @property
     def worker_id(self) -> str:
@@ -220,7 +232,8 @@ class Relay:
         base = replace(settings.server, policy=None, decision_log=None, checkpoint_dir=None)
         self.shards = [
             RelayServer(
-                settings, Upstream(up, settings.worker_id, codec=settings.upstream_codec, rank=settings.rank),
+                settings, Upstream(up, settings.worker_id, codec=settings.upstream_codec, rank=settings.rank,
+                                   adaptive=_adaptive(settings, i)),
                 replace(base, port=base.port + i if base.port else 0), secret=secret, limits=limits,
             )
             for i, up in enumerate(settings.upstream)
@@ -238,6 +251,16 @@ class Relay:
     def failed(self) -> BaseException | None:
         return next((s.failed for s in self.shards if s.failed is not None), None)
 
+    @property
+    def levels(self) -> dict[str, int]:
+        """Upstream pushes at each codec spec, over every shard (adaptive upstream only)."""
+        total: dict[str, int] = {}
+        for s in self.shards:
+            if s.upstream.adaptive is not None:
+                for spec, n in s.upstream.adaptive.levels.items():
+                    total[spec] = total.get(spec, 0) + n
+        return total
+
     def wan_bytes(self) -> tuple[int, int]:
         """(bytes sent, bytes received) on the upstream connections: the site's WAN traffic."""
         return sum(s.upstream.bytes_sent for s in self.shards), sum(s.upstream.bytes_received for s in self.shards)
@@ -245,3 +268,19 @@ class Relay:
     async def close(self) -> None:
         for s in self.shards:
             await s.aclose()
+            if s.upstream.adaptive is not None:
+                s.upstream.adaptive.close()
+
+
+def _adaptive(settings: RelaySettings, shard: int) -> AdaptiveUpstream | None:
+    """Shard `shard`'s policy loop, when the relay runs the job's uplink policy."""
+    if settings.upstream_policy is None:
+        return None
+    log_path = settings.decision_log
+    if log_path is not None and len(settings.upstream) > 1:
+        path = Path(log_path)
+        log_path = str(path.with_name(f"{path.stem}-shard{shard}{path.suffix or '.jsonl'}"))
+    return AdaptiveUpstream(
+        build_policy(settings.upstream_policy, settings.ladder), decision_log=log_path,
+        log_fields={"worker_id": settings.worker_id, "shard": shard},
+    )  # fmt: skip

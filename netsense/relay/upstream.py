@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from netsense.transport.wire import Init, Params, Welcome
 from netsense.worker.client import StepFields
 from netsense.worker.connect import ConnectSettings, connect_first, make_client, reconnect
 
+from .adaptive import AdaptiveUpstream
 from .site import Aggregate
 
 log = logging.getLogger(__name__)
@@ -32,7 +34,10 @@ BUCKET_BYTES = 4 << 20
 class Upstream:
     """One upstream shard, seen from the relay."""
 
-    def __init__(self, settings: ConnectSettings, worker_id: str, *, codec: str = "fp32", rank: int = 0) -> None:
+    def __init__(
+        self, settings: ConnectSettings, worker_id: str, *, codec: str = "fp32", rank: int = 0,
+        adaptive: AdaptiveUpstream | None = None,
+    ) -> None:  # fmt: skip
         self.settings = settings
         self.client = make_client(settings, worker_id, rank)
         self.codec_spec = codec
@@ -42,6 +47,8 @@ class Upstream:
             require_feedback_safe(self._codec)
             self._feedback = ErrorFeedback()  # the relay's residual: what a lossy upstream codec left out
         self._fp32 = make_codec("fp32")
+        self.adaptive = adaptive
+        """The job's uplink policy, when the site's push adapts to the WAN (then `codec` is unused)."""
         self.seed: Callable[[], Awaitable[None]] | None = None
         """Seeds an upstream that came back empty (set by the relay when its site holds rank 0)."""
 
@@ -72,32 +79,58 @@ class Upstream:
     async def step(self, agg: Aggregate, total_keys: int) -> Params:
         """Push the site's step and pull its update; after a dropped connection, reconnect and push
         again if the PS is still at the step, else return where the PS is now."""
-        buckets, fields = self.encode(agg)
+        started = time.perf_counter()
+        adaptive = self.adaptive if not agg.skip else None
+        decision = None
+        if adaptive is not None:
+            conn = self.client.conn
+            link = adaptive.read_link(conn.quic if conn is not None else None, agg.grads)
+            decision, payloads = await asyncio.to_thread(adaptive.encode, agg.grads, link, started)
+            buckets, fields = self.encode(agg, payloads)
+        else:
+            buckets, fields = self.encode(agg)
         self.client.step_fields = fields
-        while True:
-            try:
-                return await self._push_pull(agg.step, agg.samples, total_keys, buckets)
-            except PeerTimeout as exc:
-                params = await reconnect(self.client, self.settings, exc, self.seed)
-                if params.version != agg.step:
-                    return params
-                log.info("upstream still at step %d after reconnecting; pushing the site's step again", agg.step)
+        sent = time.perf_counter()
+        progress = asyncio.ensure_future(asyncio.to_thread(adaptive.track_progress, decision)) if decision else None
+        try:
+            while True:
+                try:
+                    params, push_s = await self._push_pull(agg.step, agg.samples, total_keys, buckets)
+                    break
+                except PeerTimeout as exc:
+                    params = await reconnect(self.client, self.settings, exc, self.seed)
+                    if params.version != agg.step:
+                        return params
+                    log.info("upstream still at step %d after reconnecting; pushing the site's step again", agg.step)
+            if adaptive is not None:
+                wire_s = time.perf_counter() - sent
+                adaptive.observe(payloads, push_s=push_s, encode_s=sent - started, wire_s=wire_s, step=agg.step)
+            return params
+        finally:
+            if progress is not None:
+                await progress
+            if self.adaptive is not None:
+                self.adaptive.mark_end()
 
-    async def _push_pull(self, step: int, samples: int, total_keys: int, buckets: list[dict[str, Payload]]) -> Params:
+    async def _push_pull(self, step: int, samples: int, total_keys: int, buckets: list[dict[str, Payload]]) -> tuple[Params, float]:
+        """The update and the push's time (first byte to the last ack)."""
         client = self.client
+        started = time.perf_counter()
         pull = asyncio.ensure_future(client.pull(step, step + 1))
         pushes = [asyncio.ensure_future(client.push(step, samples, total_keys, b)) for b in buckets]
         try:
             await asyncio.gather(*pushes)
-            return await pull
+            push_s = time.perf_counter() - started
+            return await pull, push_s
         finally:
             for f in (pull, *pushes):
                 if not f.done():
                     f.cancel()
                 f.add_done_callback(_consume)
 
-    def encode(self, agg: Aggregate) -> tuple[list[dict[str, Payload]], StepFields]:
-        """The site's PUSH buckets (state keys in the first) and their step fields."""
+    def encode(self, agg: Aggregate, payloads: dict[str, Payload] | None = None) -> tuple[list[dict[str, Payload]], StepFields]:
+        """The site's PUSH buckets (state keys in the first) and their step fields; `payloads`:
+        the gradients already encoded (by the policy), else at the relay's codec."""
         if agg.skip:
             return [{}], StepFields(skip=True)
         buckets: list[dict[str, Payload]] = [{}]
@@ -107,7 +140,7 @@ class Upstream:
             if buckets[-1] and size + dense > BUCKET_BYTES:
                 buckets.append({})
                 size = 0
-            buckets[-1][key] = self._encode(key, grad)
+            buckets[-1][key] = payloads[key] if payloads is not None else self._encode(key, grad)
             size += dense
         buckets[0].update({k: self._fp32.encode(v) for k, v in agg.state.items()})
         groups: list[dict[str, float]] = []

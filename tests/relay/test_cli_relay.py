@@ -28,6 +28,11 @@ ROWS: list[tuple[list[str], str]] = [
     (["relay", "--ps", "127.0.0.1:1", "--upstream-world", "-2", "--insecure"], "--upstream-world must be >= 0, got -2"),
     (["relay", "--ps", "127.0.0.1:1", "--upstream-codec", "fp17", "--insecure"], "--upstream-codec is not a valid codec"),
     (["relay", "--ps", "127.0.0.1:1", "--upstream-codec", "qsgd:1", "--insecure"], "--upstream-codec is not a valid codec"),
+    (["relay", "--ps", "127.0.0.1:1", "--upstream-policy", "bogus", "--insecure"], "--upstream-policy: unknown policy 'bogus'"),
+    (["relay", "--ps", "127.0.0.1:1", "--upstream-policy", "fixed", "--insecure"], "--upstream-policy: policy 'fixed' needs a codec"),
+    (["relay", "--ps", "127.0.0.1:1", "--decision-log", "d.jsonl", "--insecure"], "--decision-log logs the adaptive push"),
+    (["relay", "--ps", "127.0.0.1:1", "--upstream-policy", "netsense", "--decision-log", "{tmp}/no/d.jsonl", "--insecure"],
+     "--decision-log"),
     (["relay", "--ps", "127.0.0.1:1", "--barrier-timeout", "0", "--insecure"], "--barrier-timeout must be > 0"),
     (["relay", "--ps", "127.0.0.1:1", "--max-datagram-size", "10", "--insecure"], "--max-datagram-size must be in 1200..65507"),
     (["relay", "--ps", "127.0.0.1:1", "--idle-timeout", "-1", "--insecure"], "--idle-timeout"),
@@ -38,7 +43,7 @@ ROWS: list[tuple[list[str], str]] = [
 
 @pytest.mark.parametrize(("argv", "message"), ROWS, ids=[" ".join(a) for a, _ in ROWS])
 def test_bad_relay_flag_is_one_line_and_exit_2(argv: list[str], message: str, tmp_path: Path, capsys) -> None:
-    argv = [str(tmp_path / "none") if a == "{tmp}" else a for a in argv]
+    argv = [str(tmp_path / "none") if a == "{tmp}" else a.replace("{tmp}", str(tmp_path)) for a in argv]
     capsys.readouterr()
     try:
         status = main(argv)
@@ -51,13 +56,15 @@ def test_bad_relay_flag_is_one_line_and_exit_2(argv: list[str], message: str, tm
 
 
 @pytest.mark.slow
-def test_relay_command_serves_a_site(certs: CertPaths) -> None:
-    """`netsense relay` as its own process: ready line, two workers train through it, SIGTERM stops
-    it with its WAN byte counts. Slow: a fresh interpreter imports torch (9 s at load 13)."""
+def test_relay_command_serves_a_site(certs: CertPaths, tmp_path: Path) -> None:
+    """`netsense relay` as its own process: ready line, two workers train through it under the
+    adaptive push (`--upstream-policy`), SIGTERM stops it with its WAN byte counts and levels.
+    Slow: a fresh interpreter imports torch (9 s at load 13)."""
     ps = start_ps(certs)
     folder = Path(certs.ca).parent
+    log = tmp_path / "relay.jsonl"
     cmd = [sys.executable, "-m", "netsense", "relay", "--ps", f"127.0.0.1:{ps.port}", "--port", "0", "--site", "b",
-           "--site-workers", "2", "--certs", str(folder)]  # fmt: skip
+           "--site-workers", "2", "--certs", str(folder), "--upstream-policy", "netsense", "--decision-log", str(log)]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         assert proc.stdout is not None
@@ -71,6 +78,9 @@ def test_relay_command_serves_a_site(certs: CertPaths) -> None:
         stopped = json.loads(out.strip().splitlines()[-1])
         assert proc.returncode == 0, err
         assert stopped["event"] == "stopped" and stopped["wan_bytes_sent"] > 0 and stopped["error"] is None
+        assert sum(stopped["levels"].values()) == 3, stopped
+        lines = [json.loads(x) for x in log.read_text().splitlines()]
+        assert [(x["step"], x["worker_id"], x["policy"]) for x in lines] == [(s, "relay-b", "netsense") for s in range(3)]
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -93,6 +103,21 @@ def test_relay_takes_no_checkpoint_settings_from_the_job_config(tmp_path: Path) 
                       security__insecure=True)  # fmt: skip
     server = settings_from_args(args, config, ensure_certs(str(tmp_path / "certs"), create=True)).server
     assert server.checkpoint_dir is None and server.checkpoint_every_steps == 0 and server.checkpoint_every_s == 0
+
+
+def test_relay_runs_the_policy_over_the_configs_ladder(tmp_path: Path) -> None:
+    import argparse
+
+    from netsense.cli.relay import register, settings_from_args
+    from netsense.config import JobConfig, override
+    from netsense.devcerts import ensure_certs
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["relay", "--ps", "127.0.0.1:4433", "--insecure", "--upstream-policy", "dc2"])
+    config = override(JobConfig(), train__ladder="fp32,fp16,qsgd:8", security__insecure=True)
+    settings = settings_from_args(args, config, ensure_certs(str(tmp_path / "certs"), create=True))
+    assert (settings.upstream_policy, settings.ladder, settings.decision_log) == ("dc2", "fp32,fp16,qsgd:8", None)
 
 
 def test_relay_ignores_the_jobs_downlink_policy_and_checkpoints(tmp_path: Path) -> None:

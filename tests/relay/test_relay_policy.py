@@ -1,0 +1,95 @@
+"""A relay runs the job's uplink policy on its push upstream, as a worker does: each step's level is
+the policy's, the push is encoded at it under error feedback, and what it cost is fed back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from netsense.compression.policy import Decision, Policy, register_policy
+from netsense.compression.policy.decision import ChooseRequest, SendReport
+from netsense.compression.policy.ladder import Ladder
+from netsense.errors import ConfigError
+from netsense.relay import RelaySettings
+from netsense.transport.tls import CertPaths
+
+from .relayhelp import MODEL_BYTES, Worker, connect, digits, params_of, relay, run_workers, start_ps
+
+STEPS = 6
+
+
+class Alternate(Policy):
+    """fp32 on even steps, qsgd:4 on odd ones; asks for a candidate round at step 0; records what
+    it is told."""
+
+    seen: list[Alternate] = []
+
+    def __init__(self, ladder: Ladder) -> None:
+        super().__init__(ladder, name="alternate")
+        self.requests: list[ChooseRequest] = []
+        self.reports: list[SendReport] = []
+        self.progress: list[tuple[int, float]] = []
+        Alternate.seen.append(self)
+
+    def choose(self, request: ChooseRequest) -> Decision:
+        self.requests.append(request)
+        index, level = self.level_of("qsgd:4" if request.step % 2 else "fp32", request.payload_bytes)
+        return self._decision(request, level_index=index, level=level, reason="test", bandwidth_Bps=request.link.bandwidth_Bps)
+
+    def observe(self, report: SendReport) -> None:
+        self.reports.append(report)
+
+    def progress_candidates(self, step: int) -> list[int]:
+        return [self.level_of("qsgd:4", 1)[0] or 0] if step == 0 else []
+
+    def observe_progress(self, *, level: int, progress: float) -> None:
+        self.progress.append((level, progress))
+
+
+register_policy("test-alternate", lambda arg, ladder, /, **kw: Alternate(ladder))
+
+
+def test_the_relay_pushes_at_the_policys_level_and_feeds_back_the_cost(certs: CertPaths, tmp_path: Path) -> None:
+    Alternate.seen.clear()
+    log = tmp_path / "relay.jsonl"
+    ps = start_ps(certs)
+    site = relay(certs, ps.port, site_workers=2, upstream_policy="test-alternate", ladder="fp32,qsgd:4", decision_log=str(log))
+    try:
+        workers = [Worker(r, 2, connect(certs, site.ports[0]), STEPS, digits()) for r in range(2)]
+        run_workers(workers)
+        assert ps.call(lambda: ps.server.store.version) == STEPS
+        got = params_of(ps)
+        levels = site.net.run(_levels(site))
+    finally:
+        site.stop()
+        ps.stop()
+    policy = Alternate.seen[-1]  # the first one built only checked the spec
+    assert [r.step for r in policy.requests] == list(range(STEPS))
+    assert all(r.payload_bytes == MODEL_BYTES for r in policy.requests)
+    assert policy.requests[-1].compute_s > 0  # the site's step between two pushes
+    # Step 0 runs in slow start and is no bandwidth evidence (as a worker's); the rest are fed back.
+    sent = {r.step: r.bytes_sent for r in policy.reports}
+    assert sorted(sent) == list(range(1, STEPS))
+    assert all(r.comm_s > 0 for r in policy.reports)
+    for step, n in sent.items():  # qsgd:4 is ~1/8 of the model, fp32 all of it
+        assert (0.9 * MODEL_BYTES < n < 1.1 * MODEL_BYTES) if step % 2 == 0 else (n < 0.2 * MODEL_BYTES), (step, n)
+    assert policy.progress and all(0 < q <= 1 for _, q in policy.progress)
+    assert levels == {"fp32": 3, "qsgd:4": 3}
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [(x["step"], x["spec"], x["worker_id"]) for x in lines] == [
+        (s, "qsgd:4" if s % 2 else "fp32", "relay-a") for s in range(STEPS)]  # fmt: skip
+    for key, value in got.items():  # the lossy steps' error is carried, not lost: training moved on
+        assert torch.isfinite(value).all(), key
+
+
+async def _levels(site: Any) -> dict[str, int]:
+    return site.relay.levels
+
+
+def test_a_bad_upstream_policy_fails_before_any_connection(certs: CertPaths) -> None:
+    with pytest.raises(ConfigError, match="unknown policy 'bogus'"):
+        RelaySettings(upstream=(connect(certs, 1),), upstream_policy="bogus")
