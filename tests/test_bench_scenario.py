@@ -25,6 +25,7 @@ from netsense.bench.results import (
     markdown_table,
     policy_figures,
     speedup,
+    step_compute,
     step_records,
     time_to_target,
     training_clock,
@@ -93,6 +94,24 @@ def test_step_records_sum_ranks_and_take_the_slowest_compute() -> None:
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(r["bytes_up"] == 200 and r["bytes_down"] == 400 and r["compute_s"] == 0.02 for r in records)
     assert records[1]["t_link"] == pytest.approx(0.75)  # midpoint of rank 0's step 2
+
+
+def test_step_compute_is_the_step_events_own_without_the_eval_pause() -> None:
+    """The step event's compute_s wins over the decision log's (the policy's Tc, which holds the
+    wait for the update), and rank 0's step after an eval leaves that rank out (the pause)."""
+    steps = _events(n=3)
+    for r in (0, 1):
+        for s, e in steps[r].items():
+            e["compute_s"] = 0.005 * (r + 1)
+    steps[0][3]["compute_s"] = 0.5  # rank 0 evaluated after step 2
+    steps[1][1]["compute_s"] = 0.0  # a first step: unknown
+    tc = {r: [{"step": s, "compute_s": 0.09} for s in range(3)] for r in (0, 1)}
+    assert step_compute(steps, tc, [{"step": 2, "test_accuracy": 0.5}]) == {1: 0.005, 2: 0.01, 3: 0.01}
+    assert step_compute(steps, tc)[3] == 0.5
+    records = step_records(steps, tc, link_t0=None, evals=[{"step": 2}])
+    assert [r["compute_s"] for r in records] == [0.005, 0.01, 0.01]
+    del steps[0][1]["compute_s"]  # an event without the field: the decision log's
+    assert step_compute(steps, tc)[1] == 0.09
 
 
 def test_policy_figures_are_consistent() -> None:

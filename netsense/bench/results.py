@@ -106,41 +106,70 @@ def transfer_s(spec: DuplexSpec | None, t: float, up_bytes: float, down_bytes: f
 # --- per-step records ----------------------------------------------------------------------------
 
 
+def step_compute(
+    steps: Mapping[int, Mapping[int, Mapping[str, Any]]],
+    decisions: Mapping[int, Sequence[Mapping[str, Any]]],
+    evals: Iterable[Mapping[str, Any]] = (),
+) -> dict[int, float | None]:
+    """Per step every rank finished, the slowest rank's compute time (None where no rank's is known).
+
+    A rank's compute is its step event's ``compute_s`` (the time from the end of its last step to
+    the start of this one: data, forward, backward), or, for events without one, its decision
+    log's ``compute_s``. The latter is the policy's Tc, which since 2026-12-02 also holds the wait
+    for the update (docs/POLICIES.md), so it is no compute time for an ideal step. Rank 0's step
+    after an eval is left out: the eval's pause is in it, and the training clock removes it.
+    """
+    ranks = sorted(steps)
+    if not ranks:
+        return {}
+    common = sorted(set.intersection(*(set(steps[r]) for r in ranks)))
+    logged = {r: {int(d["step"]) + 1: d.get("compute_s") for d in decisions.get(r, ())} for r in ranks}
+    paused = {int(e["step"]) + 1 for e in evals}
+    out: dict[int, float | None] = {}
+    for step in common:
+        known = []
+        for r in ranks:
+            if r == ranks[0] and step in paused:
+                continue
+            event = steps[r][step]
+            c = event["compute_s"] if "compute_s" in event else logged[r].get(step)
+            if c:
+                known.append(float(c))
+        out[step] = max(known) if known else None
+    return out
+
+
 def step_records(
     steps: Mapping[int, Mapping[int, Mapping[str, Any]]],
     decisions: Mapping[int, Sequence[Mapping[str, Any]]],
     *,
     link_t0: float | None,
+    evals: Iterable[Mapping[str, Any]] = (),
 ) -> list[dict[str, Any]]:
-    """One record per step that every rank finished: bytes of all workers, compute, link time.
+    """One record per step that every rank finished: bytes of all workers, compute (`step_compute`),
+    link time.
 
     `steps[rank][step]` is that rank's step event plus ``mono`` (launcher's monotonic receipt
     time); its ``bytes_up``/``bytes_down`` are cumulative. `decisions[rank]` are the rank's uplink
-    decision-log records (``compute_s`` is the worker's EWMA of its compute time). A step's compute
-    is the slowest rank's; the link time is the midpoint of rank 0's step.
+    decision-log records. The link time is the midpoint of rank 0's step.
     """
     ranks = sorted(steps)
     if not ranks:
         return []
-    common = sorted(set.intersection(*(set(steps[r]) for r in ranks)))
-    compute = {r: {int(d["step"]) + 1: d.get("compute_s") for d in decisions.get(r, ())} for r in ranks}
+    compute = step_compute(steps, decisions, evals)
     records: list[dict[str, Any]] = []
     prev: dict[int, Mapping[str, Any] | None] = {r: None for r in ranks}
-    for step in common:
+    for step in compute:
         up = down = 0
         for r in ranks:
             cur, before = steps[r][step], prev[r]
             up += int(cur["bytes_up"]) - (int(before["bytes_up"]) if before else 0)
             down += int(cur["bytes_down"]) - (int(before["bytes_down"]) if before else 0)
-        tcs = [compute[r].get(step) for r in ranks]
-        known = [float(c) for c in tcs if c]
         e0, p0 = steps[ranks[0]][step], prev[ranks[0]]
         mono = float(e0["mono"]) if "mono" in e0 else None
         start = float(p0["mono"]) if p0 is not None and "mono" in p0 else mono
         t_link = None if mono is None or link_t0 is None or start is None else (mono + start) / 2 - link_t0
-        records.append(
-            {"step": step, "bytes_up": up, "bytes_down": down, "compute_s": max(known) if known else None, "t_link": t_link}
-        )
+        records.append({"step": step, "bytes_up": up, "bytes_down": down, "compute_s": compute[step], "t_link": t_link})
         for r in ranks:
             prev[r] = steps[r][step]
     return records
@@ -196,7 +225,7 @@ def policy_figures(
         raise ValueError("rank 0 finished no step: nothing to report")
     clock = training_clock({s: float(e["wall_s"]) for s, e in steps[0].items()}, evals)
     curve = eval_curve(clock, evals)
-    records = step_records(steps, decisions, link_t0=link_t0)
+    records = step_records(steps, decisions, link_t0=link_t0, evals=evals)
     n = len(records)
     last = records[-1]["step"] if records else 0
     wall = clock[last] if records else 0.0

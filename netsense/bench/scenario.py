@@ -168,7 +168,7 @@ def run_policy(
     emulator (or none).
 
     Returns its figures (see `netsense.bench.results.policy_figures`)."""
-    from netsense.bench.results import policy_figures
+    from netsense.bench.results import policy_figures, step_compute
 
     if run_dir.exists():
         shutil.rmtree(run_dir)  # decision logs append: a stale one would mix two runs
@@ -232,7 +232,7 @@ def run_policy(
     if launcher.relays:
         figures["relays"] = [{k: v for k, v in r.items() if k != "events"} for r in launcher.relays]
     if wan is not None and spec is not None:
-        compute = [float(d["compute_s"]) for d in decisions.get(0, []) if d.get("compute_s")]
+        compute = [c for c in step_compute(steps, decisions, evals).values() if c]
         figures.update(wan_figures(wan, figures["steps"], spec, list(wan), compute))
         # Across sites a worker's bytes to its own shard never meet the link: the ideal is the WAN's.
         figures["ideal_step_app_s"], figures["ideal_step_s"] = figures["ideal_step_s"], figures["wan_ideal_step_s"]
