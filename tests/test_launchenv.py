@@ -34,3 +34,23 @@ def test_bad_values() -> None:
         from_environ({"RANK": "x", "WORLD_SIZE": "2"})
     with pytest.raises(ConfigError, match="NETSENSE_PS"):
         from_environ({"NETSENSE_PS": "nohostport"})
+
+
+def test_children_import_their_parents_netsense_from_any_folder(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A child started in a folder holding another `netsense/` (a second checkout) imports the
+    parent's netsense, not that folder's: `PYTHON` leaves the working directory off sys.path."""
+    import subprocess
+
+    import netsense
+    from netsense.config import JobConfig
+    from netsense.launch import PYTHON
+    from netsense.launch.launcher import Launcher
+
+    (tmp_path / "netsense").mkdir()
+    (tmp_path / "netsense" / "__init__.py").write_text("raise SystemExit('the folder netsense was imported')\n")
+    code = "import netsense; print(netsense.__file__)"
+    out = subprocess.run([*PYTHON, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == netsense.__file__, out
+    bare = subprocess.run([PYTHON[0], "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert "the folder netsense was imported" in bare.stderr  # what -P prevents
+    assert Launcher(JobConfig(), run_dir=tmp_path / "run")._cmd("ps")[: len(PYTHON)] == list(PYTHON)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from netsense.errors import ProcessFailed
+from netsense.launch import PYTHON
 
 HOOKS = ("none", "fp16", "powersgd")
 """DDP communication hooks: fp32 all-reduce, fp16 compression, PowerSGD rank-2 with error feedback."""
@@ -192,7 +193,7 @@ def run_ddp(
         errs: list[list[str]] = []
         readers: list[threading.Thread] = []
         for rank in range(workers):
-            argv = [sys.executable, "-m", "netsense.bench.ddp_baseline", "--model", model, "--hook", hook, "--rank", str(rank),
+            argv = [*PYTHON, "-m", "netsense.bench.ddp_baseline", "--model", model, "--hook", hook, "--rank", str(rank),
                     "--world-size", str(workers), "--master", f"{master}:{MASTER_PORT}", "--seed", str(seed),
                     "--eval-every", str(eval_every)]  # fmt: skip
             if steps:

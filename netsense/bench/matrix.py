@@ -30,6 +30,7 @@ from typing import Any
 
 from netsense.bench.matrix_results import cell_key, markdown_matrix
 from netsense.errors import ConfigError
+from netsense.launch import PYTHON
 
 FORMAT, VERSION = "netsense-bench-matrix", 1
 DEFAULT_MODELS = "digits-cnn,charlm,wide-mlp"
@@ -246,7 +247,7 @@ def scenario_argv(cell: Cell, results: dict[str, Any], out: Path, insecure: bool
     return argv + (["--insecure"] if insecure else [])
 
 
-SCENARIO_CMD: tuple[str, ...] = (sys.executable, "-m", "netsense")
+SCENARIO_CMD: tuple[str, ...] = (*PYTHON, "-m", "netsense")
 """The command a run's argv follows (a test swaps in a stand-in)."""
 Runner = Callable[[Cell, list[str], Path, float], tuple[dict[str, Any] | None, str | None]]
 

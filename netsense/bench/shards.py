@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from netsense.transport.tls import LOOPBACK_MAX_DATAGRAM_SIZE
+from netsense.launch import PYTHON
 
 
 def register(kinds: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
 def measure(servers: int, workers: int, *, mb: float, keys: int, steps: int, mds: int) -> dict[str, Any]:
     """One configuration: start the shards and workers, collect each worker's push windows."""
-    py = [sys.executable, "-m", "netsense"]
+    py = [*PYTHON, "-m", "netsense"]
     procs: list[subprocess.Popen[str]] = []
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory(prefix="netsense-bench-shards-") as tmp:
@@ -88,7 +89,7 @@ def measure(servers: int, workers: int, *, mb: float, keys: int, steps: int, mds
             spec = {"ps": ports, "workers": workers, "mb": mb, "keys": keys, "steps": steps, "mds": mds}
             ws = [
                 subprocess.Popen(
-                    [sys.executable, "-m", "netsense.bench.shards", json.dumps({**spec, "rank": r})],
+                    [*PYTHON, "-m", "netsense.bench.shards", json.dumps({**spec, "rank": r})],
                     stdout=subprocess.PIPE, text=True, env=env,
                 )  # fmt: skip
                 for r in range(workers)

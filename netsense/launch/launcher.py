@@ -22,7 +22,6 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -30,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+from netsense.launch import PYTHON
 from netsense.config import JobConfig, override, to_dict, with_sites
 from netsense.devcerts import check_cert_dates, ensure_certs
 from netsense.errors import ProcessFailed
@@ -120,7 +120,7 @@ class Launcher:
 
     def _cmd(self, *args: str) -> list[str]:
         flags = ["-v"] * self.verbose
-        return [sys.executable, "-m", "netsense", *flags, *args]
+        return [*PYTHON, "-m", "netsense", *flags, *args]
 
     def _spawn(self, cmd: list[str], site: str | None = None) -> subprocess.Popen[str]:
         """Start one child; `site` is where it runs (None: the emulator, or a job without sites)."""
