@@ -90,7 +90,7 @@ ROWS: list[tuple[list[str], str]] = [
     (["ps", "--resume", "{file}"], "--resume: cannot write to {file}: it is a file, not a folder"),
     (["ps", "--config", "{toml:[server]\ncheckpoint_dir = '{file}'\n}"], "server.checkpoint_dir: cannot write to {file}"),
     # More shards than keys: refused before 9 PS processes start (the workers refused it after).
-    (["launch", "--servers", "9", "--insecure"], "--servers 9: model 'digits-cnn' has 8 parameter keys, and shard 8 would own none; use at most 8"),
+    (["launch", "--servers", "12", "--insecure"], "--servers 12: model 'digits-cnn' has 11 parameter keys, and shard 11 would own none; use at most 11"),
 ]
 
 

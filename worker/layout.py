@@ -1,7 +1,10 @@
 """How a model's parameters map to PS keys: one key per tensor, large tensors split into chunks.
 
 Chunking bounds the size of one message (and one decode) and lets a large tensor's pieces travel
-on parallel streams; small tensors keep their shape so matrix codecs (low-rank) can see it.
+on parallel streams; small tensors keep their shape so matrix codecs (low-rank) can see it, and a
+chunk of a matrix is a block of whole rows, a matrix itself. With several PS shards a tensor
+larger than half a shard's fair share is chunked too (`shard_layout`), so the shards' bytes are
+balanced: across sites each direction then carries its share in both halves of a step.
 The model's other state (persistent buffers such as BatchNorm's running stats, and frozen
 parameters) gets keys too (`state_layout`): they travel whole with every push and the PS averages
 them (docs/ARCHITECTURE.md, "Model buffers"); `state_info` is the key -> state_dict name map
@@ -17,6 +20,9 @@ import torch
 from netsense.transport.wire import TensorInfo
 
 DEFAULT_CHUNK_ELEMS = 1 << 22  # 4 Mi elements = 16 MiB of fp32
+MIN_SHARD_CHUNK_ELEMS = 1 << 13
+"""The least a tensor is chunked to for shard balance (8 Ki elements, 32 kB of fp32): below it a
+key's per-message cost outweighs the balance."""
 
 
 @dataclass(frozen=True)
@@ -32,7 +38,7 @@ class KeySlot:
     end: int
     """One past the last flat element."""
     shape: tuple[int, ...]
-    """Shape of the key's tensor (the parameter's shape, or (end-start,) for a chunk)."""
+    """Shape of the key's tensor: the parameter's, a block of its rows, or (end-start,)."""
 
     name: str = ""
     """The tensor's `state_dict` name (the key without its ``#i`` chunk suffix)."""
@@ -66,6 +72,21 @@ def key_layout(model: torch.nn.Module, chunk_elems: int = DEFAULT_CHUNK_ELEMS) -
     return slots
 
 
+def shard_layout(model: torch.nn.Module, shards: int, chunk_elems: int = DEFAULT_CHUNK_ELEMS) -> list[KeySlot]:
+    """`key_layout` for a job of `shards` PS shards: no key above half a shard's fair share of the
+    trainable elements (nor below `MIN_SHARD_CHUNK_ELEMS`, nor above `chunk_elems`).
+
+    Whole tensors balance badly when one dominates: wide-mlp's 544 x 544 matrix is 88 % of the
+    model, so with one shard per site its shard's traffic crossed the WAN one way in the push and
+    the other way in the pull while the opposite direction idled (docs/ARCHITECTURE.md, "Sites").
+    Every worker computes the same layout from the same model, as `assign_shards` needs."""
+    if shards > 1:
+        total = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        fair = -(-total // (2 * shards))
+        chunk_elems = min(chunk_elems, max(MIN_SHARD_CHUNK_ELEMS, fair))
+    return key_layout(model, chunk_elems)
+
+
 def state_layout(model: torch.nn.Module, chunk_elems: int = DEFAULT_CHUNK_ELEMS) -> list[KeySlot]:
     """Keys of the model's state that is not trained: persistent buffers (in `state_dict` order)
     and frozen parameters. Empty for a model without any, so its wire traffic is unchanged."""
@@ -88,7 +109,16 @@ def state_layout(model: torch.nn.Module, chunk_elems: int = DEFAULT_CHUNK_ELEMS)
 
 
 def _chunks(name: str, t: torch.Tensor, chunk_elems: int, *, buffer: bool) -> list[KeySlot]:
+    """Chunks of at most `chunk_elems`: blocks of whole rows (shaped like the tensor, fewer rows)
+    where a row fits, else flat pieces."""
     n = t.numel()
+    row = n // t.shape[0] if t.dim() >= 2 and t.shape[0] > 0 else 0
+    if row and row <= chunk_elems:
+        rows = chunk_elems // row
+        return [
+            KeySlot(f"{name}#{i}", t, r * row, min(t.shape[0], r + rows) * row, (min(t.shape[0], r + rows) - r, *t.shape[1:]), name, buffer)
+            for i, r in enumerate(range(0, t.shape[0], rows))
+        ]  # fmt: skip
     return [
         KeySlot(f"{name}#{i}", t, start, min(n, start + chunk_elems), (min(n, start + chunk_elems) - start,), name, buffer)
         for i, start in enumerate(range(0, n, chunk_elems))

@@ -21,14 +21,14 @@ from netsense.errors import ConfigError, ProtocolError
 from netsense.transport.sharding import assign_shards
 from netsense.transport.wire import Params, TensorInfo
 
-from .layout import KeySlot, key_layout, state_info, state_layout, wire_value
+from .layout import KeySlot, shard_layout, state_info, state_layout, wire_value
 
 
 class Replica:
     """Keys of `model` spread over `shards` PS shards, and the version of each shard's keys."""
 
     def __init__(self, model: torch.nn.Module, chunk_elems: int, shards: int) -> None:
-        self.slots: list[KeySlot] = key_layout(model, chunk_elems)
+        self.slots: list[KeySlot] = shard_layout(model, shards, chunk_elems)
         if not 1 <= shards <= len(self.slots):
             raise ConfigError(f"{shards} PS shards for {len(self.slots)} keys: use 1..{len(self.slots)} shards")
         self.owner: dict[str, int] = assign_shards([(s.key, 4 * s.numel) for s in self.slots], shards)

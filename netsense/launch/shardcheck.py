@@ -10,14 +10,14 @@ from __future__ import annotations
 from netsense.errors import ConfigError
 from netsense.transport.sharding import assign_shards
 from netsense.worker import TrainTask
-from netsense.worker.layout import key_layout
+from netsense.worker.layout import shard_layout
 
 
 def check_shards(task: TrainTask, model_spec: str, servers: int) -> None:
     """Every one of `servers` shards owns at least one of the model's keys, else one `ConfigError`."""
     if servers <= 1:
         return
-    slots = key_layout(task.build_model())  # shapes only: no seed needed
+    slots = shard_layout(task.build_model(), servers)  # shapes only: no seed needed
     owner = assign_shards([(s.key, 4 * s.numel) for s in slots], servers)
     empty = sorted(set(range(servers)) - set(owner.values()))
     if empty:
