@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
 import typing
 from collections.abc import Iterable
@@ -18,6 +19,18 @@ from collections.abc import Iterable
 from netsense.errors import NetSenseError
 
 _COMMANDS = ("ps", "worker", "relay", "launch", "certs", "bench", "emulate", "probe", "plot", "export")
+SUPERVISORS = ("launch", "bench")
+"""Commands whose children (shards, workers, relays, emulators, network namespaces) must not
+outlive them: for these SIGTERM (a scheduler's time limit, `kill`) unwinds as Ctrl-C does, through
+the clean-up that stops every child. Killed outright, they left their children running."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread of a supervising command."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated()
 
 
 def register_modules(sub: argparse._SubParsersAction, package: str, names: Iterable[str]) -> None:  # type: ignore[type-arg]
@@ -66,11 +79,16 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if args.command in SUPERVISORS:
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         return int(args.func(args) or 0)
     except NetSenseError as exc:
         print(f"netsense {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except Terminated:
+        print(f"netsense {args.command}: terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print(f"netsense {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -107,7 +107,9 @@ def test_failing_worker_stops_the_job_with_nonzero_exit(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_stops_every_process(tmp_path: Path, sig: int, status: int) -> None:
+    """Ctrl-C, or SIGTERM (a scheduler's time limit): launch stops every child before it exits."""
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     run_dir = tmp_path / "run"
     p = subprocess.Popen(
@@ -120,15 +122,15 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
             time.sleep(0.5)
         assert len(_procs_mentioning(str(run_dir))) >= 3
         time.sleep(2)
-        p.send_signal(signal.SIGINT)
+        p.send_signal(sig)
         try:
             p.wait(30)
         except subprocess.TimeoutExpired:
             p.kill()  # stop launch and what it did not stop, then report with its stderr
             _kill_all(str(run_dir))
             out, err = p.communicate()
-            pytest.fail(f"launch still running 30 s after SIGINT; stderr tail: {err[-2000:]!r}")
-        assert p.returncode == 130
+            pytest.fail(f"launch still running 30 s after signal {sig}; stderr tail: {err[-2000:]!r}")
+        assert p.returncode == status
         deadline = time.monotonic() + 10
         while _procs_mentioning(str(run_dir)) and time.monotonic() < deadline:
             time.sleep(0.2)
