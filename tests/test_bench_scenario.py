@@ -396,7 +396,8 @@ def test_a_rank_that_fails_is_named_before_the_peer_it_took_down() -> None:
     from netsense.errors import ProcessFailed
 
     lost = "import sys; sys.stderr.write('what():  [pair.cc:553] Connection closed by peer [10.0.0.2]:7336\\n'); sys.exit(134)"
-    cause = "import sys, time; time.sleep(0.5); sys.stderr.write('RuntimeError: injected crash at step 3\\n'); sys.exit(1)"
+    cause = ("import sys, time; print('{\"event\": \"step\", \"step\": 3}', flush=True); time.sleep(0.5); "
+             "sys.stderr.write('RuntimeError: injected crash at step 3\\n'); sys.exit(1)")
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for code in (lost, cause)]  # fmt: skip
     outs: list[list[str]] = [[], []]
@@ -413,6 +414,7 @@ def test_a_rank_that_fails_is_named_before_the_peer_it_took_down() -> None:
     assert message.index("DDP rank 1 (fp16) exited with status 1: RuntimeError: injected crash") < message.index(
         "DDP rank 0 (fp16) exited with status 134"
     )
+    assert "injected crash at step 3 (its last step: 3)" in message and message.endswith("(its last step: None)")
     assert all(p.poll() is not None for p in procs)
 
 

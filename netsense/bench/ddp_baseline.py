@@ -232,7 +232,7 @@ def _supervise(
     while True:
         codes = [p.poll() for p in procs]
         if any(c not in (None, 0) for c in codes):
-            raise ProcessFailed(_failure(procs, errs, readers, hook=hook))
+            raise ProcessFailed(_failure(procs, outs, errs, readers, hook=hook))
         if all(c == 0 for c in codes):
             return
         step_lines = (line for line in reversed(outs[0]) if '"event": "step"' in line and line.endswith("\n"))
@@ -249,10 +249,12 @@ def _supervise(
         time.sleep(0.2)
 
 
-def _failure(procs: list[subprocess.Popen[str]], errs: list[list[str]], readers: list[threading.Thread], *, hook: str) -> str:
+def _failure(
+    procs: list[subprocess.Popen[str]], outs: list[list[str]], errs: list[list[str]], readers: list[threading.Thread], *, hook: str
+) -> str:
     """Why the run failed, once one rank has: the others get `FAIL_GRACE_S` to end on their own
-    (then all are stopped), and every rank that failed is named, those whose last error is only a
-    lost peer (`PEER_LOSS`) after the rest."""
+    (then all are stopped), and every rank that failed is named, with the last step it reported,
+    those whose last error is only a lost peer (`PEER_LOSS`) after the rest."""
     from netsense.launch.launcher import stop_processes
 
     deadline = time.monotonic() + FAIL_GRACE_S
@@ -265,7 +267,20 @@ def _failure(procs: list[subprocess.Popen[str]], errs: list[list[str]], readers:
         readers[2 * r + 1].join(timeout=2.0)  # the rank's last words
     why = {r: _last_error(errs[r]) for r in failed}
     failed.sort(key=lambda r: any(words in why[r] for words in PEER_LOSS))
-    return "; ".join(f"DDP rank {r} ({hook}) exited with status {codes[r]}: {why[r]}" for r in failed)
+    return "; ".join(
+        f"DDP rank {r} ({hook}) exited with status {codes[r]}: {why[r]} (its last step: {_last_step(outs[r])})" for r in failed
+    )
+
+
+def _last_step(lines: list[str]) -> int | None:
+    """The step of a rank's last step event (None before its first): where in the run it failed."""
+    for line in reversed(lines):
+        if '"event": "step"' in line:
+            try:
+                return int(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError):
+                continue
+    return None
 
 
 def figures(events: dict[int, list[dict[str, Any]]], *, link: str, target: float, global_batch: int) -> dict[str, Any]:
