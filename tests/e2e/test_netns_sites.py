@@ -5,6 +5,7 @@ trains across it, and its WAN bytes per step are one model each way, as DDP's 2-
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -51,4 +52,7 @@ def test_two_sites_train_over_the_shaped_link_with_the_rings_wan_bytes(
         assert 0.9 * model_bytes < per_step < 1.5 * model_bytes, (name, per_step, model_bytes)
     assert wan["netns:none"] < 1.4 * wan["ddp:none"], wan
     assert "| `netns:none` | s0 " in (out / "results.md").read_text()
-    assert _namespaces() == before  # every namespace of both rows is gone
+    # Every namespace of both rows is gone; only this process's count (netsense-<pid>x<n>-...):
+    # other jobs on the machine may add or remove their own meanwhile.
+    ours = f"netsense-{os.getpid()}x"
+    assert {n for n in _namespaces().split() if n.startswith(ours)} <= set(before.split())
