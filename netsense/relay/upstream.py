@@ -77,32 +77,21 @@ class Upstream:
         return await self.client.init(init.tensors, init.optimizer, world_size, init.model)
 
     async def step(self, agg: Aggregate, total_keys: int) -> Params:
-        """Push the site's step and pull its update; after a dropped connection, reconnect and push
-        again if the PS is still at the step, else return where the PS is now."""
+        """Push the site's step (at the policy's level when the push adapts) and pull its update."""
         started = time.perf_counter()
         adaptive = self.adaptive if not agg.skip else None
-        decision = None
+        payloads = None
         if adaptive is not None:
             conn = self.client.conn
             link = adaptive.read_link(conn.quic if conn is not None else None, agg.grads)
             decision, payloads = await asyncio.to_thread(adaptive.encode, agg.grads, link, started)
-            buckets, fields = self.encode(agg, payloads)
-        else:
-            buckets, fields = self.encode(agg)
+        buckets, fields = self.encode(agg, payloads)
         self.client.step_fields = fields
         sent = time.perf_counter()
-        progress = asyncio.ensure_future(asyncio.to_thread(adaptive.track_progress, decision)) if decision else None
+        progress = asyncio.ensure_future(asyncio.to_thread(adaptive.track_progress, decision)) if adaptive else None
         try:
-            while True:
-                try:
-                    params, push_s = await self._push_pull(agg.step, agg.samples, total_keys, buckets)
-                    break
-                except PeerTimeout as exc:
-                    params = await reconnect(self.client, self.settings, exc, self.seed)
-                    if params.version != agg.step:
-                        return params
-                    log.info("upstream still at step %d after reconnecting; pushing the site's step again", agg.step)
-            if adaptive is not None:
+            params, push_s = await self._send(agg, total_keys, buckets)
+            if adaptive is not None and payloads is not None and push_s is not None:
                 wire_s = time.perf_counter() - sent
                 adaptive.observe(payloads, push_s=push_s, encode_s=sent - started, wire_s=wire_s, step=agg.step)
             return params
@@ -111,6 +100,18 @@ class Upstream:
                 await progress
             if self.adaptive is not None:
                 self.adaptive.mark_end()
+
+    async def _send(self, agg: Aggregate, total_keys: int, buckets: list[dict[str, Payload]]) -> tuple[Params, float | None]:
+        """Push + pull with its push time; after a dropped connection, reconnect and push again if
+        the PS is still at the step, else return where the PS is now (no push time)."""
+        while True:
+            try:
+                return await self._push_pull(agg.step, agg.samples, total_keys, buckets)
+            except PeerTimeout as exc:
+                params = await reconnect(self.client, self.settings, exc, self.seed)
+                if params.version != agg.step:
+                    return params, None
+                log.info("upstream still at step %d after reconnecting; pushing the site's step again", agg.step)
 
     async def _push_pull(self, step: int, samples: int, total_keys: int, buckets: list[dict[str, Payload]]) -> tuple[Params, float]:
         """The update and the push's time (first byte to the last ack)."""
