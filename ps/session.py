@@ -42,6 +42,9 @@ class WorkerSession:
         self.authenticated = False
         self.host: str | None = None
         self.closed = False
+        self.admitted = False
+        """Whether `_admit` has run: the caps hold for admitted connections (a new one waits one
+        loop iteration for its peer address)."""
         self.opened_at = time.monotonic()
         server.connections.add(self)
         loop = asyncio.get_event_loop()
@@ -59,6 +62,7 @@ class WorkerSession:
         real handshake takes milliseconds, not the time it takes to open 64 more connections."""
         if self.closed:
             return
+        self.admitted = True
         self.host = peer_host(self.conn.quic)
         s, live = self.server.settings, [c for c in self.server.connections if not c.closed and c is not self]
         pending = sorted((c for c in live if not c.authenticated), key=lambda c: c.opened_at)
