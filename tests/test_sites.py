@@ -182,3 +182,12 @@ def test_scenario_sites_spread_workers_evenly_in_rank_order() -> None:
     assert rank_site_names(4, 2) == ["s0", "s0", "s1", "s1"] and rank_site_names(2) == ["s0", "s1"]
     with pytest.raises(Exception, match="cannot spread 2 workers over 3 sites"):
         site_workers(2, 3)
+
+
+def test_each_shard_gets_its_own_file_and_one_shard_the_plain_name() -> None:
+    """The PS shards' downlink logs and a relay's per-shard logs are named alike."""
+    from netsense.launch.outputs import shard_file
+
+    assert shard_file("run/d.jsonl", 0, 1) == "run/d.jsonl"
+    assert [shard_file("run/d.jsonl", i, 2) for i in (0, 1)] == ["run/d-shard0.jsonl", "run/d-shard1.jsonl"]
+    assert shard_file("run/d", 1, 3) == "run/d-shard1.jsonl"

@@ -29,13 +29,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from netsense.launch import PYTHON
 from netsense.config import JobConfig, override, to_dict, with_sites
 from netsense.devcerts import check_cert_dates, ensure_certs
 from netsense.errors import ProcessFailed
+from netsense.launch import PYTHON
 from netsense.launch.env import resolve_job_id
 from netsense.launch.jsonout import strict_json
-from netsense.launch.outputs import check_output_dir, check_output_file
+from netsense.launch.outputs import check_output_dir, check_output_file, shard_file
 from netsense.launch.relays import RelayPlan, plan_relays, read_events, relay_args
 from netsense.launch.shardcheck import check_shards
 from netsense.launch.sites import format_sites, rank_sites, shard_sites
@@ -366,10 +366,7 @@ class Launcher:
     def _down_log(self, shard: int) -> str:
         """Shard `shard`'s downlink decision log (the plain name when there is one shard)."""
         configured = self.config.server.decision_log
-        path = Path(configured) if configured else self.run_dir / "decisions-down.jsonl"
-        if self.config.servers == 1:
-            return str(path)
-        return str(path.with_name(f"{path.stem}-shard{shard}{path.suffix or '.jsonl'}"))
+        return shard_file(configured or self.run_dir / "decisions-down.jsonl", shard, self.config.servers)
 
     def _relay_log(self, site: str) -> str:
         """The decision log of site `site`'s relay when its push adapts (the run dir's)."""

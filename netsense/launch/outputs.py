@@ -25,6 +25,13 @@ def check_output_file(label: str, path: str | Path | None) -> None:
         raise ConfigError(f"{label}: cannot write {p}: {problem}")
 
 
+def shard_file(path: str | Path, shard: int, shards: int) -> str:
+    """The file of shard `shard` among `shards` that write one each: ``<stem>-shard<i><suffix>``
+    (the plain name when there is one)."""
+    p = Path(path)
+    return str(p) if shards == 1 else str(p.with_name(f"{p.stem}-shard{shard}{p.suffix or '.jsonl'}"))
+
+
 def check_output_dir(label: str, path: str | Path | None) -> None:
     """`path` (None: unset) is a writable folder, or one that can be created, else a `ConfigError`."""
     if path is None:

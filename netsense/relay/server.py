@@ -15,13 +15,13 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from aioquic.quic.configuration import QuicConfiguration
 
 from netsense.compression.policy import build_policy
 from netsense.errors import ConfigError, NetSenseError, PeerError
+from netsense.launch.outputs import shard_file
 from netsense.ps.server import PSServer, ServerSettings
 from netsense.transport.wire import Init, Limits, Params
 from netsense.worker.connect import ConnectSettings
@@ -277,9 +277,8 @@ def _adaptive(settings: RelaySettings, shard: int) -> AdaptiveUpstream | None:
     if settings.upstream_policy is None:
         return None
     log_path = settings.decision_log
-    if log_path is not None and len(settings.upstream) > 1:
-        path = Path(log_path)
-        log_path = str(path.with_name(f"{path.stem}-shard{shard}{path.suffix or '.jsonl'}"))
+    if log_path is not None:
+        log_path = shard_file(log_path, shard, len(settings.upstream))
     return AdaptiveUpstream(
         build_policy(settings.upstream_policy, settings.ladder), decision_log=log_path,
         log_fields={"worker_id": settings.worker_id, "shard": shard},
