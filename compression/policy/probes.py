@@ -19,6 +19,10 @@ from .law import LevelHold
 from .link import LinkState
 from .netsense_settings import NetsensePolicySettings
 
+PROBE_RISE = 2.0
+"""A probe is sized to stay a trusted bandwidth sample up to this many times the current estimate
+(`Probes._probe_level`)."""
+
 
 class Probes:
     """The probe and exploration rules over the policy's committed level and its evidence."""
@@ -66,7 +70,7 @@ class Probes:
         if self._probe_due(link, reason, last_send_slow) and self._capacity_matters(levels, request, bw, per_byte, q):
             self.hold.since_probe = 0
             self.moved_at = link.time_s
-            probe = self._probe_level(index, request.payload_bytes)
+            probe = self._probe_level(index, levels, request.payload_bytes, bw=bw, rtt_s=link.min_rtt_s or 0.0)
             self._probed = True
             return probe, f"probe: {index - probe} lighter than {self.ladder[index].spec}"
         explore = self._explore_level(link, reason, q)
@@ -134,10 +138,19 @@ class Probes:
         assert self.hold.level is not None
         return self.hold.target(unlimited, q) < self.hold.level
 
-    def _probe_level(self, index: int, payload_bytes: int) -> int:
-        """The heaviest lighter level whose send is big enough to be a bandwidth sample (a probe too
-        small to measure anything reveals nothing); one level lighter when none is."""
-        big = [i for i in range(index) if self.ladder[i].wire_bytes(payload_bytes) >= self.settings.min_sample_bytes]
+    def _probe_level(self, index: int, levels: list[Level], payload_bytes: int, *, bw: float, rtt_s: float) -> int:
+        """The heaviest lighter level whose send is a bandwidth sample (a probe too small to
+        measure anything reveals nothing); one level lighter when none is. A send is a sample when
+        it carries `min_sample_bytes`, or when it would still last `min_sample_rtts` min RTTs at
+        `PROBE_RISE` times the bandwidth `bw` (and carries `min_sample_bytes` / 16, the estimate's
+        own rule): a bigger rise shows as a lower bound above the estimate, which raises it, and
+        the lighter level's sends measure the rest. On wide-mlp's 1 ms, 20 Mbit/s path the first
+        rule alone probed fp16 (337 kB, ~135 ms a probe) where qsgd:4 (86 kB) measures up to 40
+        Mbit/s (docs/BENCHMARKS.md, "The first updates"); at a 20 ms RTT the two rules agree."""
+        s = self.settings
+        long_enough = max(s.min_sample_bytes / 16, PROBE_RISE * s.min_sample_rtts * rtt_s * bw)
+        enough = s.min_sample_bytes if s.min_sample_rtts <= 0 or rtt_s <= 0 else min(s.min_sample_bytes, long_enough)
+        big = [i for i in range(index) if levels[i].wire_bytes(payload_bytes) >= enough]
         return max(big) if big else index - 1
 
     def _explore_level(self, link: LinkState, reason: str, q: list[float]) -> int | None:
