@@ -40,8 +40,6 @@ from netsense.transport.sensing.signal import SignalReader
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-WATCH_TIMEOUT_S = 60.0
-"""Give up timing one delivery after this long (a worker that vanished)."""
 PROGRESS_START_VERSION = 2
 """First update of the candidate rounds (then every `progress_every`), as the uplink's
 `PROGRESS_START_STEP`: at version 0 a round blocks the loop while the first pushes are timed; with
@@ -72,7 +70,6 @@ class DownlinkController:
         self._pending: tuple[Decision, LinkState, float] | None = None  # decision, link, chosen at
         self._sent: dict[int, list[float]] = {}  # version -> comm times of finished deliveries
         self._bytes: dict[int, int] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
         self._snapshot: tuple[int, list[int], dict[str, torch.Tensor]] | None = None  # version, levels, shadow
         self._window_pool: ThreadPoolExecutor | None = None  # feeds the progress windows off the loop
         self._window_queued = 0
@@ -272,20 +269,15 @@ class DownlinkController:
 
     def sent(self, quic: Any, version: int, nbytes: int) -> None:
         """A PARAMS reply of `nbytes` for `version` is being written on `quic` now (call before
-        the write, on the loop thread); times its delivery in the background."""
-        state = self._reader(quic).state
+        the write, on the loop thread); its delivery is timed by the ack that completes it
+        (`SensingState.when_delivered`, on the connection's clock: the loop's)."""
         self._bytes[version] = nbytes
-        task = asyncio.get_event_loop().create_task(self._watch(state, state.delivered, nbytes, version))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        t0 = asyncio.get_running_loop().time()
 
-    async def _watch(self, state: Any, base: int, nbytes: int, version: int) -> None:
-        t0 = time.perf_counter()
-        while state.delivered - base < nbytes:
-            if time.perf_counter() - t0 > WATCH_TIMEOUT_S:
-                return
-            await asyncio.sleep(0.002)
-        self._sent.setdefault(version, []).append(time.perf_counter() - t0)
+        def delivered(at: float) -> None:
+            self._sent.setdefault(version, []).append(max(0.0, at - t0))
+
+        self._reader(quic).state.when_delivered(nbytes, delivered)
 
     def _finish(self) -> None:
         """Log and feed back the previous update (its deliveries are done by now)."""
@@ -304,20 +296,12 @@ class DownlinkController:
             self._bytes.pop(old, None)
 
     def close(self) -> None:
-        """Log the last update, close the decision log, cancel the delivery watches (`wait_closed`
-        awaits them)."""
+        """Log the last update and close the decision log (a delivery still unacked is not timed)."""
         self._finish()
         self._pending = None
-        for task in list(self._tasks):
-            task.cancel()
         if self._window_pool is not None:
             self._window_pool.shutdown(wait=False, cancel_futures=True)
         self.loop.close()
-
-    async def wait_closed(self) -> None:
-        """Until every cancelled delivery watch has finished: one still pending when the loop
-        stopped was destroyed pending (`Task was destroyed but it is pending!`)."""
-        await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
 
 def _feed_probe(probe: WindowProbe, tensors: list[torch.Tensor]) -> WindowResult | None:

@@ -178,16 +178,14 @@ class PSServer:
             self._server.close()
 
     async def stop(self) -> None:
-        """`close`, then wait until the watchdog, every cancelled request and the downlink's
-        delivery watches have finished, so no task is left pending for a loop that stops next (a
-        PULL still waiting was destroyed pending)."""
+        """`close`, then wait until the watchdog and every cancelled request have finished, so no
+        task is left pending for a loop that stops next (a PULL still waiting was destroyed
+        pending)."""
         self.close()
         if self._server is not None:
             await self._server.stop()
         if self._watchdog is not None:
             await asyncio.gather(self._watchdog, return_exceptions=True)
-        if self.downlink is not None:
-            await self.downlink.wait_closed()
 
     # --- shared state transitions -----------------------------------------------------------
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -71,6 +75,31 @@ def test_compute_time_is_the_update_interval_less_its_delivery(monkeypatch: pyte
     down.choose(4, [], 4_000_000)  # at t = 10.5: 0.5 s since the last choice, 0.3 of it delivery
     assert down.loop.compute_s == pytest.approx(0.2)
     assert 4 not in down._sent  # the deliveries were consumed by the log line of update 4
+
+
+async def test_a_delivery_whose_ack_comes_with_the_next_push_is_timed(tmp_path: Path) -> None:
+    """A PARAMS delivery is timed by the ack that completes it, on the loop's clock, even when the
+    next update is chosen in the same loop turn as that ack arrives (the ack rides in the datagram
+    of the worker's next push): a 2 ms poller missed those, and the slowest worker's time with them."""
+    from types import SimpleNamespace
+
+    from netsense.transport.sensing.estimator import SensingState
+
+    down = DownlinkController("netsense", ladder=LADDER, decision_log=tmp_path / "down.jsonl")
+    states = {"far": SensingState(1200), "near": SensingState(1200)}
+    down._reader = lambda quic: SimpleNamespace(state=states[quic])  # type: ignore[method-assign]
+    down.choose(0, [], 4_000_000)
+    loop_time = asyncio.get_running_loop().time()
+    for quic in states:
+        down.sent(quic, 1, 2400)
+    packet = SimpleNamespace(sent_time=loop_time, sent_bytes=2400)
+    states["near"].on_acked(packet, loop_time + 0.002, 100_000, 0)  # type: ignore[arg-type]
+    states["far"].on_acked(packet, loop_time + 0.150, 100_000, 0)  # type: ignore[arg-type]
+    assert sorted(down._sent[1]) == pytest.approx([0.002, 0.150], abs=0.01)
+    down.choose(1, [], 4_000_000)  # at once: no poller had a turn
+    down.close()
+    first = json.loads((tmp_path / "down.jsonl").read_text().splitlines()[0])
+    assert first["receivers"] == 2 and first["comm_s"] == pytest.approx(0.150, abs=0.01)
 
 
 def test_the_update_encode_time_is_the_chosen_levels_cost() -> None:

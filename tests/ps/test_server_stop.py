@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from types import SimpleNamespace
 from typing import Any
 
 from tests.conftest import RunningPS, start_ps, stop_ps
@@ -77,23 +76,4 @@ async def test_stop_before_start_and_twice_is_harmless() -> None:
     await server.stop()
     assert server.connections == set()
 
-
-def _watching(server: PSServer) -> list[asyncio.Task[None]]:
-    """Start a downlink delivery watch that never finishes by itself (the bytes are never acked)."""
-    assert server.downlink is not None
-    never = SimpleNamespace(state=SimpleNamespace(delivered=0))
-    server.downlink._reader = lambda quic: never  # type: ignore[method-assign]
-    server.downlink.sent(object(), 1, 1000)  # watched up to WATCH_TIMEOUT_S (60 s)
-    return list(server.downlink._tasks)
-
-
-async def test_stop_waits_for_the_downlinks_delivery_watches() -> None:
-    """The downlink policy times each PARAMS delivery in a task that `close` only cancelled: a
-    loop stopped right after `stop` could destroy it pending."""
-    server = PSServer(ServerSettings(port=0, policy="fixed:fp32"), secret=b"x" * 32)
-    watches = _watching(server)
-    await asyncio.sleep(0.01)
-    assert watches and not any(t.done() for t in watches)
-    await server.stop()
-    assert all(t.done() for t in watches)
 

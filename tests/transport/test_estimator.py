@@ -77,6 +77,25 @@ class Flow:
         return last_ack
 
 
+def test_a_delivery_is_timed_by_the_ack_that_completes_it() -> None:
+    """`when_delivered` fires from the ack that takes the count past the bytes watched, with that
+    ack's time, once; watches registered later count from their own start; 0 bytes fire at once."""
+    flow = Flow()
+    packets = flow.send(4, at=0.0)
+    fired: list[tuple[str, float]] = []
+    flow.cc.sensing.when_delivered(2 * MDS, lambda at: fired.append(("first two", at)))
+    flow.cc.sensing.when_delivered(4 * MDS, lambda at: fired.append(("all four", at)))
+    for i, packet in enumerate(packets[:2]):
+        flow.cc.on_packet_acked(now=0.01 * (i + 1), packet=packet)
+    assert fired == [("first two", 0.02)]
+    flow.cc.sensing.when_delivered(MDS, lambda at: fired.append(("one more", at)))  # from 2 delivered
+    flow.cc.on_packet_acked(now=0.03, packet=packets[2])
+    assert fired[1:] == [("one more", 0.03)]
+    flow.cc.on_packet_acked(now=0.04, packet=packets[3])
+    flow.cc.sensing.when_delivered(0, lambda at: fired.append(("nothing", at)))
+    assert fired[2:] == [("all four", 0.04), ("nothing", 0.04)]
+
+
 def test_delivery_rate_matches_a_synthetic_bottleneck() -> None:
     flow = Flow()
     flow.run(start=0.0, seconds=2.0, rate_Bps=1e6, rtt=0.02)

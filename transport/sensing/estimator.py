@@ -12,6 +12,8 @@ re-basing, ack batches), and its docstrings carry the measurements that justify 
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
@@ -169,6 +171,8 @@ class SensingState:
         """Recent loss fraction."""
 
         self._delivered_time = 0.0
+        self._deliveries: list[tuple[int, int, Callable[[float], None]]] = []  # heap: (count, seq, callback)
+        self._delivery_seq = itertools.count()
         self._first_sent_time = 0.0
         self._app_limited_until = 0  # delivered count that ends the app-limited bubble; 0 = none
         self._last_event_time: float | None = None
@@ -288,6 +292,18 @@ class SensingState:
         self._flight, self._flight_ref = now, None
         self._app_limited_until = 0
 
+    def when_delivered(self, nbytes: int, callback: Callable[[float], None]) -> None:
+        """Call `callback(now)` from the ack that takes `delivered` `nbytes` past its count now,
+        `now` being that ack's time (the connection's clock); at once, with the latest ack's time,
+        if `nbytes` <= 0. A delivery is timed at its ack, not when a poller next looks: the PS's
+        downlink polled every 2 ms and missed every delivery whose ack came in the datagram that
+        carried the worker's next push, 3 in 4 updates on one shard (docs/BENCHMARKS.md, "The
+        first updates"). `callback` must not raise: it runs inside the connection's ack handling."""
+        if nbytes <= 0:
+            callback(self._delivered_time)
+            return
+        heapq.heappush(self._deliveries, (self.delivered + nbytes, next(self._delivery_seq), callback))
+
     def on_acked(
         self, packet: SentPacket, now: float, congestion_window: int, bytes_in_flight: int
     ) -> None:
@@ -300,6 +316,8 @@ class SensingState:
             pending = None
         self.delivered += packet.sent_bytes
         self._delivered_time = now
+        while self._deliveries and self._deliveries[0][0] <= self.delivered:
+            heapq.heappop(self._deliveries)[2](now)
         self._batch_acked += 1
         if self._app_limited_until and self.delivered > self._app_limited_until:
             self._app_limited_until = 0
