@@ -68,7 +68,9 @@ class DownlinkController:
         self._readers: weakref.WeakKeyDictionary[Any, SignalReader] = weakref.WeakKeyDictionary()
         self._chosen_for: int | None = None
         self._pending: tuple[Decision, LinkState, float] | None = None  # decision, link, chosen at
+        self._closing: tuple[Decision, LinkState, float | None] | None = None  # decision, link, interval
         self._sent: dict[int, list[float]] = {}  # version -> comm times of finished deliveries
+        self._expected: dict[int, int] = {}  # version -> PARAMS replies written
         self._bytes: dict[int, int] = {}
         self._snapshot: tuple[int, list[int], dict[str, torch.Tensor]] | None = None  # version, levels, shadow
         self._window_pool: ThreadPoolExecutor | None = None  # feeds the progress windows off the loop
@@ -246,19 +248,22 @@ class DownlinkController:
 
     def choose(self, version: int, links: list[LinkState], payload_bytes: int) -> str | None:
         """The codec spec for the update that will take the store to `version` + 1, for the slowest
-        of `links` (the live workers' connections); None when already chosen for this version."""
+        of `links` (the live workers' connections); None when already chosen for this version.
+
+        The update before it is fed back now if every worker has its copy; else when the last
+        delivery is acked (`_finish`). The choice comes at the *first* push of a step, and a near
+        worker pushes while the far one is still receiving: fed back at once, the update was
+        timed on the near worker alone (one shard of wide-mlp across 2 sites: 3 in 4 updates, and
+        an estimate of 10-40 MB/s on a 2.5 MB/s path)."""
         if self._chosen_for == version:
             return None
         self._chosen_for = version
         now = time.perf_counter()
+        self._finish(force=True)  # the update before last: with the deliveries it had
         if self._pending is not None:
-            # Before `_finish`, which pops the deliveries: read after it, comm was always 0, so the
-            # "compute" time held the last update's own delivery and every level's predicted step
-            # carried it twice (wide-mlp: 66-71 ms of "compute" in a 60 ms update cycle).
-            interval = now - self._pending[2]
-            comm = max(self._sent.get(self._pending[0].step + 1, [0.0]) or [0.0])
-            self.loop.time_compute(max(0.0, interval - comm))
-        self._finish()
+            decision, link, chosen_at = self._pending
+            self._closing, self._pending = (decision, link, now - chosen_at), None
+            self._finish()
         link = self.slowest(links)
         if self.loop.compute_s is None:  # nothing timed yet: no basis to trade bytes for time
             link = replace(link, bandwidth_Bps=None)
@@ -272,33 +277,50 @@ class DownlinkController:
         the write, on the loop thread); its delivery is timed by the ack that completes it
         (`SensingState.when_delivered`, on the connection's clock: the loop's)."""
         self._bytes[version] = nbytes
-        t0 = asyncio.get_running_loop().time()
+        self._expected[version] = self._expected.get(version, 0) + 1
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
 
-        def delivered(at: float) -> None:
+        def delivered(at: float) -> None:  # inside the connection's ack handling: record, no more
             self._sent.setdefault(version, []).append(max(0.0, at - t0))
+            loop.call_soon(self._finish)
 
         self._reader(quic).state.when_delivered(nbytes, delivered)
 
-    def _finish(self) -> None:
-        """Log and feed back the previous update (its deliveries are done by now)."""
-        if self._pending is None:
+    def _finish(self, *, force: bool = False) -> None:
+        """Log and feed back the update whose cycle ended (`_closing`) once every PARAMS reply
+        written for it was acked, or with the deliveries it had when `force`d (the next choice, a
+        worker that left): its Tc sample is the update interval less the slowest delivery, its
+        comm time that delivery."""
+        if self._closing is None:
             return
-        decision, link, _ = self._pending
+        decision, link, interval = self._closing
         version = decision.step + 1
-        times = self._sent.pop(version, [])
+        times = self._sent.get(version, [])
+        if not force and len(times) < self._expected.get(version, 0):
+            return
+        self._closing = None
+        self._sent.pop(version, None)
         nbytes = self._bytes.pop(version, None)
         comm = max(times) if times else None
+        if interval is not None:
+            # Not the whole interval: with the delivery in it, every level's predicted step carried
+            # the update's own send twice (wide-mlp: 66-71 ms of "compute" in a 60 ms cycle).
+            self.loop.time_compute(max(0.0, interval - (comm or 0.0)))
         if nbytes is not None and comm is not None:
             self.loop.observe(decision, bytes_sent=nbytes, comm_s=comm)
         self.loop.write(decision, link, bytes_sent=nbytes, comm_s=comm, version=version, receivers=len(times))
-        for old in [v for v in self._sent if v < version]:
+        for old in [v for v in (*self._sent, *self._expected) if v <= version]:
             self._sent.pop(old, None)
             self._bytes.pop(old, None)
+            self._expected.pop(old, None)
 
     def close(self) -> None:
-        """Log the last update and close the decision log (a delivery still unacked is not timed)."""
-        self._finish()
-        self._pending = None
+        """Log the last updates and close the decision log (a delivery still unacked is not timed)."""
+        self._finish(force=True)
+        if self._pending is not None:
+            self._closing, self._pending = (*self._pending[:2], None), None
+            self._finish(force=True)
         if self._window_pool is not None:
             self._window_pool.shutdown(wait=False, cancel_futures=True)
         self.loop.close()

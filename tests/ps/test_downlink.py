@@ -77,29 +77,42 @@ def test_compute_time_is_the_update_interval_less_its_delivery(monkeypatch: pyte
     assert 4 not in down._sent  # the deliveries were consumed by the log line of update 4
 
 
-async def test_a_delivery_whose_ack_comes_with_the_next_push_is_timed(tmp_path: Path) -> None:
-    """A PARAMS delivery is timed by the ack that completes it, on the loop's clock, even when the
-    next update is chosen in the same loop turn as that ack arrives (the ack rides in the datagram
-    of the worker's next push): a 2 ms poller missed those, and the slowest worker's time with them."""
+async def test_an_update_is_fed_back_when_its_slowest_delivery_is_acked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next update is chosen at the first push, which the near worker sends while the far one
+    is still receiving: the update is fed back once the far delivery's ack arrives (timed by that
+    ack, not a poller), with both receivers and the far worker's time, and its Tc sample then;
+    a delivery never acked is given up at the choice after (forced, with what it had)."""
     from types import SimpleNamespace
 
     from netsense.transport.sensing.estimator import SensingState
 
+    import netsense.ps.downlink as downlink
+
+    clock = iter([10.0, 10.2, 10.4])
+    monkeypatch.setattr(downlink.time, "perf_counter", lambda: next(clock))
     down = DownlinkController("netsense", ladder=LADDER, decision_log=tmp_path / "down.jsonl")
     states = {"far": SensingState(1200), "near": SensingState(1200)}
     down._reader = lambda quic: SimpleNamespace(state=states[quic])  # type: ignore[method-assign]
-    down.choose(0, [], 4_000_000)
-    loop_time = asyncio.get_running_loop().time()
+    down.choose(0, [], 4_000_000)  # at t = 10.0
+    t0 = asyncio.get_running_loop().time()
     for quic in states:
         down.sent(quic, 1, 2400)
-    packet = SimpleNamespace(sent_time=loop_time, sent_bytes=2400)
-    states["near"].on_acked(packet, loop_time + 0.002, 100_000, 0)  # type: ignore[arg-type]
-    states["far"].on_acked(packet, loop_time + 0.150, 100_000, 0)  # type: ignore[arg-type]
-    assert sorted(down._sent[1]) == pytest.approx([0.002, 0.150], abs=0.01)
-    down.choose(1, [], 4_000_000)  # at once: no poller had a turn
-    down.close()
+    packet = SimpleNamespace(sent_time=t0, sent_bytes=2400)
+    states["near"].on_acked(packet, t0 + 0.002, 100_000, 0)  # type: ignore[arg-type]
+    down.choose(1, [], 4_000_000)  # t = 10.2: the near worker pushed; the far one still receives
+    assert down.loop.compute_s is None and not (tmp_path / "down.jsonl").read_text()
+    states["far"].on_acked(packet, t0 + 0.150, 100_000, 0)  # type: ignore[arg-type]
+    await asyncio.sleep(0)
     first = json.loads((tmp_path / "down.jsonl").read_text().splitlines()[0])
     assert first["receivers"] == 2 and first["comm_s"] == pytest.approx(0.150, abs=0.01)
+    assert down.loop.compute_s == pytest.approx(0.2 - 0.150, abs=0.01)
+    down.sent("far", 2, 2400)  # never acked: the next choice gives up on it
+    down.choose(2, [], 4_000_000)
+    down.close()
+    second = json.loads((tmp_path / "down.jsonl").read_text().splitlines()[1])
+    assert second["version"] == 2 and second["receivers"] == 0 and second["comm_s"] is None
 
 
 def test_the_update_encode_time_is_the_chosen_levels_cost() -> None:
