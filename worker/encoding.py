@@ -19,6 +19,7 @@ import torch
 
 from netsense.compression import Codec, Payload, make_codec
 from netsense.compression.feedback import ErrorFeedback, NonFiniteGradient
+from netsense.compression.limits import all_finite
 
 from .layout import KeySlot
 from .uplink import UplinkController
@@ -54,7 +55,7 @@ class GradientEncoder:
         codec = self.codec_for(key, spec)
         try:
             if codec.lossless and self.feedback is None:
-                if not _all_finite(grad):
+                if not all_finite(grad):
                     raise NonFiniteGradient(key, f"gradient of {key!r} has NaN/inf")
                 return codec.encode(grad), grad  # with residuals left by lossy steps, feedback flushes them
             if self.feedback is None:
@@ -140,12 +141,6 @@ class GradientEncoder:
         codec = self.codec_for("", spec)  # only its kind is read: lossless, unbiased
         if self.feedback is not None and not codec.lossless:
             self.uplink.observe_progress(level, self.feedback.pop_progress(unbiased=codec.unbiased))
-
-
-def _all_finite(t: torch.Tensor) -> bool:
-    """True if no element is NaN or inf: a finite sum proves it in one pass; only a sum that is not
-    finite (an overflow, or a real NaN/inf) takes the exact, slower check."""
-    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
 
 def bucketize(payloads: dict[str, Payload], bucket_bytes: int) -> list[dict[str, Payload]]:

@@ -9,7 +9,7 @@ import torch
 from netsense.compression import make_codec
 from netsense.errors import ProtocolError
 from netsense.ps.store import ParameterStore
-from netsense.ps.store.core import all_finite
+from netsense.compression.limits import all_finite
 from netsense.transport.wire import Push
 from storehelp import init_params as _init, push_grads as _push, store  # noqa: F401 (a fixture)
 
