@@ -283,7 +283,7 @@ class DownlinkController:
 
         def delivered(at: float) -> None:  # inside the connection's ack handling: record, no more
             self._sent.setdefault(version, []).append(max(0.0, at - t0))
-            loop.call_soon(self._finish)
+            _call_soon(loop, self._finish)
 
         self._reader(quic).state.when_delivered(nbytes, delivered)
 

@@ -295,10 +295,9 @@ class SensingState:
     def when_delivered(self, nbytes: int, callback: Callable[[float], None]) -> None:
         """Call `callback(now)` from the ack that takes `delivered` `nbytes` past its count now,
         `now` being that ack's time (the connection's clock); at once, with the latest ack's time,
-        if `nbytes` <= 0. A delivery is timed at its ack, not when a poller next looks: the PS's
-        downlink polled every 2 ms and missed every delivery whose ack came in the datagram that
-        carried the worker's next push, 3 in 4 updates on one shard (docs/BENCHMARKS.md, "The
-        first updates"). `callback` must not raise: it runs inside the connection's ack handling."""
+        if `nbytes` <= 0. A delivery is timed at its ack, with no task per reply polling the count
+        (the PS's downlink polled every 2 ms: docs/BENCHMARKS.md, "The first updates").
+        `callback` must not raise: it runs inside the connection's ack handling."""
         if nbytes <= 0:
             callback(self._delivered_time)
             return
