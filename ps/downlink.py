@@ -71,6 +71,7 @@ class DownlinkController:
         self._closing: tuple[Decision, LinkState, float | None] | None = None  # decision, link, interval
         self._sent: dict[int, list[float]] = {}  # version -> comm times of finished deliveries
         self._expected: dict[int, int] = {}  # version -> PARAMS replies written
+        self._intervals = 0  # update intervals timed (Tc samples)
         self._bytes: dict[int, int] = {}
         self._snapshot: tuple[int, list[int], dict[str, torch.Tensor]] | None = None  # version, levels, shadow
         self._window_pool: ThreadPoolExecutor | None = None  # feeds the progress windows off the loop
@@ -304,6 +305,13 @@ class DownlinkController:
         nbytes = self._bytes.pop(version, None)
         comm = max(times) if times else None
         if interval is not None:
+            if self._intervals == 1:
+                # The first interval held the workers' first step (set-up, first encodes, a push at
+                # an unknown bandwidth): folded in, it kept Tc at 4-5x its steady value for ~8
+                # updates, and wide-mlp's downlink on 8- and 4-bit levels while PowerSGD already
+                # cost less (docs/BENCHMARKS.md, "The first updates"). The second replaces it.
+                self.loop.restart_compute()
+            self._intervals += 1
             # Not the whole interval: with the delivery in it, every level's predicted step carried
             # the update's own send twice (wide-mlp: 66-71 ms of "compute" in a 60 ms cycle).
             self.loop.time_compute(max(0.0, interval - (comm or 0.0)))

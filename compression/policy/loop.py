@@ -26,8 +26,7 @@ from .progress import LevelObserver, measure_into
 
 COMPUTE_EWMA_ALPHA = 0.3
 """Weight of the newest compute-time sample (the time between one send and the next, less the
-send): a few steps smooth out scheduler noise. The first sample stands only until the second
-replaces it (`PolicyLoop.time_compute`)."""
+send): a few steps smooth out scheduler noise."""
 
 
 class RoundObserver(LevelObserver, Protocol):
@@ -73,7 +72,6 @@ class PolicyLoop:
         self.policy = policy
         self.compute_s: float | None = None
         """EWMA of the compute time between sends, None before the first sample."""
-        self._compute_samples = 0
         self.levels: dict[str, int] = {}
         """Sends at each codec spec (the level histogram)."""
         self.codecs: dict[int, Codec] = {}
@@ -87,17 +85,14 @@ class PolicyLoop:
         self._windows = 0  # progress windows started
 
     def time_compute(self, sample_s: float) -> None:
-        """Fold one compute-time sample into the EWMA. The second sample replaces the first rather
-        than joining it: the first step pays one-off set-up (the workers' first decode and first
-        encodes, a push at an unknown bandwidth), and folded in it held the downlink's Tc at 4-5x
-        its steady value for ~8 updates, which kept wide-mlp's downlink on 8- and 4-bit levels
-        there while PowerSGD already cost less (docs/BENCHMARKS.md, "The first updates")."""
-        self._compute_samples += 1
-        if self.compute_s is None or self._compute_samples == 2:
-            self.compute_s = sample_s
-        else:
-            a = COMPUTE_EWMA_ALPHA
-            self.compute_s = a * sample_s + (1 - a) * self.compute_s
+        """Fold one compute-time sample into the EWMA."""
+        a = COMPUTE_EWMA_ALPHA
+        self.compute_s = sample_s if self.compute_s is None else a * sample_s + (1 - a) * self.compute_s
+
+    def restart_compute(self) -> None:
+        """Forget the compute-time EWMA: the next sample starts it afresh (a first sample that held
+        one-off set-up, `netsense.ps.downlink`)."""
+        self.compute_s = None
 
     def choose(self, link: LinkState, *, payload_bytes: int, step: int) -> Decision:
         """The policy's decision for `step`, weighed against the compute time so far (0 before any)."""

@@ -39,18 +39,18 @@ class Recorder(Policy):
         self.costs.append((level, dense_bytes, encode_s, decode_s))
 
 
-def test_compute_time_is_an_ewma_after_the_first_sample_and_zero_before_any() -> None:
-    """The first sample (one-off set-up) stands until the second replaces it; then an EWMA."""
+def test_compute_time_is_an_ewma_and_zero_before_any_sample() -> None:
     policy = Recorder()
     loop = PolicyLoop(policy, direction="up")
     loop.choose(LINK, payload_bytes=1000, step=0)
-    loop.time_compute(5.0)
-    loop.choose(LINK, payload_bytes=1000, step=1)
     loop.time_compute(1.0)
     loop.time_compute(0.0)
-    loop.choose(LINK, payload_bytes=1000, step=2)
-    assert [r.compute_s for r in policy.requests] == [0.0, 5.0, pytest.approx(1 - COMPUTE_EWMA_ALPHA)]
-    assert [(r.step, r.payload_bytes, r.overlap) for r in policy.requests][:2] == [(0, 1000, False), (1, 1000, False)]
+    loop.choose(LINK, payload_bytes=1000, step=1)
+    assert [r.compute_s for r in policy.requests] == [0.0, pytest.approx(1 - COMPUTE_EWMA_ALPHA)]
+    assert [(r.step, r.payload_bytes, r.overlap) for r in policy.requests] == [(0, 1000, False), (1, 1000, False)]
+    loop.restart_compute()
+    loop.time_compute(0.25)
+    assert loop.compute_s == 0.25
 
 
 def test_a_levels_first_encode_is_not_its_cost() -> None:

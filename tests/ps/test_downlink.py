@@ -115,6 +115,23 @@ async def test_an_update_is_fed_back_when_its_slowest_delivery_is_acked(
     assert second["version"] == 2 and second["receivers"] == 0 and second["comm_s"] is None
 
 
+def test_the_first_update_interval_stands_only_until_the_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first interval holds the workers' first step (set-up): the second replaces it rather
+    than joining an EWMA that took ~8 updates to forget it; from the third on, the EWMA."""
+    import netsense.ps.downlink as downlink
+    from netsense.compression.policy.loop import COMPUTE_EWMA_ALPHA
+
+    clock = iter([0.0, 1.0, 1.2, 1.5])
+    monkeypatch.setattr(downlink.time, "perf_counter", lambda: next(clock))
+    down = DownlinkController("netsense", ladder=LADDER)
+    taken = []
+    for version in range(4):
+        down.choose(version, [], 4_000_000)
+        taken.append(down.loop.compute_s)
+    a = COMPUTE_EWMA_ALPHA
+    assert taken == [None, 1.0, pytest.approx(0.2), pytest.approx(a * 0.3 + (1 - a) * 0.2)]
+
+
 def test_the_update_encode_time_is_the_chosen_levels_cost() -> None:
     """The store's timing of the update it encoded feeds the level the downlink chose for it,
     from its second use on (the first pays set-up); a timing of another version or codec does not."""
