@@ -20,7 +20,7 @@ seeded with the codec's conservative prior) is `netsense.compression.policy.prog
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +32,17 @@ DEFAULT_SAMPLE_NUMEL = 1 << 16
 WARM_UP_NUMEL = 1024
 """Elements of a warm-up call: a codec's first call pays lazy set-up (~20 ms for qsgd:8 on loaded
 cores, 2-10x its later calls) whatever the size, so a small sample warms it up cheaply."""
+
+
+def codec_clock() -> Callable[[], float]:
+    """The clock every codec timing that prices a level is read on (candidate rounds and the real
+    sends alike, so that they compare): this thread's CPU time while torch runs this thread's
+    kernels on it alone (`torch.get_num_threads() == 1`, as every bench process and the window
+    thread do), else wall time (a kernel spread over a pool works on threads `thread_time` does
+    not see). Wall time on a side thread charges a codec the GIL waits that another thread's
+    Python imposes at each of its kernel calls: beside a 30-60 % busy event loop a powersgd:4
+    round on wide-mlp read 2.25 ms for 0.53 ms of work (docs/POLICIES.md, "Measured costs")."""
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
 
 
 def progress_from_error(energy: float, error: float, *, unbiased: bool) -> float | None:
@@ -100,19 +111,20 @@ def measure_level(codec: Codec, tensors: Iterable[torch.Tensor], *, max_numel: i
     elements of a vector (top-k's energy share at a density is a property of the magnitude
     distribution, which a spread subsample preserves). Encode cost is O(max_numel). The timings
     are the codec's own (no error feedback), per key like the real send: a cost sample for levels
-    the policy has not sent.
+    the policy has not sent, on `codec_clock`.
     """
     items = subsample(tensors, max_numel)
     if not items:
         return None
+    clock = codec_clock()
     energy = error = encode_s = decode_s = 0.0
     numel = 0
     for x in items:
-        t0 = time.perf_counter()
+        t0 = clock()
         payload = codec.encode(x)
-        t1 = time.perf_counter()
+        t1 = clock()
         decoded = codec.decode(payload)
-        t2 = time.perf_counter()
+        t2 = clock()
         encode_s, decode_s, numel = encode_s + t1 - t0, decode_s + t2 - t1, numel + x.numel()
         diff = (x - decoded.float()).reshape(-1)
         flat = x.reshape(-1)

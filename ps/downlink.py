@@ -176,8 +176,9 @@ class DownlinkController:
         round held every worker's push for 0.05-0.1 s at versions 2 and 3, and two such pushes in
         a row read as a *slowed* path (deepmlp's uplink estimate fell 13x and it sent top-k 0.1 %
         for ~20 steps: docs/BENCHMARKS.md, "Rounds before the choice, and off the PS's loop"). Its
-        codec timings there include the loop's share of the GIL, which only overprices them a
-        little. Without a running loop it runs here, reporting to the policy."""
+        codec timings are read on `codec_clock` (thread CPU time), which leaves out the GIL waits
+        the busy loop imposes there (2-4x a codec's work in wall time: docs/POLICIES.md, "Measured
+        costs"). Without a running loop it runs here, reporting to the policy."""
         loop = _running_loop()
         if loop is None:
             return work(self.policy)

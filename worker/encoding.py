@@ -20,6 +20,7 @@ import torch
 from netsense.compression import Codec, Payload, make_codec
 from netsense.compression.feedback import ErrorFeedback, NonFiniteGradient
 from netsense.compression.limits import all_finite
+from netsense.compression.progress import codec_clock
 
 from .layout import KeySlot
 from .uplink import UplinkController
@@ -41,6 +42,7 @@ class GradientEncoder:
         """Keys pushed as zero because their local gradient held NaN or inf, since the start."""
         self._codecs: dict[str, Codec] = {}
         self._taken = (0, 0)  # (nonfinite, clamped) at the last `take_counts`
+        self._codec_s = 0.0  # seconds inside `encode` (on `codec_clock`) since `take_codec_s`
 
     def codec_for(self, key: str, spec: str) -> Codec:
         """Per-key encoder instances: stateful codecs (warm starts) keep state per key."""
@@ -51,7 +53,21 @@ class GradientEncoder:
 
     def encode(self, key: str, grad: torch.Tensor, spec: str) -> tuple[Payload, torch.Tensor]:
         """The payload of `key` and what it stands for: encoding that tensor again (at another
-        level, through error feedback) sends exactly what this payload would have."""
+        level, through error feedback) sends exactly what this payload would have. Timed on
+        `codec_clock` (`take_codec_s`), as the candidate rounds time the levels not sent."""
+        clock = codec_clock()
+        t = clock()
+        try:
+            return self._encode(key, grad, spec)
+        finally:
+            self._codec_s += clock() - t
+
+    def take_codec_s(self) -> float:
+        """Seconds spent in `encode` since the last call: what a step's level cost to encode."""
+        seconds, self._codec_s = self._codec_s, 0.0
+        return seconds
+
+    def _encode(self, key: str, grad: torch.Tensor, spec: str) -> tuple[Payload, torch.Tensor]:
         codec = self.codec_for(key, spec)
         try:
             if codec.lossless and self.feedback is None:

@@ -309,6 +309,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
             {} if self._redecides and redecide_after(decision) is not None and early is None else None
         )
         self._encoder.encode_rest(spec, payloads, sources)
+        codec_s = self._encoder.take_codec_s()  # this step's keys, in the hooks (overlap) and here
         buckets = self._shard_buckets(payloads, early)
         t1 = time.perf_counter()
         self._set_fields(fields)
@@ -332,7 +333,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
             stats.encode_s += redecided.encode_s
             stats.wire_s -= redecided.encode_s
             comm_s = max(0.0, t1 + result.push_s - redecided.pushed_at)
-            step_encode_s = redecided.encode_s
+            step_encode_s, codec_s = redecided.encode_s, self._encoder.take_codec_s()
         stats.compute_s = t0 - self._step_end if self._step_end is not None else 0.0
         stats.push_s, stats.wait_s = result.push_s, max(0.0, stats.wire_s - result.push_s)
         stats.decode_s, stats.apply_s = decode_s, max(0.0, t3 - t2 - decode_s)
@@ -344,6 +345,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
                 bytes_sent=sum(p.wire_size for p in payloads.values()),
                 comm_s=comm_s,
                 encode_s=step_encode_s,
+                codec_s=codec_s,
                 wire_s=stats.wire_s,
                 version=self.version,
             )

@@ -70,7 +70,6 @@ class UplinkController:
         self._step = 0
         self.last: tuple[Decision, LinkState] | None = None
         """The latest decision and the link state it was taken on."""
-        self._choose_s = 0.0  # reading the link and deciding, inside the step's `encode_s`
         self.withdrawals = 0
         """Pushes withdrawn mid-flight and re-encoded at a heavier level (`withdrawn`)."""
         self._redecide: str | None = None  # how the pending push's redecide ended, for its log line
@@ -143,30 +142,31 @@ class UplinkController:
             # a lighter push shortens a step.
             self.loop.time_compute(max(0.0, started - self._last_end) + self._waited_s)
         decision = self.loop.choose(link, payload_bytes=self.payload_bytes, step=self._step)
-        self._choose_s = max(0.0, time.perf_counter() - started)
         self._pending = (decision, link)
         self._redecide = None
         self.last = (decision, link)  # read by the metrics endpoint
         return decision
 
-    def observe(self, *, bytes_sent: int, comm_s: float, **fields: Any) -> dict[str, Any] | None:
+    def observe(self, *, bytes_sent: int, comm_s: float, codec_s: float | None = None, **fields: Any) -> dict[str, Any] | None:
         """Feedback after the push of the pending decision; writes its log line (returned).
 
-        An ``encode_s`` field (the step's choice + encoding time) is also the level's measured
-        encode cost, less the time `choose` itself took (reading the link and deciding)."""
+        `codec_s`, the seconds the step's keys took to encode on `codec_clock` (the encoder's
+        `take_codec_s`), is the level's measured encode cost, timed as the candidate rounds time
+        the levels not sent (the step's wall-clock ``encode_s`` also holds the choice, a round and
+        the GIL waits the network thread imposes)."""
         if self._pending is None:
             return None
         decision, link = self._pending
         self._pending = None
-        encode_s, wire_s = fields.get("encode_s"), fields.get("wire_s")
+        wire_s = fields.get("wire_s")
         # The first update's wait is start-up, not the cycle: its delivery runs in slow start on
         # fresh connections (1.04 s for fp16 on wide-mlp at 50 Mbit/s, where later updates took
         # 0.03 s), and as Tc it held the uplink at the safe level's size for 3 more steps.
         timed = isinstance(wire_s, float) and math.isfinite(wire_s) and self._step >= STARTUP_STEPS
         self._waited_s = max(0.0, wire_s - comm_s) if timed else 0.0
         if self._step >= STARTUP_STEPS:
-            if decision.level is not None and isinstance(encode_s, float):
-                self.loop.observe_encode(decision.level, self.payload_bytes, max(0.0, encode_s - self._choose_s))
+            if decision.level is not None and codec_s is not None:
+                self.loop.observe_encode(decision.level, self.payload_bytes, codec_s)
             self.loop.observe(decision, bytes_sent=bytes_sent, comm_s=comm_s)
         self.loop.count(decision.spec)
         self._step += 1
@@ -197,7 +197,6 @@ class UplinkController:
         self.loop.write(old, old_link, bytes_sent=bytes_acked, comm_s=elapsed_s, withdrawn=True, redecide="withdrawn")
         self._pending = self.last = (new, link)
         self._redecide = None
-        self._choose_s = 0.0
 
     def progress_candidates(self) -> list[int]:
         """Ladder levels the policy wants measured on this step's gradient (see `measure_progress`),

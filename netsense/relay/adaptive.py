@@ -74,9 +74,10 @@ class AdaptiveUpstream:
 
     def observe(self, payloads: dict[str, Payload], *, push_s: float, encode_s: float, wire_s: float, step: int) -> None:
         """What the push cost, fed back to the policy; writes its decision-log line."""
-        assert self.uplink is not None
+        assert self.uplink is not None and self.encoder is not None
         bytes_sent = sum(p.wire_size for p in payloads.values())
-        self.uplink.observe(bytes_sent=bytes_sent, comm_s=push_s, encode_s=encode_s, wire_s=wire_s, version=step)
+        codec_s = self.encoder.take_codec_s()
+        self.uplink.observe(bytes_sent=bytes_sent, comm_s=push_s, codec_s=codec_s, encode_s=encode_s, wire_s=wire_s, version=step)
 
     def mark_end(self) -> None:
         """The site's step is over upstream (pushed, skipped or overtaken by a reconnect): the

@@ -10,12 +10,12 @@ update, full or delta (the worker writes them, never adds them). Not to be confu
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 
 import torch
 
 from netsense.compression import Codec, Payload, make_codec
+from netsense.compression.progress import codec_clock
 from netsense.transport.wire import Params
 
 LOSSLESS = ("fp32", "none")
@@ -32,8 +32,9 @@ class UpdateEncoder:
         self.last_update: Params | None = None
         """The newest whole-step update, for the pulls of workers one version behind."""
         self.last_encode: tuple[int, str, float] | None = None
-        """(version, codec spec, seconds) of the last whole-step update encode: the downlink
-        policy's measured encode cost of the level it chose (ps/downlink.py)."""
+        """(version, codec spec, seconds on `codec_clock`) of the last whole-step update encode:
+        the downlink policy's measured encode cost of the level it chose (ps/downlink.py), on the
+        clock its candidate rounds are timed on."""
         self._chosen: str | None = None  # a downlink policy's choice, overrides `spec`
         self._codecs: dict[str, Codec] = {}  # key -> encoder instance (stateful codecs keep per-key state)
         self._chosen_codecs: dict[tuple[str, str], Codec] = {}  # (key, spec) -> encoder
@@ -67,9 +68,10 @@ class UpdateEncoder:
     def encode_update(self, params: dict[str, torch.Tensor], version: int, base: int) -> None:
         """Encode the whole-step update from `base` to `version` (`last_update`), timed."""
         spec = self.current_spec
-        t0 = time.perf_counter()
+        clock = codec_clock()
+        t0 = clock()
         self.last_update = self._encode_update(params, version, base, spec)
-        self.last_encode = (version, spec, time.perf_counter() - t0)
+        self.last_encode = (version, spec, clock() - t0)
 
     def _encode_update(self, params: dict[str, torch.Tensor], version: int, base: int, spec: str) -> Params:
         if spec in LOSSLESS:

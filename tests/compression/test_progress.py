@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 import torch
 
@@ -81,3 +86,52 @@ def test_sender_encode_includes_error_feedbacks_decode_for_lossy_levels() -> Non
     sample = LevelSample(progress=0.9, encode_s=0.004, decode_s=0.001, dense_bytes=4000)
     assert sender_encode_s(make_codec("qsgd:8"), sample) == pytest.approx(0.005)
     assert sender_encode_s(make_codec("fp32"), sample) == 0.004
+
+
+@contextmanager
+def gil_hog(threads: int = 1) -> Iterator[None]:
+    """A thread spinning in pure Python beside the test (as a busy event loop sits beside the PS's
+    window thread), on `threads` intra-op torch threads in the test's own thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    stop = threading.Event()
+
+    def spin() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+
+    hog = threading.Thread(target=spin, daemon=True)
+    hog.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        hog.join()
+        torch.set_num_threads(before)
+
+
+def test_candidate_timings_leave_out_the_gil_waits_of_a_busy_thread() -> None:
+    """Each torch kernel releases the GIL, and getting it back from a thread busy in Python takes
+    up to a switch interval (5 ms): wall time priced a round on the PS's window thread 2-4x over
+    its work. On one intra-op thread a codec is timed on this thread's CPU time, which can only be
+    a part of what the thread spent during the whole measurement."""
+    from netsense.compression.progress import codec_clock, measure_level
+
+    keys = [torch.randn(64, 64, generator=torch.Generator().manual_seed(0)) for _ in range(3)]
+    codec = make_codec("powersgd:2")
+    measure_level(codec, keys)  # lazy set-up outside the hog
+    timed = 0.0
+    with gil_hog():
+        assert codec_clock() is time.thread_time
+        cpu0, wall0 = time.thread_time(), time.perf_counter()
+        for _ in range(10):  # a few rounds: the hog takes its first turn only after a switch interval
+            sample = measure_level(codec, keys)
+            assert sample is not None
+            timed += sample.encode_s + sample.decode_s
+            if time.perf_counter() - wall0 > 0.5:
+                break
+        cpu, wall = time.thread_time() - cpu0, time.perf_counter() - wall0
+    assert timed <= cpu, (timed, cpu, wall)  # wall-clock codec times: 0.07-3 s timed for 0.01-0.1 s of CPU
+    with gil_hog(threads=2):
+        assert codec_clock() is time.perf_counter  # other intra-op threads' work: thread_time misses it

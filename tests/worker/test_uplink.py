@@ -47,8 +47,9 @@ def test_candidates_are_measured_and_reported() -> None:
 
 
 def test_step_encode_time_and_candidate_rounds_become_measured_costs() -> None:
-    """The step's `encode_s` (less the time `choose` took) is the sent level's encode cost, from its
-    second send on (the first builds and warms its codecs); candidate rounds time every lossy level."""
+    """The step's `codec_s` (the keys' encode time, not the step's wall-clock `encode_s`) is the sent
+    level's encode cost, from its second send on (the first builds and warms its codecs); candidate
+    rounds time every lossy level."""
     policy = make_policy("netsense", Ladder.parse("fp32,qsgd:4,topk:0.01+fp16"))
     assert isinstance(policy, NetsensePolicy)
     up = UplinkController(policy, payload_bytes=S)
@@ -56,8 +57,7 @@ def test_step_encode_time_and_candidate_rounds_become_measured_costs() -> None:
     for step in range(3):  # fp32 throughout: the bandwidth is never more than a lower bound
         started = float(step)
         up.choose(link, started=started)
-        up._choose_s = 0.001  # as if reading the link and deciding took 1 ms of the step's encode_s
-        up.observe(bytes_sent=S, comm_s=0.003, encode_s=0.051 if step < 2 else 0.006)
+        up.observe(bytes_sent=S, comm_s=0.003, encode_s=0.5, codec_s=0.050 if step < 2 else 0.005)
     assert policy.costs.measured(0) == (True, False)
     assert policy.costs.encode_s_per_mb(0) == 0.005  # step 0 is startup, step 1 a first use: only step 2
     gen = torch.Generator().manual_seed(0)
