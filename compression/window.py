@@ -32,6 +32,7 @@ import torch
 from netsense.errors import CompressionError
 
 from .base import Codec, make_codec
+from .limits import all_finite
 from .lowrank import PowerSGD
 from .progress import subsample
 
@@ -173,7 +174,7 @@ class WindowProbe:
             samples[whole] = sample
         if len(samples) < len(kinds):
             return None  # the base of a cumulative stream
-        if not all(x.numel() and bool(torch.isfinite(x).all()) for sample in samples.values() for x in sample):
+        if not all(x.numel() and all_finite(x) for sample in samples.values() for x in sample):
             self._restart()
             return None
         if not all(samples.values()):
@@ -205,7 +206,7 @@ class WindowProbe:
                 v = x + residual[i]
                 sent = codec.decode(codec.encode(v)).float()
                 left = v - sent
-                if not bool(torch.isfinite(left).all()):
+                if not all_finite(left):
                     raise CompressionError(f"{codec.spec} decoded NaN or inf")
                 residual[i] = left
         except (CompressionError, ValueError, RuntimeError) as exc:
