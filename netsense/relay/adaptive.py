@@ -65,6 +65,7 @@ class AdaptiveUpstream:
         self.encoder.grads = grads
         self.encoder.measure_candidates()
         decision = self.uplink.choose(link, started=started)
+        self.encoder.take_codec_s()  # what an earlier push that never reached `observe` encoded
         return decision, {key: self.encoder.encode(key, g, decision.spec)[0] for key, g in grads.items()}
 
     def track_progress(self, decision: Decision) -> None:
