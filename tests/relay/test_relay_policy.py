@@ -93,3 +93,24 @@ async def _levels(site: Any) -> dict[str, int]:
 def test_a_bad_upstream_policy_fails_before_any_connection(certs: CertPaths) -> None:
     with pytest.raises(ConfigError, match="unknown policy 'bogus'"):
         RelaySettings(upstream=(connect(certs, 1),), upstream_policy="bogus")
+
+
+def test_encode_seconds_of_a_push_that_never_reached_observe_are_not_the_next_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A push that failed before `observe` left its keys' encode seconds in the encoder; the next
+    step's observed cost is its own encode alone (each key's encode is 1 s on this fake clock)."""
+    import netsense.worker.encoding as encoding
+    from netsense.compression.policy import make_policy
+    from netsense.relay.adaptive import AdaptiveUpstream
+
+    ticks = iter(range(1000))
+    monkeypatch.setattr(encoding, "codec_clock", lambda: lambda: float(next(ticks)))
+    upstream = AdaptiveUpstream(make_policy("fp16", Ladder.parse("fp32,fp16")))
+    grads = {"w": torch.randn(8, 8), "b": torch.randn(8)}
+    link = upstream.read_link(None, grads)
+    upstream.encode(grads, link, 0.0)  # its push failed: no `observe`
+    _, payloads = upstream.encode(grads, link, 0.0)
+    seen: dict[str, Any] = {}
+    assert upstream.uplink is not None
+    monkeypatch.setattr(upstream.uplink, "observe", lambda **fields: seen.update(fields))
+    upstream.observe(payloads, push_s=0.1, encode_s=0.1, wire_s=0.1, step=1)
+    assert seen["codec_s"] == 2.0
