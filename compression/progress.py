@@ -38,11 +38,13 @@ def codec_clock() -> Callable[[], float]:
     """The clock every codec timing that prices a level is read on (candidate rounds and the real
     sends alike, so that they compare): this thread's CPU time while torch runs this thread's
     kernels on it alone (`torch.get_num_threads() == 1`, as every bench process and the window
-    thread do), else wall time (a kernel spread over a pool works on threads `thread_time` does
-    not see). Wall time on a side thread charges a codec the GIL waits that another thread's
-    Python imposes at each of its kernel calls: beside a 30-60 % busy event loop a powersgd:4
-    round on wide-mlp read 2.25 ms for 0.53 ms of work (docs/POLICIES.md, "Measured costs")."""
-    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+    thread do) and CUDA is not in use, else wall time (a kernel spread over a pool, or on a GPU,
+    works where `thread_time` does not look). Wall time on a side thread charges a codec the GIL
+    waits that another thread's Python imposes at each of its kernel calls: beside a 30-60 % busy
+    event loop a powersgd:4 round on wide-mlp read 2.25 ms for 0.53 ms of work
+    (docs/POLICIES.md, "Measured costs")."""
+    cpu_only = torch.get_num_threads() == 1 and not torch.cuda.is_initialized()
+    return time.thread_time if cpu_only else time.perf_counter
 
 
 def progress_from_error(energy: float, error: float, *, unbiased: bool) -> float | None:

@@ -263,7 +263,7 @@ class NetsensePolicy(Policy):
     def _measured_lossless(self, level: int) -> bool:
         """Whether `level` measured as progressive as a lossless level (q within `progress_tol` of 1):
         a window, whose error feedback can only credit it more, would tell the law nothing (qsgd:8
-        on the default ladder: ~1/5 of a window step's cost on wide-mlp, docs/POLICIES.md)."""
+        on the default ladder: ~1/4 of a window step's cost on wide-mlp, docs/POLICIES.md)."""
         p = self.progress
         return p.measured[level] and p[level] >= 1 - self.settings.progress_tol
 

@@ -135,3 +135,13 @@ def test_candidate_timings_leave_out_the_gil_waits_of_a_busy_thread() -> None:
     assert timed <= cpu, (timed, cpu, wall)  # wall-clock codec times: 0.07-3 s timed for 0.01-0.1 s of CPU
     with gil_hog(threads=2):
         assert codec_clock() is time.perf_counter  # other intra-op threads' work: thread_time misses it
+
+
+def test_codecs_on_a_gpu_are_timed_on_the_wall_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA kernel runs on the device, where the thread's CPU time does not look."""
+    from netsense.compression.progress import codec_clock
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert codec_clock() is time.thread_time
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert codec_clock() is time.perf_counter
