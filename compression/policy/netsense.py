@@ -233,8 +233,7 @@ class NetsensePolicy(Policy):
     def progress_window(self, step: int) -> tuple[list[int], int]:
         """The lossy levels that could win: those whose predicted step P_l is within (1 + eps) of
         the last decision's best cost C* (at q = 1 they would be accepted; the others cannot be,
-        whatever they measure), every lossy level before the law has predicted; less the levels
-        already measured as good as lossless (`_measured_lossless`). The first window
+        whatever they measure), every lossy level before the law has predicted. The first window
         at the first step asked (priors are worst cases: until it ends, PowerSGD is priced 0.05),
         later ones on the candidate rounds' schedule (`progress_every`), when the time since the last window is at least the
         window's predicted cost (1.5 W codec calls per level on its sample: whole keys for low-rank levels) over `progress_budget`;
@@ -245,11 +244,7 @@ class NetsensePolicy(Policy):
         if step % s.progress_every and self._window_at is not None:  # the first window starts at once
             return [], 0
         contend = self._contenders
-        levels = [
-            i
-            for i, lv in enumerate(self.ladder)
-            if not lv.lossless and (contend is None or i in contend) and not self._measured_lossless(i)
-        ]
+        levels = [i for i, lv in enumerate(self.ladder) if not lv.lossless and (contend is None or i in contend)]
         if not levels:
             return [], 0
         if self._window_at is not None and s.progress_budget > 0:
@@ -259,13 +254,6 @@ class NetsensePolicy(Policy):
                 return [], 0
         self._window_at = self._now_s
         return levels, s.progress_window
-
-    def _measured_lossless(self, level: int) -> bool:
-        """Whether `level` measured as progressive as a lossless level (q within `progress_tol` of 1):
-        a window, whose error feedback can only credit it more, would tell the law nothing (qsgd:8
-        on the default ladder: ~1/4 of a window step's cost on wide-mlp, docs/POLICIES.md)."""
-        p = self.progress
-        return p.measured[level] and p[level] >= 1 - self.settings.progress_tol
 
     def progress_candidates(self, step: int) -> list[int]:
         """Every lossy level, every `progress_every` steps (from step 0) within `progress_budget` of

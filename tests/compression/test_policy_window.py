@@ -96,23 +96,6 @@ def test_windows_are_asked_for_the_levels_that_could_win_within_the_budget() -> 
     assert policy(progress_window=0).progress_window(0) == ([], 0)  # off
 
 
-def test_levels_measured_as_good_as_lossless_get_no_window() -> None:
-    """A window can only credit error feedback more than one step's error did: a level whose q is
-    already within `progress_tol` of 1 has nothing to learn from one, and is left out of it."""
-    q8 = LADDER.find("qsgd:8")
-    fp16 = LADDER.find("fp16")
-    p = policy()
-    assert {fp16, q8} <= set(p.progress_window(0)[0])  # not measured yet: priors only
-    p = policy()
-    for level, q in ((fp16, 1.0), (q8, 0.9998), (Q4, 0.97)):  # the step-0 candidate round, before the window
-        p.observe_progress(level=level, progress=q)
-    levels, w = p.progress_window(0)
-    assert w == 16 and fp16 not in levels and q8 not in levels and Q4 in levels
-    fresh = policy()
-    fresh.observe_progress(level=q8, progress=0.99)  # below 1 - progress_tol: still measured in a window
-    assert q8 in fresh.progress_window(0)[0]
-
-
 def test_the_loop_runs_a_window_on_the_stream_and_feeds_the_policy() -> None:
     p = policy(progress_every=1)
     loop = PolicyLoop(p, direction="up")
