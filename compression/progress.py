@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from .base import Codec
+from .lowrank import PowerSGD
 
 DEFAULT_SAMPLE_NUMEL = 1 << 16
 """Elements per candidate measurement: enough for top-k 0.1% to keep 65 entries, cheap to encode."""
@@ -105,7 +106,9 @@ def measure_progress(codec: Codec, tensors: Iterable[torch.Tensor], *, max_numel
     return None if sample is None else sample.progress
 
 
-def measure_level(codec: Codec, tensors: Iterable[torch.Tensor], *, max_numel: int = DEFAULT_SAMPLE_NUMEL) -> LevelSample | None:
+def measure_level(
+    codec: Codec, tensors: Iterable[torch.Tensor], *, max_numel: int = DEFAULT_SAMPLE_NUMEL, whole_keys: bool | None = None
+) -> LevelSample | None:
     """q of `codec` on `tensors`, and its encode and decode time on them; None for no elements.
 
     Tensors are used whole while their total fits `max_numel`; beyond that each keeps an evenly
@@ -114,14 +117,25 @@ def measure_level(codec: Codec, tensors: Iterable[torch.Tensor], *, max_numel: i
     distribution, which a spread subsample preserves). Encode cost is O(max_numel). The timings
     are the codec's own (no error feedback), per key like the real send: a cost sample for levels
     the policy has not sent, on `codec_clock`.
+
+    `whole_keys` (default: for low-rank codecs) takes every key whole, each from a fresh basis (one
+    power iteration from a random start; `PowerSGD.reset`), whatever `max_numel`: a rank-r fit to a
+    row subsample keeps more of a matrix than the fit to the matrix (rank 1 on wide-mlp's first
+    update: 0.58 against 0.35, above rank 2's 0.53), and a basis kept from another key, or from a
+    round `progress_every` steps ago, is no warm start. A fresh basis prices a candidate somewhat
+    below what the level sent gets from its warm start (rank 4 on wide-mlp's downlink, updates
+    0-40: 0.34-0.70 against 0.49-0.72), the side that compresses less (`scripts/candidate_q.py`).
     """
-    items = subsample(tensors, max_numel)
+    whole = isinstance(codec, PowerSGD) if whole_keys is None else whole_keys
+    items = subsample(tensors, 1 << 62 if whole else max_numel)
     if not items:
         return None
     clock = codec_clock()
     energy = error = encode_s = decode_s = 0.0
     numel = 0
     for x in items:
+        if whole and isinstance(codec, PowerSGD):
+            codec.reset()
         t0 = clock()
         payload = codec.encode(x)
         t1 = clock()

@@ -28,7 +28,7 @@ from ..base import make_codec
 
 DEFAULT_LADDER = "fp32,fp16,qsgd:8,qsgd:4,powersgd:4,powersgd:2,topk:0.01+fp16,powersgd:1,topk:0.001+fp16"
 """The default ladder (docs/POLICIES.md, "The ladder"): fp32 -> 16-bit -> 8/4-bit stochastic
-quantization -> top-k 10%, 1%, 0.1%."""
+quantization -> PowerSGD ranks 4 and 2 -> top-k 1% -> PowerSGD rank 1 -> top-k 0.1%."""
 
 NOMINAL_NUMEL = 1 << 20
 """Tensor size (elements) at which uncalibrated ratios are asked of `Codec.nominal_ratio`."""

@@ -176,7 +176,7 @@ class PolicyLoop:
         codec = self.codecs.get(level)
         if codec is None:
             codec = self.codecs[level] = make_codec(self.policy.ladder[level].spec)
-            measure_level(codec, tensors, max_numel=WARM_UP_NUMEL)
+            measure_level(codec, tensors, max_numel=WARM_UP_NUMEL, whole_keys=False)
             ratio = measure_ratio(self.policy.ladder[level].spec, tensors)
             if ratio is not None:
                 observer.observe_ratio(level=level, ratio=ratio)

@@ -145,3 +145,31 @@ def test_codecs_on_a_gpu_are_timed_on_the_wall_clock(monkeypatch: pytest.MonkeyP
     assert codec_clock() is time.thread_time
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     assert codec_clock() is time.perf_counter
+
+
+def test_low_rank_levels_are_measured_on_whole_keys_from_a_fresh_basis() -> None:
+    """A rank-r fit to a row subsample keeps far more of a matrix than the fit to the matrix, and a
+    basis left by another key is no warm start: low-rank candidates see whole keys, each cold."""
+    from netsense.compression.progress import measure_level
+
+    gen = torch.Generator().manual_seed(0)
+    keys = [torch.randn(512, 256, generator=gen), torch.randn(512, 256, generator=gen), torch.randn(256, generator=gen)]
+
+    def fresh(spec: str) -> float:  # one fresh codec per key, on the whole key
+        energy = error = 0.0
+        for k in keys:
+            c = make_codec(spec)
+            e = k - c.decode(c.encode(k)).float()
+            energy, error = energy + float((k * k).sum()), error + float((e * e).sum())
+        return 1 - error / energy
+
+    for spec in ("powersgd:1", "powersgd:4"):
+        codec = make_codec(spec)
+        flattered = measure_level(make_codec(spec), keys, max_numel=4096, whole_keys=False)
+        whole = measure_level(codec, keys, max_numel=4096)
+        again = measure_level(codec, keys, max_numel=4096)  # the basis of the last key is not reused
+        assert flattered is not None and whole is not None and again is not None
+        assert whole.progress is not None and flattered.progress is not None and again.progress is not None
+        assert whole.dense_bytes == 4 * sum(k.numel() for k in keys)
+        assert flattered.progress > whole.progress + 0.05, spec
+        assert whole.progress == pytest.approx(fresh(spec), abs=0.02) and again.progress == pytest.approx(fresh(spec), abs=0.02)
