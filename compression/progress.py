@@ -126,7 +126,9 @@ def measure_level(
     below what the level sent gets from its warm start (rank 4 on wide-mlp's downlink, updates
     0-40: 0.34-0.70 against 0.49-0.72), the side that compresses less (`scripts/candidate_q.py`).
     """
-    whole = isinstance(codec, PowerSGD) if whole_keys is None else whole_keys
+    low_rank = isinstance(codec, PowerSGD)
+    whole = low_rank if whole_keys is None else whole_keys
+    fresh_basis = whole and low_rank
     items = subsample(tensors, 1 << 62 if whole else max_numel)
     if not items:
         return None
@@ -134,7 +136,7 @@ def measure_level(
     energy = error = encode_s = decode_s = 0.0
     numel = 0
     for x in items:
-        if whole and isinstance(codec, PowerSGD):
+        if fresh_basis:
             codec.reset()
         t0 = clock()
         payload = codec.encode(x)

@@ -20,7 +20,7 @@ import argparse
 import torch
 
 from netsense.compression import make_codec
-from netsense.compression.progress import measure_level
+from netsense.compression.progress import measure_level, progress_from_error
 from netsense.models import load_task
 
 CANDIDATES = ("powersgd:1", "powersgd:2", "powersgd:4", "qsgd:4")
@@ -29,12 +29,14 @@ CANDIDATES = ("powersgd:1", "powersgd:2", "powersgd:4", "qsgd:4")
 def warm_plus_one(spec: str, keys: list[torch.Tensor]) -> float:
     """q with one extra power iteration on each key first (fresh codec per key)."""
     energy = error = 0.0
+    unbiased = False
     for key in keys:
         codec = make_codec(spec)
         codec.encode(key)
         err = key - codec.decode(codec.encode(key)).float()
         energy, error = energy + float((key * key).sum()), error + float((err * err).sum())
-    return 1 - error / energy
+        unbiased = codec.unbiased
+    return progress_from_error(energy, error, unbiased=unbiased)
 
 
 def main() -> None:
@@ -52,6 +54,7 @@ def main() -> None:
     shadow = {k: t.clone() for k, t in params.items()}
     momentum = {k: torch.zeros_like(t) for k, t in params.items()}
     sent = {k: make_codec(args.sent) for k in params}
+    sent_unbiased = make_codec(args.sent).unbiased
     kept = {spec: make_codec(spec) for spec in CANDIDATES}  # the old rounds' codecs, one per level
     gen = torch.Generator().manual_seed(args.seed)
     for t in range(args.updates):
@@ -78,7 +81,7 @@ def main() -> None:
                 now = measure_level(make_codec(spec), update)
                 assert old is not None and now is not None
                 cells.append(f"{spec} {old.progress:.3f}/{now.progress:.3f}/{warm_plus_one(spec, update):.3f}")
-            print(f"update {t:3d}  sent {args.sent} q {1 - error / energy:.3f} | " + " | ".join(cells))
+            print(f"update {t:3d}  sent {args.sent} q {progress_from_error(energy, error, unbiased=sent_unbiased):.3f} | " + " | ".join(cells))
     print("candidate cells: subsample / whole / whole+1")
 
 
