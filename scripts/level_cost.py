@@ -1,0 +1,134 @@
+"""What each ladder level costs in steps on a model, and what the estimators say it costs
+(docs/BENCHMARKS.md, "What a level costs in steps"). Not a test, and no network: one process
+plays the PS and `--workers` workers (`netsense.worker.trials.TrialRun`), the task's own model,
+loss, batch size and optimizer.
+
+    steps   steps to the first evaluation (every `--every` steps) at or above `--target`, per
+            seed, fp32 first; q_true = fp32's mean steps over the level's
+    trial   the level trial's q (`run_trials`, `--trial-steps` K from initialisation, seed 0)
+    window  the progress window's q_W on the fp32 run's gradients (uplink) or updates (downlink),
+            W = 16 after W/2 warm steps, as the policy measured it until 2026-12-03
+
+    .venv/bin/python scripts/level_cost.py --model wide-mlp --target 0.9 [--direction down]
+        [--levels qsgd:4,powersgd:4,powersgd:2,powersgd:1,topk:0.01+fp16] [--seeds 3]
+
+`--model` takes `package.module:factory` too (run from the folder that holds it), so a model that
+is not in the repo can be checked the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from netsense.compression.window import WindowProbe
+from netsense.models import load_task
+from netsense.ps.optim import OptimizerSettings
+from netsense.worker.task import TrainTask
+from netsense.worker.trials import Batch, OptimizerFactory, TrialRun, run_trials
+
+LEVELS = "qsgd:4,powersgd:4,powersgd:2,powersgd:1,topk:0.01+fp16"
+
+
+class Sampler:
+    """Seeded batches of `task`'s training set, one stream per worker."""
+
+    def __init__(self, task: TrainTask, seed: int, workers: int) -> None:
+        assert task.train_inputs is not None and task.train_targets is not None
+        self.x, self.y, self.size = task.train_inputs, task.train_targets, task.batch_size
+        self.gens = [torch.Generator().manual_seed(seed * 100 + w) for w in range(workers)]
+
+    def step(self) -> list[Batch]:
+        out = []
+        for gen in self.gens:
+            idx = torch.randint(0, len(self.x), (self.size,), generator=gen)
+            out.append((self.x[idx], self.y[idx]))
+        return out
+
+
+def optimizer_of(task: TrainTask) -> OptimizerFactory:
+    """The PS's optimizer of `task`, as the trials build it."""
+    return OptimizerSettings.from_dict(dict(task.optimizer)).build
+
+
+def steps_to_target(task: TrainTask, spec: str | None, args: argparse.Namespace, seed: int) -> int | None:
+    torch.manual_seed(seed)
+    run = TrialRun(task.build_model(), task.loss, optimizer_of(task), spec, direction=args.direction)
+    sampler = Sampler(task, seed, args.workers)
+    assert task.test_inputs is not None and task.test_targets is not None
+    test = (task.test_inputs, task.test_targets)
+    for t in range(args.max_steps + 1):
+        if t % args.every == 0 and run.evaluate(task.accuracy, test) >= args.target:
+            return t
+        run.step(sampler.step())
+    return None
+
+
+def window_q(task: TrainTask, specs: list[str], args: argparse.Namespace) -> dict[str, float]:
+    """The progress window's q_W per level on seed 0's fp32 run (its first full window)."""
+    torch.manual_seed(0)
+    run = TrialRun(task.build_model(), task.loss, optimizer_of(task), None, direction=args.direction)
+    sampler = Sampler(task, 0, args.workers)
+    probe = WindowProbe(dict(enumerate(specs)), window=16, cumulative=args.direction == "down")
+    for _ in range(64):
+        if args.direction == "down":
+            result = probe.feed([p.detach().clone() for p in run.params])
+            run.step(sampler.step())
+        else:
+            batch = sampler.step()
+            run.net.zero_grad(set_to_none=True)
+            task.loss(run.net(batch[0][0]), batch[0][1]).backward()
+            result = probe.feed([p.grad.detach().clone() for p in run.params])  # worker 0's gradient
+            run.step(batch)
+        if result is not None and not result.interim:
+            return {specs[i]: q for i, q in result.progress.items()}
+    return {}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="wide-mlp")
+    p.add_argument("--levels", default=LEVELS)
+    p.add_argument("--direction", choices=("up", "down"), default="up")
+    p.add_argument("--target", type=float, required=True)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--every", type=int, default=5)
+    p.add_argument("--max-steps", type=int, default=900)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--trial-steps", type=int, default=40)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    task = load_task(args.model)
+    specs = [s for s in args.levels.split(",") if s]
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    sampler = Sampler(task, 0, args.workers)
+    batches = [sampler.step() for _ in range(args.trial_steps)]
+    held = Sampler(task, 10_000, 1).step()[0]
+    trial = run_trials(task.build_model(), task.loss, optimizer_of(task), batches, held, specs, direction=args.direction)
+    trial_s = time.perf_counter() - t0
+    window = window_q(task, specs, args)
+    base = [steps_to_target(task, None, args, s) for s in range(args.seeds)]
+    print(f"{args.model} {args.direction}link, target {args.target}, {args.workers} workers; trial {trial_s:.1f} s")
+    print(f"fp32: steps {base}")
+    print("| level | steps per seed | q_true | trial | window q_W |")
+    print("|---|---|---|---|---|")
+    ref = statistics.mean(b for b in base if b is not None) if any(b is not None for b in base) else None
+    for spec in specs:
+        steps = [steps_to_target(task, spec, args, s) for s in range(args.seeds)]
+        done = [s for s in steps if s is not None]
+        q_true = f"{ref / statistics.mean(done):.2f}" if ref and len(done) == len(steps) else "n/r"
+        q_trial = trial.progress.get(spec)
+        q_win = window.get(spec)
+        print(
+            f"| {spec} | {', '.join('n/r' if s is None else str(s) for s in steps)} | {q_true} | "
+            f"{'-' if q_trial is None else f'{q_trial:.2f}'} | {'-' if q_win is None else f'{q_win:.2f}'} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
