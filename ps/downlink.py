@@ -25,7 +25,6 @@ import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -266,9 +265,11 @@ class DownlinkController:
             decision, link, chosen_at = self._pending
             self._closing, self._pending = (decision, link, now - chosen_at), None
             self._finish()
+        # Before the first interval is timed the compute time counts as 0 (`PolicyLoop.choose`), and
+        # the bandwidth the workers' INIT pulls measured decides: blanked until 2026-12-03, it sent
+        # update 0 at the unknown-bandwidth level (fp16 on wide-mlp at 20 Mbit/s: 0.56 s where
+        # qsgd:8 took 0.28; docs/BENCHMARKS.md, "Start-up of the downlink").
         link = self.slowest(links)
-        if self.loop.compute_s is None:  # nothing timed yet: no basis to trade bytes for time
-            link = replace(link, bandwidth_Bps=None)
         decision = self.loop.choose(link, payload_bytes=payload_bytes, step=version)
         self._pending = (decision, link, now)
         self.loop.count(decision.spec)

@@ -202,3 +202,16 @@ def test_on_a_running_loop_rounds_run_on_the_window_thread_and_reach_the_policy_
     for level, q in measured.items():
         assert away.policy.progress.values[level] == pytest.approx(q, rel=1e-5)
     assert away.policy.costs.measured(1) == (True, True)
+
+
+def test_the_first_update_is_chosen_for_the_bandwidth_the_init_pulls_measured() -> None:
+    """Before any update interval is timed the compute time counts as 0, so a known bandwidth
+    decides update 0 (a slow path: the 8-bit level, half fp16's bytes); an unknown one still
+    sends the unknown-bandwidth level."""
+    down = DownlinkController("netsense", ladder=LADDER)
+    slow = LinkState(time_s=0.0, bandwidth_Bps=1.2e6, min_rtt_s=0.02, srtt_s=0.02)
+    assert down.loop.compute_s is None
+    assert down.choose(0, [slow], 4_000_000) == "qsgd:8"
+    unknown = DownlinkController("netsense", ladder=LADDER)
+    none = LinkState(time_s=0.0, bandwidth_Bps=None, min_rtt_s=None, srtt_s=None)
+    assert unknown.choose(0, [none], 4_000_000) == "fp16"
