@@ -41,7 +41,7 @@ class BandwidthEstimate:
         self._fresh_app = False
         self._fresh_bounds: list[float] = []  # app-limited rates since the last update: lower bounds
         self._fresh_slowed = False  # a slowed send (see `add_app_sample`) since the last update
-        self._slow_before = False  # the previous send was slow (a slowed send needs two in a row)
+        self._slow_before = (False, False)  # the previous send was slow: in rate, and long (two in a row)
         self._discounted: float | None = None  # an app-limited link value a slowed send showed stale
         self.lower_bound_Bps: float | None = None
         """Max of the recent app-limited evidence (the last `app_window` application samples and the
@@ -62,8 +62,8 @@ class BandwidthEstimate:
         self, *, bytes_sent: int, comm_s: float, min_rtt_s: float, app_limited: bool, mid_push: bool = False
     ) -> None:
         """Record one send; a latency-bound or small, short send is marked app-limited, unless it
-        was *slowed*: it and the send before it each spanned at least 2 min RTTs beyond the first
-        and ran at under half the estimate. An application limit can make a send short, never slow, so a slowed send is
+        was *slowed*: it and the send before it each ran at under half the estimate for at least
+        `SLOWED_MIN_S` beyond the first RTT, not latency-bound, and one of them for at least 2 min RTTs. An application limit can make a send short, never slow, so a slowed send is
         evidence that the path lost capacity, however small: 76 kB pushes after a 100 -> 10 Mbit/s
         step took 4-5x their predicted time, and as "small" sends they could not lower the estimate
         (the dynamic-trace benchmark held 44-54 Mbit/s through the 10 Mbit/s phase). A slowed
@@ -87,17 +87,24 @@ class BandwidthEstimate:
             and net_s >= self.min_sample_rtts * min_rtt_s
             and bytes_sent >= self.min_sample_bytes / 16
         )
-        slow = (
+        slow_rate = (  # under half the estimate for >= SLOWED_MIN_S, and not latency-bound
             not app_limited
+            and not latency_bound
             and self.value_Bps is not None
             and min_rtt_s > 0
-            and net_s >= max(SLOWED_MIN_RTTS * min_rtt_s, SLOWED_MIN_S)
+            and net_s >= SLOWED_MIN_S
             and bytes_sent >= self.min_sample_bytes / 16
             and rate < SLOWED_FRACTION * self.value_Bps
         )
-        # Two in a row: a path that lost capacity slows every send; a stalled host (CPU contention
-        # on shared cores slows a 40 kB loopback push to 8 ms now and then) mostly one.
-        slowed, self._slow_before = slow and (self._slow_before or mid_push), slow
+        slow = slow_rate and net_s >= SLOWED_MIN_RTTS * min_rtt_s
+        # Two in a row, at least one of them spanning SLOWED_MIN_RTTS: a path that lost capacity
+        # slows every send; a stalled host (CPU contention on shared cores slows a 40 kB loopback
+        # push to 8 ms now and then) mostly one. Both spanning 2 min RTTs (until 2026-12-03) missed
+        # a 10 Mbit/s phase over a 22 ms path: wide-mlp's 40 kB pushes alternated 57-59 ms (36 ms
+        # beyond the first RTT, short of 44) and 62-72 ms, and the estimate held 45.7 Mbit/s.
+        before_rate, before = self._slow_before
+        slowed = (slow and (before_rate or mid_push)) or (slow_rate and before)
+        self._slow_before = (slow_rate, slow)
         small = bytes_sent < self.min_sample_bytes and not long_enough and not slowed
         limited = app_limited or latency_bound or small
         if slowed:

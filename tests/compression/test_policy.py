@@ -774,6 +774,24 @@ def test_lower_bound_only_chooses_among_lossless_progress_levels() -> None:
     assert q.choose(unknown).reason == "unknown-bandwidth"
 
 
+def test_sends_slowed_in_rate_count_as_two_in_a_row_when_one_spans_two_rtts() -> None:
+    """wide-mlp's 40 kB pushes in a 10 Mbit/s phase over a 22 ms path alternated 58 ms (36 ms past
+    the first RTT: slow in rate, short of 2 RTTs) and 62-72 ms: a pair of them is two slow sends in a
+    row, so the estimate falls to their rate. A send that is slow only because it is short (latency-
+    bound, or under `SLOWED_MIN_S` past the RTT) does not pair with one host stall."""
+    est = netsense().bandwidth
+    assert est.update(link(45.7)) == pytest.approx(45.7 * MBIT)
+    est.add_app_sample(bytes_sent=40_632, comm_s=0.058, min_rtt_s=0.022, app_limited=False)
+    assert est.update(link(45.7, app_limited=True)) == pytest.approx(45.7 * MBIT)  # one: not yet
+    est.add_app_sample(bytes_sent=40_632, comm_s=0.068, min_rtt_s=0.022, app_limited=False)
+    assert est.update(link(45.7, app_limited=True)) == pytest.approx(40_632 / 0.046)
+    stall = netsense().bandwidth
+    stall.update(link(45.7))
+    stall.add_app_sample(bytes_sent=40_632, comm_s=0.035, min_rtt_s=0.022, app_limited=False)  # 13 ms past the RTT
+    stall.add_app_sample(bytes_sent=40_632, comm_s=0.080, min_rtt_s=0.022, app_limited=False)  # one stall
+    assert stall.update(link(45.7, app_limited=True)) == pytest.approx(45.7 * MBIT)
+
+
 def test_a_slowed_small_send_lowers_the_estimate_and_a_stale_link_value_cannot_restore_it() -> None:
     """76 kB pushes after a 100 -> 10 Mbit/s step: each is "small", but at 4-5x its predicted time,
     twice in a row, they show the path slowed. That lowers the estimate at once; the link's app-limited value (a max
