@@ -10,7 +10,7 @@ So a trial runs it: from one starting point, K steps of the job's own model, los
 batches, once at full precision and once per level (error feedback per worker around the level's
 codec on the uplink, or around the update on the downlink), and reads off how many full-precision
 steps reach the loss each level reached. Its q is that count over the level's steps: 1 = no
-slower than fp32 per step. Sans I/O; plain torch on whatever device the model is on.
+slower than fp32 per step. Sans I/O: plain torch in the calling thread (tested on CPU).
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ class TrialRun:
 
     def loss(self, batch: Batch) -> float:
         """The loss on `batch` in eval mode (no dropout, BatchNorm's running statistics left alone)."""
-        return float(self.evaluate(lambda out, y: self.loss_fn(out, y), batch))
+        return self.evaluate(self.loss_fn, batch)
 
     def evaluate(self, metric: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | float], batch: Batch) -> float:
         """`metric(model(x), y)` on `batch` in eval mode, at the parameters the workers hold."""
