@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from netsense.compression import DEFAULT_LADDER, Ladder, make_codec, make_policy
+from netsense.compression.policy.calibration import progress_settings
 from netsense.errors import CompressionError, ConfigError
 from netsense.launch.sites import Site, sites_problem
 from netsense.ps.optim import OptimizerSettings
@@ -159,20 +160,35 @@ def check_specs(config: JobConfig) -> None:
         sub = getattr(config, section)
         for f in dataclasses.fields(sub):
             check_setting(f"{section}.{f.name}", getattr(sub, f.name))
-    for path, policy, ladder in (
-        ("train.policy", config.train.policy, config.train.ladder),
-        ("server.policy", config.server.policy, config.server.ladder),
-    ):
-        if policy is not None:
+    readers = [config.train.policy, config.server.policy]
+    for section, direction in (("train", "up"), ("server", "down")):
+        sub = getattr(config, section)
+        settings = _progress_settings(f"{section}.progress_table", sub.progress_table, readers, direction)
+        if sub.policy != "netsense":
+            settings = None  # one --progress-table serves both directions: a fixed one just has no use for it
+        if sub.policy is not None:
             try:
-                make_policy(policy, Ladder.parse(ladder or DEFAULT_LADDER))
+                make_policy(sub.policy, Ladder.parse(sub.ladder or DEFAULT_LADDER), **(settings or {}))
             except (ConfigError, CompressionError) as exc:
-                raise SettingError(path, f"is not a valid policy: {exc}") from None
+                raise SettingError(f"{section}.policy", f"is not a valid policy: {exc}") from None
     for key, value in config.optimizer.items():
         try:
             OptimizerSettings.from_dict({key: value})
         except ConfigError as exc:
             raise SettingError(f"optimizer.{key}", f"is invalid: {exc}") from None
+
+
+def _progress_settings(path: str, table: str | None, policies: list[str | None], direction: str) -> dict[str, Any] | None:
+    """The policy settings a progress table file makes (None: no file), or the `SettingError` of a
+    table that no policy of the job reads (only ``netsense`` does) or of a file that is not one."""
+    if table is None:
+        return None
+    if "netsense" not in policies:
+        raise SettingError(path, f"is read by the netsense policy only, and the job's policies are {policies}")
+    try:
+        return progress_settings(table, direction)
+    except ConfigError as exc:
+        raise SettingError(path, f"is not usable: {exc}") from None
 
 
 @dataclass(frozen=True)

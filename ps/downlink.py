@@ -52,9 +52,15 @@ class DownlinkController:
     """One PS's adaptive downlink: `choose` before an update is encoded, `sent` per PARAMS reply."""
 
     def __init__(
-        self, policy: str, *, ladder: str | None = None, decision_log: str | Path | None = None, windows: bool = False
+        self,
+        policy: str,
+        *,
+        ladder: str | None = None,
+        decision_log: str | Path | None = None,
+        windows: bool = False,
+        settings: dict[str, Any] | None = None,
     ) -> None:
-        self.loop = PolicyLoop(build_policy(policy, ladder), direction="down", decision_log=decision_log)
+        self.loop = PolicyLoop(build_policy(policy, ladder, settings), direction="down", decision_log=decision_log)
         """The policy and the bookkeeping the uplink shares (compute EWMA, histogram, log)."""
         self.windows = windows
         """Whether progress windows price the levels (False: the candidate rounds' one-update q).

@@ -19,6 +19,7 @@ from typing import Any
 
 from aioquic.quic.configuration import QuicConfiguration
 
+from netsense.compression.policy.calibration import progress_settings
 from netsense.errors import ConfigError
 from netsense.transport.listener import Listener, start_server
 from netsense.transport.logsafe import LogLimiter
@@ -60,6 +61,9 @@ class ServerSettings:
     level per update for the slowest live worker's connection. None: `downlink_codec`."""
     ladder: str | None = None
     """Levels the downlink policy picks from, least lossy first (None: DEFAULT_LADDER)."""
+    progress_table: str | None = None
+    """File from `netsense calibrate`: the ``netsense`` downlink policy prices its levels at the
+    ``down`` table's q (docs/POLICIES.md, "Calibrated q"; None: estimated during the run)."""
     decision_log: str | None = None
     """JSONL file for one downlink decision record per update (None: no log)."""
     checkpoint_dir: str | None = None
@@ -116,7 +120,10 @@ class PSServer:
             log.warning("async mode (staleness %d) sends full fp32 parameters; the downlink codec/policy is ignored", settings.staleness)
         self.downlink = (
             DownlinkController(
-                settings.policy or f"fixed:{settings.downlink_codec}", ladder=settings.ladder, decision_log=settings.decision_log
+                settings.policy or f"fixed:{settings.downlink_codec}",
+                ladder=settings.ladder,
+                decision_log=settings.decision_log,
+                settings=progress_settings(settings.progress_table if settings.policy == "netsense" else None, "down"),
             )
             if settings.policy or settings.decision_log
             else None

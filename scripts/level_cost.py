@@ -28,25 +28,9 @@ from netsense.compression.window import WindowProbe
 from netsense.models import load_task
 from netsense.ps.optim import OptimizerSettings
 from netsense.worker.task import TrainTask
-from netsense.worker.trials import Batch, OptimizerFactory, TrialRun, run_trials
+from netsense.worker.trials import OptimizerFactory, TaskSampler, TrialRun, run_trials
 
 LEVELS = "qsgd:4,powersgd:4,powersgd:2,powersgd:1,topk:0.01+fp16"
-
-
-class Sampler:
-    """Seeded batches of `task`'s training set, one stream per worker."""
-
-    def __init__(self, task: TrainTask, seed: int, workers: int) -> None:
-        assert task.train_inputs is not None and task.train_targets is not None
-        self.x, self.y, self.size = task.train_inputs, task.train_targets, task.batch_size
-        self.gens = [torch.Generator().manual_seed(seed * 100 + w) for w in range(workers)]
-
-    def step(self) -> list[Batch]:
-        out = []
-        for gen in self.gens:
-            idx = torch.randint(0, len(self.x), (self.size,), generator=gen)
-            out.append((self.x[idx], self.y[idx]))
-        return out
 
 
 def optimizer_of(task: TrainTask) -> OptimizerFactory:
@@ -57,7 +41,7 @@ def optimizer_of(task: TrainTask) -> OptimizerFactory:
 def steps_to_target(task: TrainTask, spec: str | None, args: argparse.Namespace, seed: int) -> int | None:
     torch.manual_seed(seed)
     run = TrialRun(task.build_model(), task.loss, optimizer_of(task), spec, direction=args.direction)
-    sampler = Sampler(task, seed, args.workers)
+    sampler = TaskSampler(task, seed, args.workers)
     assert task.test_inputs is not None and task.test_targets is not None
     test = (task.test_inputs, task.test_targets)
     for t in range(args.max_steps + 1):
@@ -71,7 +55,7 @@ def window_q(task: TrainTask, specs: list[str], args: argparse.Namespace) -> dic
     """The progress window's q_W per level on seed 0's fp32 run (its first full window)."""
     torch.manual_seed(0)
     run = TrialRun(task.build_model(), task.loss, optimizer_of(task), None, direction=args.direction)
-    sampler = Sampler(task, 0, args.workers)
+    sampler = TaskSampler(task, 0, args.workers)
     probe = WindowProbe(dict(enumerate(specs)), window=16, cumulative=args.direction == "down")
     for _ in range(64):
         if args.direction == "down":
@@ -105,9 +89,9 @@ def main() -> None:
     specs = [s for s in args.levels.split(",") if s]
     t0 = time.perf_counter()
     torch.manual_seed(0)
-    sampler = Sampler(task, 0, args.workers)
+    sampler = TaskSampler(task, 0, args.workers)
     batches = [sampler.step() for _ in range(args.trial_steps)]
-    held = Sampler(task, 10_000, 1).step()[0]
+    held = TaskSampler(task, 10_000, 1).step()[0]
     trial = run_trials(task.build_model(), task.loss, optimizer_of(task), batches, held, specs, direction=args.direction)
     trial_s = time.perf_counter() - t0
     window = window_q(task, specs, args)

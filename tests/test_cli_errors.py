@@ -89,6 +89,16 @@ ROWS: list[tuple[list[str], str]] = [
     (["ps", "--checkpoint-dir", "{file}/ckpt"], "--checkpoint-dir: cannot write to {file}/ckpt: {file} is a file, not a folder"),
     (["ps", "--resume", "{file}"], "--resume: cannot write to {file}: it is a file, not a folder"),
     (["ps", "--config", "{toml:[server]\ncheckpoint_dir = '{file}'\n}"], "server.checkpoint_dir: cannot write to {file}"),
+    # Calibrated q (docs/POLICIES.md, "Calibrated q"): a table nothing reads, or a file that is none.
+    (["launch", "--policy", "fp16", "--progress-table", "{file}"], "--progress-table is read by the netsense policy only"),
+    (["worker", "--policy", "netsense", "--progress-table", "{file}", "--insecure"], "--progress-table is not usable: progress table"),
+    (["ps", "--policy", "netsense", "--progress-table", "{tmp}/q.json"], "--progress-table is not usable: progress table '{tmp}/q.json': cannot read it"),
+    (["bench", "scenario", "--policies", "fp16", "--progress-table", "{file}", "--out", "{tmp}"], "--progress-table is read by the netsense policy only"),
+    (["calibrate", "--trial-steps", "3", "--out", "{dir}/q.json"], "--trial-steps must be in 10..10000, got 3"),
+    (["calibrate", "--out", "{tmp}/q.json"], "--out: cannot write {tmp}/q.json: folder {tmp} does not exist"),
+    (["calibrate", "--levels", "fp32", "--out", "{dir}/q.json"], "--levels: 'fp32' is lossless"),
+    (["calibrate", "--levels", "qsgd:4,nosuch:1", "--out", "{dir}/q.json"], "--levels: 'nosuch:1' is not a level of the ladder"),
+    (["calibrate", "--model", "nosuch", "--out", "{dir}/q.json"], "unknown model 'nosuch'"),
     # More shards than keys: refused before 9 PS processes start (the workers refused it after).
     (["launch", "--servers", "12", "--insecure"], "--servers 12: model 'digits-cnn' has 11 parameter keys, and shard 11 would own none; use at most 11"),
 ]

@@ -53,6 +53,9 @@ class TrainSettings:
     ladder: str | None = None
     """Comma-separated codec specs the policy picks from, least lossy first (None: DEFAULT_LADDER;
     ``gravac`` picks from its own compression factors and takes only the ladder's calibration)."""
+    progress_table: str | None = None
+    """File from `netsense calibrate`: the ``netsense`` policy prices the uplink's levels at its
+    ``up`` table's q (docs/POLICIES.md, "Calibrated q"; None: estimated during the run)."""
     decision_log: str | None = None
     """JSONL file for one decision record per step (None: no log)."""
     overlap: bool | None = None

@@ -25,7 +25,9 @@ from torch import nn
 
 from netsense.compression import make_codec
 from netsense.compression.base import Codec
-from netsense.errors import CompressionError
+from netsense.errors import CompressionError, ConfigError
+
+from .task import TrainTask
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,35 @@ class TrialResult:
     """Each measured level's losses after 0..K steps."""
 
 
+class TaskSampler:
+    """Seeded training batches of `task`, one stream per worker: the same batches for every level
+    of a trial (tensors indexed, or a `Dataset`'s samples collated as a `DataLoader` would)."""
+
+    def __init__(self, task: TrainTask, seed: int, workers: int, batch_size: int | None = None) -> None:
+        if task.train_inputs is not None and task.train_targets is not None:
+            self._size = len(task.train_inputs)
+        elif task.train_data is not None:
+            self._size = len(task.train_data)  # type: ignore[arg-type]
+        else:
+            raise ConfigError(f"task {task.name!r} has no training data to run level trials on")
+        if self._size < 1:
+            raise ConfigError(f"task {task.name!r} has an empty training set")
+        self.task = task
+        self.batch_size = batch_size or task.batch_size
+        self.gens = [torch.Generator().manual_seed(seed * 100 + w) for w in range(workers)]
+
+    def step(self) -> list[Batch]:
+        """One batch per worker."""
+        return [self._batch(torch.randint(0, self._size, (self.batch_size,), generator=gen)) for gen in self.gens]
+
+    def _batch(self, idx: torch.Tensor) -> Batch:
+        t = self.task
+        if t.train_inputs is not None and t.train_targets is not None:
+            return t.train_inputs[idx], t.train_targets[idx]
+        x, y = torch.utils.data.default_collate([t.train_data[int(i)] for i in idx])  # type: ignore[index]
+        return x, y
+
+
 def run_trials(
     model: nn.Module,
     loss_fn: LossFn,
@@ -95,21 +126,29 @@ def run_trials(
     specs: Sequence[str],
     *,
     direction: str = "up",
+    on_level: Callable[[str | None, float | None], None] | None = None,
 ) -> TrialResult:
     """Train a copy of `model` through `batches` (K steps, each a list of one batch per worker) at
     fp32 and at each of `specs`, and price each level against fp32 (`trial_progress`). `model`
     itself is left as it was. `direction` "up" compresses each worker's gradient (one error
-    feedback per worker and key), "down" the optimizer's update (one per key), as the system does."""
+    feedback per worker and key), "down" the optimizer's update (one per key), as the system does.
+    `on_level(spec, q)` hears of each trajectory as it ends (None: fp32's; q None: dropped)."""
     reference = _trajectory(model, loss_fn, make_optimizer, batches, eval_batch, None, direction)
+    if on_level is not None:
+        on_level(None, 1.0)
     progress, losses = {}, {}
     for spec in specs:
         try:
             curve = _trajectory(model, loss_fn, make_optimizer, batches, eval_batch, spec, direction)
         except (CompressionError, ValueError, RuntimeError) as exc:  # a codec that cannot take these shapes
             log.warning("level trial of %s dropped: %s", spec, exc)
+            if on_level is not None:
+                on_level(spec, None)
             continue
         losses[spec] = curve
         progress[spec] = trial_progress(reference, curve)
+        if on_level is not None:
+            on_level(spec, progress[spec])
     return TrialResult(progress, reference, losses)
 
 

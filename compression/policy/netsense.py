@@ -8,7 +8,9 @@ estimate in `bandwidth`, the settings in `netsense_settings`.
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 
 from ..base import make_codec
@@ -27,6 +29,7 @@ from .progress import ProgressEstimate
 from .registry import register_policy
 from .settings import settings_factory
 
+log = logging.getLogger(__name__)
 
 class NetsensePolicy(Policy):
     """Ours (docs/POLICIES.md): T_l = r_l S / B + min_rtt + e_l with the queue-free bandwidth B;
@@ -67,6 +70,19 @@ class NetsensePolicy(Policy):
         self._contenders: list[int] | None = None  # levels the law could accept at q = 1 (last decision)
         self._worst_q = [worst_case_q(lv) for lv in ladder]  # each codec's own, not the ladder's figure
         self._bandwidth_seen = False  # the bandwidth (or a lower bound) was known at a decision
+        self._pin_table(s.progress_table or {})
+
+    def _pin_table(self, table: Mapping[str, float]) -> None:
+        """Price the ladder's levels named in `table` at their calibrated q for the whole run."""
+        unknown = []
+        for spec, q in table.items():
+            index = self.ladder.find(spec)
+            if index is None:
+                unknown.append(spec)
+            elif not self.ladder[index].lossless:
+                self.progress.pin(index, float(q))
+        if unknown:
+            log.warning("progress table: %s not on the ladder %s; ignored", ", ".join(unknown), self.ladder.spec)
 
     @property
     def level(self) -> int | None:
@@ -244,7 +260,11 @@ class NetsensePolicy(Policy):
         if step % s.progress_every and self._window_at is not None:  # the first window starts at once
             return [], 0
         contend = self._contenders
-        levels = [i for i, lv in enumerate(self.ladder) if not lv.lossless and (contend is None or i in contend)]
+        levels = [
+            i
+            for i, lv in enumerate(self.ladder)
+            if not lv.lossless and not self.progress.pinned[i] and (contend is None or i in contend)
+        ]
         if not levels:
             return [], 0
         if self._window_at is not None and s.progress_budget > 0:

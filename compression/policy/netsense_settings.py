@@ -3,6 +3,8 @@ the rules they must meet, checked when the policy is made, not mid-run."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .settings import require
@@ -96,6 +98,11 @@ class NetsensePolicySettings:
     figure for good (0: one step's error only, as before 2026-12-01). Longer windows credit error
     feedback's re-sends more; 16 keeps a window's 24 steps short beside a run's hundreds (an
     interim figure after W/4 measured steps stands in for the priors until the window ends)."""
+    progress_table: Mapping[str, float] | None = None
+    """Calibrated q per level spec (`netsense calibrate`: level trials of the job's own model and
+    optimizer, docs/POLICIES.md, "Calibrated q"): each level named here is priced at its figure
+    from the first decision and its run-time estimates (rounds, windows) no longer move it; levels
+    not named are estimated as without a table, specs not on the ladder are ignored (logged)."""
     measured_costs: bool = True
     """Predict with each level's measured encode/decode seconds per MB (`observe_costs`: the
     sender's timings and the candidate rounds) instead of the ladder's figures once timed."""
@@ -134,3 +141,8 @@ class NetsensePolicySettings:
         require(0 <= s.progress_budget < 1, n, "progress_budget", s.progress_budget, "in [0, 1)")
         require(s.progress_window == 0 or s.progress_window >= 2, n, "progress_window", s.progress_window, "0 or >= 2")
         require(s.cost_window >= 1, n, "cost_window", s.cost_window, ">= 1")
+        table = s.progress_table
+        require(table is None or isinstance(table, Mapping), n, "progress_table", table, "a mapping of level spec to q")
+        for spec, q in (table or {}).items():
+            ok = isinstance(spec, str) and isinstance(q, (int, float)) and not isinstance(q, bool)
+            require(ok and math.isfinite(q) and q >= 0, n, "progress_table", {spec: q}, "level spec -> finite q >= 0")

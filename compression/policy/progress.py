@@ -59,16 +59,27 @@ class ProgressEstimate:
         """Whether each level's q is an interim window's (it, too, stops one step's figures)."""
         self.noise: NoiseScale | None = None
         """The gradient noise scale of the latest progress window (signal and noise EWMAs)."""
+        self.pinned = [False] * len(ladder)
+        """Whether each level's q is a calibrated figure (`pin`): then no run-time estimate moves it."""
+
+    def pin(self, level: int, q: float) -> None:
+        """Fix level `level`'s q at `q` for the run (a level trial's figure, docs/POLICIES.md,
+        "Calibrated q"): the one-step figures and windows are what it corrects, so they no longer
+        count for this level."""
+        self.values[level] = min(1.0, max(self.floor, q))
+        self.measured[level] = self.pinned[level] = True
 
     def update(self, level: int, q: float) -> None:
         """Fold in one one-step measurement of level `level` (the first replaces the prior outright);
         ignored once the level has a windowed q: one step's error overprices error feedback."""
-        if not self.windowed[level] and not self.interim[level]:
+        if not self.windowed[level] and not self.interim[level] and not self.pinned[level]:
             self._fold(level, q)
 
     def update_window(self, level: int, q: float, *, interim: bool = False) -> None:
         """Fold in a windowed q_W of `level`; the first replaces whatever one-step figure it had.
         An interim q_W (fewer steps credited) stands in only until the level's first full one."""
+        if self.pinned[level]:
+            return
         if interim:
             if not self.windowed[level]:
                 self.values[level] = min(1.0, max(self.floor, q))

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from netsense.bench.topology import NetnsLauncher, ScenarioLauncher, SitesLauncher, scenario_sites, site_workers, wan_figures, wan_table
+from netsense.compression.policy.calibration import read_progress_table
 from netsense.compression.policy.decisionlog import read_decision_log
 from netsense.config import JobConfig, override, with_sites
 from netsense.errors import ConfigError, NetSenseError
@@ -99,6 +100,8 @@ def register(kinds: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--batch-size", type=int, help="samples per worker per step (default: the task's)")
     p.add_argument("--eval-every", type=int, default=10, help="rank 0 evaluates every N steps (default 10)")
     p.add_argument("--ladder", help="levels for adaptive policies (default: the policy's default ladder)")
+    p.add_argument("--progress-table", metavar="FILE",
+                   help="`netsense calibrate`'s table for the netsense rows (netns:netsense too); the other rows ignore it")  # fmt: skip
     p.add_argument("--downlink", choices=["same", "none"], default="same",
                    help="PS -> worker: the same policy (default) or fp32 for every policy")  # fmt: skip
     p.add_argument("--netns-link", metavar="SPEC",
@@ -309,6 +312,7 @@ def scenario_info(args: argparse.Namespace, *, steps: int, batch_size: int, poli
         "eval_every": args.eval_every,
         "max_time_s": args.max_time,
         "topology": getattr(args, "topology", "sites"),
+        "progress_table": getattr(args, "progress_table", None),
         "sites": getattr(args, "sites", None) or args.workers,
         "idle_timeout_s": getattr(args, "idle_timeout", None),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -356,6 +360,13 @@ def run(args: argparse.Namespace) -> int:
         if not 2 <= args.sites <= args.workers:
             raise ConfigError(f"--sites must be in 2..--workers ({args.workers}), got {args.sites}")
         site_workers(args.workers, args.sites)
+    table = getattr(args, "progress_table", None)
+    if table is not None:
+        if not any(p.removeprefix("netns:") == "netsense" for p in policies):
+            raise ConfigError("--progress-table is read by the netsense policy only, and --policies has no netsense row")
+        for direction in ("up", "down"):
+            read_progress_table(table, direction)  # a bad file fails before any policy runs
+        table = str(Path(table).resolve())
     for policy in policies:
         if policy.startswith(("netns:", "ddp:")):
             _netns_link(args, policy)  # fail before any policy runs, with the reason
@@ -398,6 +409,8 @@ def run(args: argparse.Namespace) -> int:
             continue
         inner = policy.removeprefix("netns:")
         config = override(base, train__policy=inner, server__policy=inner if args.downlink == "same" else None)
+        if inner == "netsense" and table is not None:
+            config = override(config, train__progress_table=table, server__progress_table=table if args.downlink == "same" else None)
         netns_link = _netns_link(args, policy) if policy.startswith("netns:") else None
         where = f"netns tbf {netns_link}" if netns_link is not None else spec.describe() if spec else "unshaped loopback"
         print(f"== {policy}: {args.model} x{args.workers}, {where}", flush=True)

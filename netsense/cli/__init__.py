@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 from netsense.errors import NetSenseError
 
-_COMMANDS = ("ps", "worker", "relay", "launch", "certs", "bench", "emulate", "probe", "plot", "export")
+_COMMANDS = ("ps", "worker", "relay", "launch", "certs", "calibrate", "bench", "emulate", "probe", "plot", "export")
 SUPERVISORS = ("launch", "bench")
 """Commands whose children (shards, workers, relays, emulators, network namespaces) must not
 outlive them: for these SIGTERM (a scheduler's time limit, `kill`) unwinds as Ctrl-C does, through

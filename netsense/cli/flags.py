@@ -87,6 +87,14 @@ def add_policy_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--ladder", help="levels the policy picks from, least lossy first, e.g. fp32,fp16,qsgd:8,topk:0.01+fp16")
     p.add_argument("--decision-log", metavar="PATH", help="JSONL decision log: one line per step and direction")
+    add_progress_table_flag(p)
+
+
+def add_progress_table_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--progress-table", metavar="FILE",
+        help="q per level from `netsense calibrate` for the netsense policy (workers read its up table, the PS its down table)",
+    )  # fmt: skip
 
 
 def add_staleness_flag(p: argparse.ArgumentParser) -> None:
@@ -133,6 +141,8 @@ FLAG_FIELDS: tuple[tuple[str, str], ...] = (
     ("policy", "train.policy"),
     ("ladder", "train.ladder"),
     ("decision_log", "train.decision_log"),
+    ("progress_table", "train.progress_table"),
+    ("progress_table", "server.progress_table"),
     ("overlap", "train.overlap"),
     ("device", "train.device"),
     ("job_id", "train.job_id"),

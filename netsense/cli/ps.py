@@ -12,6 +12,7 @@ import sys
 from netsense.cli.flags import (
     add_config_flag,
     add_job_flags,
+    add_progress_table_flag,
     add_site_flag,
     check_host,
     check_port,
@@ -48,6 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", help="downlink policy: none, fp16, fixed:CODEC, dc2, netsense (default: --downlink-codec)")
     p.add_argument("--ladder", help="levels the policy picks from, least lossy first")
     p.add_argument("--decision-log", metavar="PATH", help="JSONL downlink decision log: one line per update")
+    add_progress_table_flag(p)
     p.add_argument("--checkpoint-dir", metavar="DIR", help="write atomic checkpoints here (default: none)")
     p.add_argument("--checkpoint-every", type=int, metavar="N", help="checkpoint every N applied steps (default 100)")
     p.add_argument("--checkpoint-every-s", type=float, metavar="S", help="also checkpoint every S seconds")

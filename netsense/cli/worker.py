@@ -23,6 +23,7 @@ from netsense.cli.flags import (
     resolve_config,
     resolve_host,
 )
+from netsense.compression.policy.calibration import progress_settings
 from netsense.config import JobConfig
 from netsense.devcerts import worker_certs
 from netsense.errors import ConfigError
@@ -126,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
         codec=config.train.codec,
         policy=config.train.policy,
         ladder=config.train.ladder,
+        policy_settings=progress_settings(config.train.progress_table if config.train.policy == "netsense" else None, "up"),
         decision_log=config.train.decision_log,
         overlap=config.train.overlap,
     ) as opt:

@@ -171,7 +171,7 @@ class Launcher:
         )  # what `netsense plot RUN_DIR` needs to draw the link's true rate
         # One id for the whole job, so a long-lived PS tells this run from an earlier one.
         job = resolve_job_id(config.model, config.train.seed, config.train.job_id, random_part=True)
-        config = override(config, train__job_id=job)
+        config = override(config, train__job_id=job, **_absolute_tables(config))
         self.config = config
         cfg_path = self.run_dir / "config.json"
         cfg_path.write_text(json.dumps(to_dict(override(config, server__host="127.0.0.1", server__port=0)), indent=2))
@@ -479,3 +479,13 @@ class _Adapter:
 
     def put(self, item: tuple[int, dict[str, Any]]) -> None:
         self.box.put(item[1])
+
+
+def _absolute_tables(config: JobConfig) -> dict[str, str]:
+    """The progress tables' paths made absolute: the children may run elsewhere (a site's netns
+    shares the file system, not necessarily the working folder)."""
+    out = {}
+    for field, path in (("train__progress_table", config.train.progress_table), ("server__progress_table", config.server.progress_table)):
+        if path is not None:
+            out[field] = str(Path(path).resolve())
+    return out
