@@ -75,7 +75,8 @@ def test_no_answer_says_the_port_is_udp(tmp_path: Path) -> None:
             NetSenseOptimizer(
                 _model(),
                 connect=ConnectSettings(
-                    "127.0.0.1", port, ca=str(certs.ca), secret_file=str(certs.secret), connect_timeout_s=1
+                    "127.0.0.1", port, ca=str(certs.ca), secret_file=str(certs.secret), connect_timeout_s=1,
+                    connect_deadline_s=2,  # the default retries for 60 s (a PS that starts late): same error, later
                 ),
             )
     assert "UDP" in str(info.value) and str(port) in str(info.value)
