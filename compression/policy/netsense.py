@@ -109,10 +109,18 @@ class NetsensePolicy(Policy):
         s = self.settings
         if s.safe_level is not None:
             return s.safe_level
-        measured = self.progress.measured
-        q = [self.progress.values[i] if measured[i] else self._worst_q[i] for i in range(len(self.ladder))]
+        q = self._lossless_q()
         ok = [i for i, qi in enumerate(q) if qi >= 1 - s.progress_tol] or [0]
         return min(ok, key=lambda i: (self._ratios.get(i, self.ladder[i].ratio), i))
+
+    def _lossless_q(self) -> list[float]:
+        """q per level as the rules for an unknown bandwidth or a lower bound judge "loses nothing":
+        measured by a round or window, else the codec's worst case. A calibrated figure does not
+        count (`progress_table`): a table pricing qsgd:4 at 1.00 made it the unknown-bandwidth
+        level, and its 180 kB sends on wide-mlp were app-limited, so the bandwidth stayed unknown
+        and one worker sent it for 21 steps (docs/BENCHMARKS.md, "Calibrated q")."""
+        p = self.progress
+        return [p.values[i] if p.measured[i] and not p.pinned[i] else self._worst_q[i] for i in range(len(self.ladder))]
 
     def effective_bandwidth(self, link: LinkState) -> float | None:
         """The estimate after `link`, shrunk by losses and a queue (`BandwidthEstimate.effective`)."""
@@ -149,7 +157,8 @@ class NetsensePolicy(Policy):
             # Only a lower bound is known (every send so far was app-limited: small, latency-bound):
             # it overstates comm time, so it may choose only among levels that lose no measurable
             # progress (fp32, fp16, and 8-bit once measured): the worst it costs is a cast.
-            preds = [p if q[i] >= 1 - s.progress_tol else math.inf for i, p in enumerate(preds)]
+            lossless = self._lossless_q()
+            preds = [p if lossless[i] >= 1 - s.progress_tol else math.inf for i, p in enumerate(preds)]
         best = min(p / qi for p, qi in zip(preds, q))
         self._contenders = [i for i, p in enumerate(preds) if p <= (1 + s.eps) * best]
         reason = self.hold.step(preds, q, bw) + (" (lower bound B)" if bound is not None else "")

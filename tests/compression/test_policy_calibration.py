@@ -122,3 +122,16 @@ def test_bad_files_are_one_config_error_naming_the_file(tmp_path: Path, content:
         read_progress_table(tmp_path / "absent.json", "up")
     with pytest.raises(ValueError, match="direction"):
         progress_table_json({"sideways": {}}, {})
+
+
+def test_a_calibrated_level_does_not_become_the_unknown_bandwidth_level() -> None:
+    """The table prices progress, not whether a level's sends measure the link: qsgd:4 at 1.00
+    stays off the unknown-bandwidth rule, which keeps to what the rounds measured lossless."""
+    ladder = Ladder.parse("fp32,fp16,qsgd:8,qsgd:4,powersgd:4")
+    p = make_policy("netsense", ladder, progress_table={"qsgd:4": 1.0, "powersgd:4": 0.9})
+    assert isinstance(p, NetsensePolicy)
+    assert p.progress[3] == 1.0 and p.safe_level() == 1  # fp16 until the 8-bit level is measured
+    p.observe_progress(level=2, progress=1.0)  # the first round measures qsgd:8 lossless
+    assert p.safe_level() == 2
+    link = LinkState(time_s=0.0, bandwidth_Bps=None, min_rtt_s=0.02, srtt_s=0.02)
+    assert p.choose(ChooseRequest(link=link, payload_bytes=S, compute_s=0.0, step=0)).level == 2
