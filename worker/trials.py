@@ -25,7 +25,7 @@ from torch import nn
 
 from netsense.compression import make_codec
 from netsense.compression.base import Codec
-from netsense.errors import CompressionError, ConfigError
+from netsense.errors import CompressionError
 
 from .task import TrainTask
 
@@ -93,14 +93,9 @@ class TaskSampler:
     of a trial (tensors indexed, or a `Dataset`'s samples collated as a `DataLoader` would)."""
 
     def __init__(self, task: TrainTask, seed: int, workers: int, batch_size: int | None = None) -> None:
-        if task.train_inputs is not None and task.train_targets is not None:
-            self._size = len(task.train_inputs)
-        elif task.train_data is not None:
-            self._size = len(task.train_data)  # type: ignore[arg-type]
-        else:
-            raise ConfigError(f"task {task.name!r} has no training data to run level trials on")
-        if self._size < 1:
-            raise ConfigError(f"task {task.name!r} has an empty training set")
+        # A TrainTask holds exactly one of the two forms, not empty (checked when it is made).
+        data = task.train_inputs if task.train_inputs is not None else task.train_data
+        self._size = len(data)  # type: ignore[arg-type]
         self.task = task
         self.batch_size = batch_size or task.batch_size
         self.gens = [torch.Generator().manual_seed(seed * 100 + w) for w in range(workers)]

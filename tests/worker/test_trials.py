@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from netsense.worker.trials import TrialRun, run_trials, steps_equivalent, trial_progress
+from netsense.worker.task import TrainTask
+from netsense.worker.trials import TaskSampler, TrialRun, run_trials, steps_equivalent, trial_progress
 
 
 def test_steps_equivalent_interpolates_on_the_running_minimum() -> None:
@@ -83,3 +84,26 @@ def test_a_level_whose_codec_fails_is_left_out(caplog: pytest.LogCaptureFixture)
 def test_a_trial_run_refuses_an_unknown_direction() -> None:
     with pytest.raises(ValueError, match="direction"):
         TrialRun(nn.Linear(2, 1), nn.functional.mse_loss, _sgd, "fp16", direction="sideways")
+
+
+class _Squares(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __len__(self) -> int:
+        return 50
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.full((3,), float(i)), torch.tensor(i % 2)
+
+
+def test_task_sampler_draws_the_same_batches_from_tensors_or_a_dataset() -> None:
+    """Every level of a trial sees the same batches: one seeded stream per worker, whichever form
+    the task's training data takes (a `Dataset`'s samples collated as a DataLoader would)."""
+    x = torch.arange(50, dtype=torch.float32).unsqueeze(1).repeat(1, 3)
+    test = {"test_inputs": x, "test_targets": torch.zeros(50)}
+    tensors = TrainTask("t", nn.Identity, train_inputs=x, train_targets=torch.arange(50) % 2, batch_size=4, **test)
+    dataset = TrainTask("d", nn.Identity, train_data=_Squares(), batch_size=4, **test)
+    a, b = TaskSampler(tensors, 0, 2).step(), TaskSampler(dataset, 0, 2).step()
+    assert len(a) == len(b) == 2
+    for (xa, ya), (xb, yb) in zip(a, b):
+        assert xa.shape == xb.shape == (4, 3) and torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert not torch.equal(a[0][0], a[1][0])  # the workers' streams differ
+    assert TaskSampler(tensors, 0, 1, batch_size=7).step()[0][0].shape == (7, 3)
