@@ -22,6 +22,7 @@ from netsense.cli.flags import (
 from netsense.compression import make_codec
 from netsense.compression.feedback import require_feedback_safe
 from netsense.compression.policy import build_policy
+from netsense.compression.policy.calibration import progress_settings
 from netsense.config import JobConfig
 from netsense.devcerts import check_cert_dates, ensure_certs
 from netsense.errors import ConfigError, NetSenseError
@@ -62,7 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="codec of the site's push upstream (default fp32; lossy ones run under error feedback at the relay)")
     p.add_argument("--upstream-policy", metavar="SPEC",
                    help="adapt the site's push to each upstream path with this uplink policy, as a worker does "
-                   "(netsense, dc2, ...; levels from the config's train.ladder); replaces --upstream-codec")
+                   "(netsense, dc2, ...; levels from the config's train.ladder, calibrated q from its train.progress_table); "
+                   "replaces --upstream-codec")
     p.add_argument("--decision-log", metavar="PATH",
                    help="JSONL log of the adaptive push's decisions (with --upstream-policy; shard i of several: PATH-shard<i>)")
     p.add_argument("--server-name", help="name to verify in the upstream PS certificate (default: the PS host)")
@@ -106,7 +108,8 @@ def settings_from_args(args: argparse.Namespace, config: JobConfig, certs: CertP
         raise ConfigError("--decision-log logs the adaptive push: it needs --upstream-policy")
     if args.upstream_policy is not None:
         try:
-            build_policy(args.upstream_policy, config.train.ladder)
+            table = config.train.progress_table if args.upstream_policy == "netsense" else None
+            build_policy(args.upstream_policy, config.train.ladder, progress_settings(table, "up"))
         except NetSenseError as exc:
             raise ConfigError(f"--upstream-policy: {exc}") from None
         check_output_file("--decision-log", args.decision_log)
@@ -129,6 +132,7 @@ def settings_from_args(args: argparse.Namespace, config: JobConfig, certs: CertP
         upstream=tuple(upstream), site=site, server=server, site_workers=args.site_workers,
         upstream_world=args.upstream_world, upstream_codec=args.upstream_codec,
         upstream_policy=args.upstream_policy, ladder=config.train.ladder, decision_log=args.decision_log,
+        progress_table=config.train.progress_table,
     )  # fmt: skip
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from aioquic.quic.configuration import QuicConfiguration
 
 from netsense.compression.policy import build_policy
+from netsense.compression.policy.calibration import progress_settings
 from netsense.errors import ConfigError, NetSenseError, PeerError
 from netsense.launch.outputs import shard_file
 from netsense.ps.server import PSServer, ServerSettings
@@ -57,6 +58,10 @@ class RelaySettings:
     shard's path as a worker's does (`AdaptiveUpstream`), and `upstream_codec` is unused."""
     ladder: str | None = None
     """The policy's levels (None: its default ladder)."""
+    progress_table: str | None = None
+    """`netsense calibrate`'s file: a ``netsense`` upstream policy prices its levels at the ``up``
+    table's q, an approximation: the trials compress each worker's gradient, the relay the site's
+    sum (docs/POLICIES.md, "Calibrated q")."""
     decision_log: str | None = None
     """JSONL decision log of the adaptive push (shard i of several: ``<stem>-shard<i><suffix>``)."""
     rank: int = 0
@@ -73,7 +78,11 @@ class RelaySettings:
         if self.server.staleness is not None:
             raise ConfigError("a relay aggregates synchronous steps; an asynchronous (staleness) job needs no relay")
         if self.upstream_policy is not None:
-            build_policy(self.upstream_policy, self.ladder)  # a bad spec or ladder fails here, before any I/O
+            build_policy(self.upstream_policy, self.ladder, self.policy_settings())  # a bad spec, ladder or table fails here, before any I/O
+
+    def policy_settings(self) -> dict[str, Any] | None:
+        """The upstream policy's settings: the progress table's up table for ``netsense``."""
+        return progress_settings(self.progress_table if self.upstream_policy == "netsense" else None, "up")
 
     @property
     def worker_id(self) -> str:
@@ -280,6 +289,6 @@ def _adaptive(settings: RelaySettings, shard: int) -> AdaptiveUpstream | None:
     if log_path is not None:
         log_path = shard_file(log_path, shard, len(settings.upstream))
     return AdaptiveUpstream(
-        build_policy(settings.upstream_policy, settings.ladder), decision_log=log_path,
+        build_policy(settings.upstream_policy, settings.ladder, settings.policy_settings()), decision_log=log_path,
         log_fields={"worker_id": settings.worker_id, "shard": shard},
     )  # fmt: skip

@@ -120,6 +120,33 @@ def test_relay_runs_the_policy_over_the_configs_ladder(tmp_path: Path) -> None:
     assert (settings.upstream_policy, settings.ladder, settings.decision_log) == ("dc2", "fp32,fp16,qsgd:8", None)
 
 
+def test_relay_prices_its_push_from_the_configs_progress_table(tmp_path: Path) -> None:
+    """`launch` hands the relay the job's config: a `netsense` push reads its up table."""
+    import argparse
+
+    from netsense.cli.relay import register, settings_from_args
+    from netsense.compression.policy.calibration import progress_table_json
+    from netsense.config import JobConfig, override
+    from netsense.devcerts import ensure_certs
+    from netsense.relay.server import _adaptive
+
+    table = tmp_path / "q.json"
+    table.write_text(progress_table_json({"up": {"powersgd:2": 0.61}, "down": {"powersgd:2": 0.4}}, {}))
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["relay", "--ps", "127.0.0.1:4433", "--insecure", "--upstream-policy", "netsense"])
+    config = override(JobConfig(), train__policy="netsense", train__progress_table=str(table), security__insecure=True)
+    settings = settings_from_args(args, config, ensure_certs(str(tmp_path / "certs"), create=True))
+    adaptive = _adaptive(settings, 0)
+    assert adaptive is not None
+    try:
+        policy = adaptive.policy
+        level = policy.ladder.find("powersgd:2")
+        assert level is not None and policy.progress.pinned[level] and policy.progress[level] == 0.61
+    finally:
+        adaptive.close()
+
+
 def test_relay_ignores_the_jobs_downlink_policy_and_checkpoints(tmp_path: Path) -> None:
     """`launch` gives the relay the job's config, whose downlink policy is its PS shards' (a relay
     fans out the upstream's bytes and has no `set_downlink`): the relay must not run one."""
