@@ -184,7 +184,8 @@ def _progress_settings(path: str, table: str | None, policies: list[str | None],
     if table is None:
         return None
     if "netsense" not in policies:
-        raise SettingError(path, f"is read by the netsense policy only, and the job's policies are {policies}")
+        up, down = (p or "a fixed codec" for p in policies)
+        raise SettingError(path, f"is read by the netsense policy only; this job's uplink runs {up}, its downlink {down}")
     try:
         return progress_settings(table, direction)
     except ConfigError as exc:

@@ -11,12 +11,15 @@ model or optimizer is visible as such in the run's log.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from netsense.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 FORMAT = "netsense-progress-table/1"
 """The ``format`` field of a progress-table file."""
@@ -33,8 +36,9 @@ def progress_table_json(tables: Mapping[str, Mapping[str, float]], about: Mappin
 
 
 def parse_progress_table(data: Any, direction: str, *, source: str = "progress table") -> dict[str, float]:
-    """The `direction` table of a parsed file, checked: a mapping of level spec to finite q >= 0 (0: no progress in the trial, priced at the policy's floor).
-    A file without that direction gives an empty table (nothing calibrated that way)."""
+    """The `direction` table of a parsed file, checked: a mapping of level spec to finite q >= 0
+    (0: no progress in the trial, priced at the policy's floor). A file without that direction
+    gives an empty table (nothing calibrated that way)."""
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -57,7 +61,10 @@ def read_progress_table(path: str | Path, direction: str) -> dict[str, float]:
         data = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"progress table {str(path)!r}: cannot read it: {exc}") from None
-    return parse_progress_table(data, direction, source=f"progress table {str(path)!r}")
+    table = parse_progress_table(data, direction, source=f"progress table {str(path)!r}")
+    about = {k: data.get(k) for k in ("model", "optimizer", "lr", "workers", "batch_size", "trial_steps")}
+    log.info("progress table %s, %s: %s (made for %s)", path, direction, table, about)
+    return table
 
 
 def progress_settings(path: str | Path | None, direction: str) -> dict[str, Any] | None:

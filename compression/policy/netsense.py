@@ -31,6 +31,7 @@ from .settings import settings_factory
 
 log = logging.getLogger(__name__)
 
+
 class NetsensePolicy(Policy):
     """Ours (docs/POLICIES.md): T_l = r_l S / B + min_rtt + e_l with the queue-free bandwidth B;
     P_l = Tc + T_l (or max(Tc, T_l) with overlap); the least lossy level with P_l <= (1+eps) P*
