@@ -196,6 +196,37 @@ def test_resume_skips_the_runs_that_finished_and_retries_failed_ones(tmp_path: P
     assert fake.calls == []
 
 
+def test_calibrate_runs_once_per_model_and_hands_netsense_its_table(tmp_path: Path) -> None:
+    calibrations: list[list[str]] = []
+    argvs: dict[str, list[str]] = {}
+
+    def calibrator(argv: list[str], log: Path) -> None:
+        calibrations.append(argv)
+        Path(argv[argv.index("--out") + 1]).write_text("{}")
+
+    def runner(cell: matrix.Cell, argv: list[str], out: Path, limit_s: float) -> tuple[Any, str | None]:
+        argvs[cell.key] = argv
+        return {"time_to_target_s": 10.0, "final_accuracy": 0.95, "steps": 100}, None
+
+    assert matrix.run(_args(tmp_path, "--seeds", "1", "--calibrate"), runner=runner, calibrator=calibrator) == 0
+    assert len(calibrations) == 1 and calibrations[0][:3] == ["calibrate", "--model", "digits-cnn"]
+    assert calibrations[0][calibrations[0].index("--workers") + 1] == "2"
+    results = json.loads((tmp_path / "m" / "results.json").read_text())
+    table = results["calibration"]["digits-cnn"]["table"]
+    assert table == str((tmp_path / "m" / "tables" / "digits-cnn.json").resolve()) and results["settings"]["calibrate"]
+    for key, argv in argvs.items():
+        has = "--progress-table" in argv
+        assert has == ("netsense" in key), (key, argv)
+        if has:
+            assert argv[argv.index("--progress-table") + 1] == table
+    assert "netsense ran with calibrated q" in (tmp_path / "m" / "matrix.md").read_text()
+    # A resume keeps the table it made (and must keep calibrating: the figures depend on it).
+    assert matrix.run(_args(tmp_path, "--seeds", "2", "--calibrate", "--resume"), runner=runner, calibrator=calibrator) == 0
+    assert len(calibrations) == 1
+    with pytest.raises(matrix.ConfigError, match="calibrate"):
+        matrix.run(_args(tmp_path, "--seeds", "2", "--resume"), runner=runner, calibrator=calibrator)
+
+
 def test_resume_refuses_other_settings(tmp_path: Path) -> None:
     assert matrix.run(_args(tmp_path, "--seeds", "1"), runner=FakeRunner()) == 1
     with pytest.raises(matrix.ConfigError, match="max_time_s=300.0, now 60.0"):
@@ -318,3 +349,9 @@ def test_a_tiny_matrix_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert (out / "runs" / "digits-cnn" / "unshaped" / "fp16" / "seed0" / "results.json").exists()
     assert main([*argv, "--resume"]) == 0  # nothing left to run
     assert "2 run(s) already in" in capsys.readouterr().err
+
+
+def test_a_failed_calibration_stops_the_matrix_with_its_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(matrix, "SCENARIO_CMD", (sys.executable, "-c", "import sys; print('calibrate: error: no such model'); sys.exit(2)"))
+    with pytest.raises(matrix.ConfigError, match="exit 2.*calibrate: error: no such model"):
+        matrix.run_calibrate(["calibrate", "--model", "x"], tmp_path / "log.txt")

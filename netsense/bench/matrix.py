@@ -90,6 +90,9 @@ def register(kinds: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--insecure", action="store_true", help="no TLS verification / worker auth")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
     p.add_argument("--resume", action="store_true", help="keep the runs already in DIR/results.json, run the rest")
+    p.add_argument("--calibrate", action="store_true",
+                   help="run `netsense calibrate` once per model first (DIR/tables/) and give netsense its table "
+                   "(docs/POLICIES.md, \"Calibrated q\"); the seconds it took are recorded, not added to the times")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -191,7 +194,7 @@ def _check_models(models: list[str]) -> None:
 def settings_of(args: argparse.Namespace) -> dict[str, Any]:
     """What every run shares and its figures depend on: a resume must use the same."""
     return {"workers": args.workers, "steps": args.steps, "batch_size": args.batch_size,
-            "eval_every": args.eval_every, "max_time_s": args.max_time}  # fmt: skip
+            "eval_every": args.eval_every, "max_time_s": args.max_time, "calibrate": bool(args.calibrate)}  # fmt: skip
 
 
 def check_resumable(old: dict[str, Any], new: dict[str, Any]) -> None:
@@ -199,7 +202,7 @@ def check_resumable(old: dict[str, Any], new: dict[str, Any]) -> None:
     if not isinstance(old, dict) or old.get("format") != FORMAT or not isinstance(old.get("cells"), dict):
         raise ConfigError(f"--resume: results.json is not a {FORMAT} file")
     for key, value in new["settings"].items():
-        if old.get("settings", {}).get(key) != value:
+        if old.get("settings", {}).get(key, False if key == "calibrate" else None) != value:  # before --calibrate: off
             raise ConfigError(f"--resume: results.json ran with {key}={old['settings'].get(key)}, now {value}; "
                               "use the same flags or another --out")  # fmt: skip
     for table in ("links", "targets"):
@@ -240,11 +243,46 @@ def scenario_argv(cell: Cell, results: dict[str, Any], out: Path, insecure: bool
     argv = ["bench", "scenario", "--model", cell.model, "--policies", cell.policy, "--seed", str(cell.seed),
             "--max-time", str(s["max_time_s"]), "--target-accuracy", str(results["targets"][cell.model]),
             "--workers", str(s["workers"]), "--eval-every", str(s["eval_every"]), "--out", str(out)]  # fmt: skip
+    table = results.get("calibration", {}).get(cell.model, {}).get("table")
+    if cell.policy.removeprefix("netns:") != "netsense":
+        table = None
     for flag, value in (("--link", link["link"]), ("--trace", link["trace"]), ("--steps", s["steps"]),
-                        ("--batch-size", s["batch_size"])):  # fmt: skip
+                        ("--batch-size", s["batch_size"]), ("--progress-table", table)):  # fmt: skip
         if value is not None:
             argv += [flag, str(value)]
     return argv + (["--insecure"] if insecure else [])
+
+
+Calibrator = Callable[[list[str], Path], None]
+
+
+def run_calibrate(argv: list[str], log: Path) -> None:
+    """`netsense calibrate` as a subprocess (its progress lines in `log`); `ConfigError` if it fails."""
+    with log.open("w") as f:
+        proc = subprocess.run([*SCENARIO_CMD, *argv], stdout=f, stderr=subprocess.STDOUT, check=False)
+    if proc.returncode != 0:
+        raise ConfigError(f"--calibrate: `netsense {' '.join(argv)}` failed (exit {proc.returncode}): {_last_error(log)}")
+
+
+def calibrate_models(results: dict[str, Any], models: list[str], out: Path, calibrator: Calibrator = run_calibrate) -> None:
+    """One progress table per model not yet calibrated (DIR/tables/<model>.json), recorded in
+    `results` with the seconds it took, before any run: every netsense run of the model reads it."""
+    s = results["settings"]
+    tables = out / "tables"
+    tables.mkdir(parents=True, exist_ok=True)
+    done = results.setdefault("calibration", {})
+    for model in models:
+        if model in done:
+            continue
+        path = tables / f"{_slug(model)}.json"
+        argv = ["calibrate", "--model", model, "--workers", str(s["workers"]), "--out", str(path)]
+        if s["batch_size"] is not None:
+            argv += ["--batch-size", str(s["batch_size"])]
+        print(f"matrix: calibrating {model} ...", file=sys.stderr, flush=True)
+        started = time.monotonic()
+        calibrator(argv, tables / f"{_slug(model)}.log")
+        done[model] = {"table": str(path.resolve()), "seconds": round(time.monotonic() - started, 1)}
+        write_results(results, out)
 
 
 SCENARIO_CMD: tuple[str, ...] = (*PYTHON, "-m", "netsense")
@@ -368,7 +406,7 @@ def run_cells(todo: list[Cell], results: dict[str, Any], out: Path, *, insecure:
     return failures
 
 
-def run(args: argparse.Namespace, runner: Runner = run_subprocess) -> int:
+def run(args: argparse.Namespace, runner: Runner = run_subprocess, calibrator: Calibrator = run_calibrate) -> int:
     if args.seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
     if not args.max_time > 0:
@@ -405,6 +443,8 @@ def run(args: argparse.Namespace, runner: Runner = run_subprocess) -> int:
     command = "netsense " + " ".join(sys.argv[1:]) if sys.argv and "netsense" in sys.argv[0] else None
     results["runs"].append({"started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                             "command": command, "cpus": os.cpu_count(), "loadavg_start": _loadavg()})  # fmt: skip
+    if args.calibrate and any(p.removeprefix("netns:") == "netsense" for p in results["policies"]):
+        calibrate_models(results, results["models"], out, calibrator)
     try:
         failures = run_cells(todo, results, out, insecure=args.insecure, runner=runner)
     finally:

@@ -178,6 +178,10 @@ def markdown_matrix(results: Mapping[str, Any]) -> str:
         "accuracy; n/r = target not reached. Ratios: netsense's median time / the other's (< 1: netsense faster, "
         f"in bold when <= 1); best fixed = the fastest of none, fp16, fixed:*. Targets: {targets}.",
     ]
+    calibrated = results.get("calibration") or {}
+    if calibrated:
+        took = ", ".join(f"{m} {c['seconds']} s" for m, c in calibrated.items())
+        lines.append(f"\nnetsense ran with calibrated q (`netsense calibrate`, once per model: {took}; not in its times).")
     failed = [(k, r.get("reason", "")) for k, r in results.get("cells", {}).items() if r.get("status") != "ok"]
     for key, reason in failed:
         lines.append(f"\nFailed `{key.replace('|', ' x ')}`: {reason}")
