@@ -163,9 +163,7 @@ def check_specs(config: JobConfig) -> None:
     readers = [config.train.policy, config.server.policy]
     for section, direction in (("train", "up"), ("server", "down")):
         sub = getattr(config, section)
-        settings = _progress_settings(f"{section}.progress_table", sub.progress_table, readers, direction)
-        if sub.policy != "netsense":
-            settings = None  # one --progress-table serves both directions: a fixed one just has no use for it
+        settings = _progress_settings(f"{section}.progress_table", sub.progress_table, sub.policy, readers, direction)
         if sub.policy is not None:
             try:
                 make_policy(sub.policy, Ladder.parse(sub.ladder or DEFAULT_LADDER), **(settings or {}))
@@ -178,16 +176,19 @@ def check_specs(config: JobConfig) -> None:
             raise SettingError(f"optimizer.{key}", f"is invalid: {exc}") from None
 
 
-def _progress_settings(path: str, table: str | None, policies: list[str | None], direction: str) -> dict[str, Any] | None:
-    """The policy settings a progress table file makes (None: no file), or the `SettingError` of a
-    table that no policy of the job reads (only ``netsense`` does) or of a file that is not one."""
+def _progress_settings(
+    path: str, table: str | None, policy: str | None, policies: list[str | None], direction: str
+) -> dict[str, Any] | None:
+    """The settings a progress table file makes for `policy` (None: no file, or a policy that reads
+    none: one --progress-table serves both directions), or the `SettingError` of a table that no
+    policy of the job reads (only ``netsense`` does) or of a file that is not one."""
     if table is None:
         return None
     if "netsense" not in policies:
         up, down = (p or "a fixed codec" for p in policies)
         raise SettingError(path, f"is read by the netsense policy only; this job's uplink runs {up}, its downlink {down}")
     try:
-        return progress_settings(table, direction)
+        return progress_settings(table, direction, policy)
     except ConfigError as exc:
         raise SettingError(path, f"is not usable: {exc}") from None
 

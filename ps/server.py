@@ -123,7 +123,7 @@ class PSServer:
                 settings.policy or f"fixed:{settings.downlink_codec}",
                 ladder=settings.ladder,
                 decision_log=settings.decision_log,
-                settings=progress_settings(settings.progress_table if settings.policy == "netsense" else None, "down"),
+                settings=progress_settings(settings.progress_table, "down", settings.policy),
             )
             if settings.policy or settings.decision_log
             else None

@@ -63,8 +63,9 @@ class BandwidthEstimate:
     ) -> None:
         """Record one send; a latency-bound or small, short send is marked app-limited, unless it
         was *slowed*: it and the send before it each ran at under half the estimate for at least
-        `SLOWED_MIN_S` beyond the first RTT, not latency-bound, and one of them for at least 2 min RTTs. An application limit can make a send short, never slow, so a slowed send is
-        evidence that the path lost capacity, however small: 76 kB pushes after a 100 -> 10 Mbit/s
+        `SLOWED_MIN_S` beyond the first RTT, not latency-bound, and one of them for at least 2 min
+        RTTs. An application limit can make a send short, never slow, so a slowed send is evidence
+        that the path lost capacity, however small: 76 kB pushes after a 100 -> 10 Mbit/s
         step took 4-5x their predicted time, and as "small" sends they could not lower the estimate
         (the dynamic-trace benchmark held 44-54 Mbit/s through the 10 Mbit/s phase). A slowed
         sample replaces the higher application samples before it, and discounts the link's

@@ -67,7 +67,10 @@ def read_progress_table(path: str | Path, direction: str) -> dict[str, float]:
     return table
 
 
-def progress_settings(path: str | Path | None, direction: str) -> dict[str, Any] | None:
-    """The ``netsense`` policy's settings that carry the `direction` table of the file at `path`
-    (None without a file): what a worker's and a PS's policy are built with."""
-    return None if path is None else {"progress_table": read_progress_table(path, direction)}
+def progress_settings(path: str | Path | None, direction: str, policy: str | None) -> dict[str, Any] | None:
+    """The settings of `policy` that carry the `direction` table of the file at `path`: what a
+    worker's, a relay's and a PS's policy are built with. None without a file, or for a policy
+    other than ``netsense`` (the only one that reads a table; the file is not read then)."""
+    if path is None or policy != "netsense":
+        return None
+    return {"progress_table": read_progress_table(path, direction)}

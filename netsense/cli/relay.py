@@ -108,8 +108,7 @@ def settings_from_args(args: argparse.Namespace, config: JobConfig, certs: CertP
         raise ConfigError("--decision-log logs the adaptive push: it needs --upstream-policy")
     if args.upstream_policy is not None:
         try:
-            table = config.train.progress_table if args.upstream_policy == "netsense" else None
-            build_policy(args.upstream_policy, config.train.ladder, progress_settings(table, "up"))
+            build_policy(args.upstream_policy, config.train.ladder, progress_settings(config.train.progress_table, "up", args.upstream_policy))
         except NetSenseError as exc:
             raise ConfigError(f"--upstream-policy: {exc}") from None
         check_output_file("--decision-log", args.decision_log)

@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         codec=config.train.codec,
         policy=config.train.policy,
         ladder=config.train.ladder,
-        policy_settings=progress_settings(config.train.progress_table if config.train.policy == "netsense" else None, "up"),
+        policy_settings=progress_settings(config.train.progress_table, "up", config.train.policy),
         decision_log=config.train.decision_log,
         overlap=config.train.overlap,
     ) as opt:

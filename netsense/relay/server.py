@@ -82,7 +82,7 @@ class RelaySettings:
 
     def policy_settings(self) -> dict[str, Any] | None:
         """The upstream policy's settings: the progress table's up table for ``netsense``."""
-        return progress_settings(self.progress_table if self.upstream_policy == "netsense" else None, "up")
+        return progress_settings(self.progress_table, "up", self.upstream_policy)
 
     @property
     def worker_id(self) -> str:

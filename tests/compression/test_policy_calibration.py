@@ -97,8 +97,9 @@ def test_the_file_round_trips_per_direction(tmp_path: Path) -> None:
     path = tmp_path / "q.json"
     path.write_text(text)
     assert read_progress_table(path, "down") == {"powersgd:4": 0.8}
-    assert progress_settings(path, "up") == {"progress_table": {"powersgd:4": 0.9123}}
-    assert progress_settings(None, "up") is None
+    assert progress_settings(path, "up", "netsense") == {"progress_table": {"powersgd:4": 0.9123}}
+    assert progress_settings(None, "up", "netsense") is None
+    assert progress_settings(path, "up", "fixed:powersgd:4") is None  # only netsense reads a table
     assert parse_progress_table({"format": FORMAT, "up": {"qsgd:4": 1}}, "down") == {}  # nothing calibrated that way
 
 
