@@ -18,7 +18,7 @@ from netsense.errors import AuthError, ProtocolError
 from netsense.transport.channel import ClientConnection, open_connection
 from netsense.transport.handshake import authenticate
 from netsense.transport.sensing.aioquic_private import StreamSendState, stream_send_state, stream_unsent, transport_of
-from netsense.transport.wire import Ack, Bye, Init, Limits, Params, Pull, Push, TensorInfo, Welcome
+from netsense.transport.wire import Ack, Bye, Init, Limits, Params, Probe, Pull, Push, TensorInfo, Welcome
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +174,10 @@ class PSClient:
     ) -> int:
         """Rank 0: hand the PS its initial parameters (and `model`, their state_dict names); returns the PS version."""
         return (await self._request(Init(tensors, optimizer, world_size, model or {}), Ack)).version
+
+    async def probe(self, nbytes: int) -> None:
+        """Send `nbytes` of filler the PS acknowledges and drops (PROBE): a path measurement."""
+        await self._request(Probe(bytes(nbytes)), Ack)
 
     async def push(
         self,

@@ -119,6 +119,11 @@ class Exchange:
         link, self._link_after = self._link_after, None
         return link if link is not None else self.net.run(self._read_link())
 
+    def probe(self, nbytes: int) -> tuple[int, float]:
+        """Push `nbytes` of filler through the path, split over the shards as a push is: (bytes
+        sent, seconds from the first byte to the last shard's ack)."""
+        return self.net.run(self._probe(nbytes))
+
     def start_step(
         self,
         buckets: list[list[dict[str, Payload]]],
@@ -187,6 +192,12 @@ class Exchange:
     async def _seed(self, shard: int) -> None:
         """Rank 0 seeds a shard with its keys of the current replica."""
         await self.clients[shard].init(self.replica.seed(shard), self._optimizer, self.world_size, self.replica.model_info(shard))
+
+    async def _probe(self, nbytes: int) -> tuple[int, float]:
+        sizes = [max(1, round(nbytes * share)) for share in self.replica.shares()]
+        t0 = time.perf_counter()
+        await asyncio.gather(*(c.probe(n) for c, n in zip(self.clients, sizes)))
+        return sum(sizes), time.perf_counter() - t0
 
     async def _read_link(self) -> LinkState:
         assert all(c.conn is not None for c in self.clients), "not connected"

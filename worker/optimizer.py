@@ -27,7 +27,7 @@ import torch
 from netsense.compression import Payload, make_codec
 from netsense.compression.feedback import ErrorFeedback
 from netsense.compression.policy import Decision, FixedPolicy, Policy, build_policy
-from netsense.errors import ConfigError
+from netsense.errors import ConfigError, NetSenseError
 
 from .amp import scaler_verdict, unscale
 from .client import PSClient, StepFields
@@ -292,6 +292,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         else:
             decision = None
             if codec is None:
+                self._probe_path()
                 link = self._exchange.read_link()
                 # The candidate round (every `progress_every` steps) runs before the choice it
                 # informs and before the push leaves: on the wire, the network thread contends for
@@ -482,11 +483,26 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         log.info("push of step %d withdrawn after %.2f s; %d bucket(s) re-encoded as %s", self.version, elapsed, len(withdrawal.taken), new.spec)
         return Redecided(new.spec, encode_s, time.perf_counter())
 
+    def _probe_path(self) -> None:
+        """Before the first decision, the start-up probe the uplink's policy asks for (`Policy.
+        probe_bytes`): inside the training clock, where the unknown-bandwidth steps it replaces ran.
+        A probe that fails costs only the probe: the first step then meets the connection's trouble."""
+        nbytes = self.uplink.probe_bytes()
+        if nbytes <= 0:
+            return
+        try:
+            sent, seconds = self._exchange.probe(nbytes)
+        except NetSenseError as exc:
+            log.warning("uplink probe failed (%s); the first steps go out at the unknown-bandwidth level", exc)
+            return
+        self.uplink.observe_probe(bytes_sent=sent, comm_s=seconds, link=self._exchange.read_link())
+
     @torch.no_grad()
     def _grad_ready(self, param: torch.Tensor) -> None:
         """Overlap: a parameter's gradient is final for this backward; encode its keys, push full buckets."""
         early = self._backward
         if early is None:
+            self._probe_path()
             t = time.perf_counter()
             decision = self.uplink.choose(self._exchange.read_link(), started=t)
             self._early_fields = self._step_fields()

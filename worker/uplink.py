@@ -73,6 +73,7 @@ class UplinkController:
         self.withdrawals = 0
         """Pushes withdrawn mid-flight and re-encoded at a heavier level (`withdrawn`)."""
         self._redecide: str | None = None  # how the pending push's redecide ended, for its log line
+        self._probe: dict[str, Any] | None = None  # the start-up probe's figures (`observe_probe`)
 
     @property
     def policy(self) -> Policy:
@@ -131,6 +132,16 @@ class UplinkController:
         assert best is not None, "no shard connections"
         return best
 
+    def probe_bytes(self) -> int:
+        """Filler bytes to push before the first decision (`Policy.probe_bytes`; 0: none)."""
+        return self.policy.probe_bytes(self.payload_bytes) if self._step == 0 and self._probe is None else 0
+
+    def observe_probe(self, *, bytes_sent: int, comm_s: float, link: LinkState) -> None:
+        """The start-up probe's result, for the policy; its figures go into step 0's log line."""
+        self._probe = {"probe_bytes": bytes_sent, "probe_s": comm_s}
+        self.policy.observe_probe(bytes_sent=bytes_sent, comm_s=comm_s, min_rtt_s=link.min_rtt_s)
+        log.info("uplink probe: %d B in %.3f s (%.1f Mbit/s)", bytes_sent, comm_s, 8e-6 * bytes_sent / max(comm_s, 1e-9))
+
     def choose(self, link: LinkState, *, started: float | None = None) -> Decision:
         """This step's decision; `started` is when `step()` began (perf_counter)."""
         started = time.perf_counter() if started is None else started
@@ -173,6 +184,8 @@ class UplinkController:
         self._last_end = time.perf_counter()
         if self._redecide is not None:
             fields.setdefault("redecide", self._redecide)
+        if self._step == 1 and self._probe is not None:
+            fields.update(self._probe)
         return self.loop.write(decision, link, bytes_sent=bytes_sent, comm_s=comm_s, **fields)
 
     def redecide(self, link: LinkState, *, bytes_acked: int, elapsed_s: float) -> Decision | None:

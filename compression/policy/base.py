@@ -34,6 +34,15 @@ class Policy(ABC):
         """Feedback after a send: `report.bytes_sent` wire bytes took `report.comm_s` (first byte to
         ack, codec time excluded). The default ignores feedback; adaptive policies override."""
 
+    def probe_bytes(self, payload_bytes: int) -> int:
+        """Bytes the sender should push through the path before its first decision, so that decision
+        has a bandwidth to weigh (its result goes to `observe_probe`). Default: 0, no probe."""
+        return 0
+
+    def observe_probe(self, *, bytes_sent: int, comm_s: float, min_rtt_s: float | None) -> None:
+        """The start-up probe asked for by `probe_bytes`: `bytes_sent` took `comm_s` from first byte
+        to ack. Default: ignored."""
+
     def redecide(self, *, link: LinkState, sent: Decision, bytes_acked: int, elapsed_s: float) -> Decision | None:
         """Mid-push: the push of `sent` has run `elapsed_s` (first byte on) and `bytes_acked` of it
         arrived, with bytes still unsent; `link` is the path now. A decision for a heavier level

@@ -230,6 +230,22 @@ class NetsensePolicy(Policy):
                 queue_tolerance_s=self.settings.queue_tolerance_s,
             )
 
+    def probe_bytes(self, payload_bytes: int) -> int:
+        """`min_sample_bytes` before the first decision (`start_probe`): the least send the estimate
+        trusts as bandwidth. 0 once a decision was taken, or for a payload smaller than that."""
+        s = self.settings
+        if not s.start_probe or self._decisions or payload_bytes < s.min_sample_bytes:
+            return 0
+        return s.min_sample_bytes
+
+    def observe_probe(self, *, bytes_sent: int, comm_s: float, min_rtt_s: float | None) -> None:
+        """The start-up probe as an application sample. Not a level's send: the transport's
+        per-byte fit and the step jitter learn nothing from it. A probe that ran latency-bound
+        (a path whose BDP exceeds it) is only a lower bound, as for a push (`add_app_sample`)."""
+        if min_rtt_s is not None and min_rtt_s > 0:
+            self._min_rtt_s = min_rtt_s
+        self.bandwidth.add_app_sample(bytes_sent=bytes_sent, comm_s=comm_s, min_rtt_s=self._min_rtt_s, app_limited=False)
+
     def observe_costs(
         self, *, level: int, dense_bytes: int, encode_s: float | None = None, decode_s: float | None = None
     ) -> None:

@@ -65,6 +65,12 @@ class NetsensePolicySettings:
     """Application bandwidth samples are max-filtered over this many most recent observations."""
     min_sample_bytes: int = 256 * 1024
     """A send smaller than this measures latency, not bandwidth: its sample is app-limited..."""
+    start_probe: bool = True
+    """Before the first decision, push `min_sample_bytes` of filler through the path (`probe_bytes`)
+    and take its rate as the first bandwidth sample, so the first steps are chosen by the law, not
+    sent at the unknown-bandwidth level (on wide-mlp at 20 Mbit/s two 340 kB qsgd:8 pushes cost
+    ~0.35 s each where a PowerSGD step took 0.05 s). Off for a payload smaller than
+    `min_sample_bytes`: its pushes are latency samples anyway, and cost little at any level."""
     min_sample_rtts: float = 8.0
     """...unless it lasted at least this many min RTTs (and carried >= min_sample_bytes / 16): then
     the ramp-up is a small part of it, as for a 150 kB push taking 30 ms over a 2 ms loopback RTT
