@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import re
 import signal
 import sys
 import typing
@@ -56,8 +57,26 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full parser, with every available subcommand registered."""
+def command_of(argv: list[str]) -> str | None:
+    """The subcommand `argv` names, or None where only the full parser can answer.
+
+    The top-level parser's one option before the command is -v (a count, no value), so the
+    command is the first word that is not -v...; anything else first (-h, an unknown word, an
+    abbreviation) gets None, and with it every subcommand, as before."""
+    for word in argv:
+        if word.startswith("-"):
+            if re.fullmatch(r"-v+|--verbose", word):
+                continue
+            return None
+        return word if word in _COMMANDS else None
+    return None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser, with every available subcommand registered; with `only`, just that one.
+
+    `main` passes `only`: importing every subcommand module imports torch (~2 s of CPU), which
+    `netsense emulate`, started on each emulated job's critical path, has no use for."""
     parser = OneLineParser(
         prog="netsense",
         description="Parameter-server training over QUIC with network-adaptive gradient compression.",
@@ -66,13 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    register_modules(sub, "netsense.cli", _COMMANDS)
+    register_modules(sub, "netsense.cli", (only,) if only else _COMMANDS)
+    if only and not sub.choices:  # not built (yet): the full parser says which commands exist
+        register_modules(sub, "netsense.cli", _COMMANDS)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the exit status."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(only=command_of(argv))
     args = parser.parse_args(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
