@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -130,10 +130,14 @@ class Exchange:
         samples: int,
         inflight: list[list[Future[Any]]] | None = None,
         started: float | None = None,
+        *,
+        pad_bytes: int = 0,
     ) -> Future[StepResult]:
         """Start one step's push + pull on every shard (`buckets` per shard); with overlap, the
-        first buckets of a shard are already on their way (`inflight`, pushed since `started`)."""
-        return self.net.submit(self._step(buckets, samples, inflight, started))
+        first buckets of a shard are already on their way (`inflight`, pushed since `started`).
+        `pad_bytes` of filler (a policy's probe, `Decision.pad_bytes`) go out beside the pushes,
+        split over the shards as a push is; the push time then runs to the filler's ack too."""
+        return self.net.submit(self._step(buckets, samples, inflight, started, pad_bytes))
 
     def push_early(self, shard: int, bucket: dict[str, Payload], samples: int) -> Future[int] | Future[BucketReply]:
         """Overlap: push one bucket from a gradient hook (pipelined: with the pull of its keys)."""
@@ -193,8 +197,12 @@ class Exchange:
         """Rank 0 seeds a shard with its keys of the current replica."""
         await self.clients[shard].init(self.replica.seed(shard), self._optimizer, self.world_size, self.replica.model_info(shard))
 
+    def _split(self, nbytes: int) -> list[int]:
+        """`nbytes` of filler per shard, by the shards' shares of the payload."""
+        return [max(1, round(nbytes * share)) for share in self.replica.shares()]
+
     async def _probe(self, nbytes: int) -> tuple[int, float]:
-        sizes = [max(1, round(nbytes * share)) for share in self.replica.shares()]
+        sizes = self._split(nbytes)
         t0 = time.perf_counter()
         await asyncio.gather(*(c.probe(n) for c, n in zip(self.clients, sizes)))
         return sum(sizes), time.perf_counter() - t0
@@ -211,24 +219,36 @@ class Exchange:
         samples: int,
         inflight: list[list[Future[Any]]] | None,
         started: float | None,
+        pad_bytes: int,
     ) -> StepResult:
         tally = _Tally([0.0] * len(self.clients), [0] * len(self.clients))
         self._slots = {}
+        pads = self._split(pad_bytes) if pad_bytes > 0 else [0] * len(buckets)
         params = await asyncio.gather(
-            *(self._step_shard(i, b, samples, inflight[i] if inflight else [], started, tally) for i, b in enumerate(buckets))
+            *(
+                self._step_shard(i, b, samples, inflight[i] if inflight else [], started, tally, pads[i])
+                for i, b in enumerate(buckets)
+            )
         )
         if self.link_after_step and all(c.conn is not None for c in self.clients):
             self._link_after = await self._read_link()  # read by the training thread after this returns
         return StepResult(list(params), max(tally.push_s), max(tally.staleness))  # the slowest shard bounds the step
 
     async def _step_shard(
-        self, shard: int, buckets: list[dict[str, Payload]], samples: int, inflight: list[Future[Any]], started: float | None, tally: _Tally
+        self,
+        shard: int,
+        buckets: list[dict[str, Payload]],
+        samples: int,
+        inflight: list[Future[Any]],
+        started: float | None,
+        tally: _Tally,
+        pad: int,
     ) -> Params:
         """Push + pull on one shard; if its connection drops, reconnect and retry or resync."""
         while True:
             step = self.replica.versions[shard]
             try:
-                return await self._push_pull(shard, buckets, samples, inflight, started, tally)
+                return await self._push_pull(shard, buckets, samples, inflight, started, tally, pad)
             except PeerTimeout as exc:
                 seed = (lambda: self._seed(shard)) if self.rank == 0 else None
                 self._reconnecting.add(shard)
@@ -240,7 +260,7 @@ class Exchange:
                 finally:
                     self._reconnecting.discard(shard)
                 self.reconnects += 1
-            inflight, started = [], None  # a retry pushes every bucket again
+            inflight, started, pad = [], None, 0  # a retry pushes every bucket again, without the probe
             if params.version != step:
                 # The PS moved on, or went back to a checkpoint: follow its version, drop this step.
                 log.warning("after reconnecting shard %d is at version %d (step was %d); resynced", shard, params.version, step)
@@ -255,27 +275,31 @@ class Exchange:
         inflight: Sequence[Future[Any]],
         started: float | None,
         tally: _Tally,
+        pad: int = 0,
     ) -> Params:
         step, client, keys = self.replica.versions[shard], self.clients[shard], len(self.replica.shard_slots[shard])
         started = started if inflight and started is not None else time.perf_counter()
         if self._pipelined(shard):
-            return await self._push_pull_pipelined(shard, buckets, samples, inflight, started, tally)
+            return await self._push_pull_pipelined(shard, buckets, samples, inflight, started, tally, pad)
         pushes = [asyncio.wrap_future(f) for f in inflight]
         slots = [PushSlot(b) for b in buckets[len(inflight) :]]
         self._slots[shard] = (slots, len(inflight), buckets)
         pushes += [asyncio.ensure_future(push_slot(client, slot, step, samples, keys)) for slot in slots]
+        # After the pushes: aioquic serves its streams round robin, packet by packet, so the pushes
+        # still reach the PS first and the barrier and the update run while the filler drains.
+        filler = [asyncio.ensure_future(client.probe(pad))] if pad > 0 else []
         # An async PS (SSP) applies our push on its own and answers a pull with the full parameters
         # at whatever version is current; we pull only once the pushes are in, so the PS has counted
         # this step before it decides whether we may start the next (one more RTT than sync mode).
         asynchronous = client.welcome is not None and client.welcome.staleness >= 0
         pull = None if asynchronous else asyncio.ensure_future(client.pull(step, step + 1))
         try:
-            acks = await asyncio.gather(*pushes)
-            tally.push_s[shard] = time.perf_counter() - started  # first byte to the last push's ack
+            acks = (await asyncio.gather(*pushes, *filler))[: len(pushes)]
+            tally.push_s[shard] = time.perf_counter() - started  # first byte to the last push's (and filler's) ack
         except PeerError as exc:
-            return await self._resync_stale(exc, pushes if pull is None else [pull, *pushes], step, shard)
+            return await self._resync_stale(exc, [*filler, *pushes] if pull is None else [pull, *filler, *pushes], step, shard)
         except BaseException:
-            discard(pushes if pull is None else [pull, *pushes])  # a dropped connection fails the pull too
+            discard([*filler, *pushes] if pull is None else [pull, *filler, *pushes])  # a dropped connection fails the pull too
             raise
         if pull is None:
             tally.staleness[shard] = max(0, max(acks) - 1 - step)  # the last ack names our update's version
@@ -290,19 +314,22 @@ class Exchange:
         inflight: Sequence[Future[BucketReply]],
         started: float,
         tally: _Tally,
+        pad: int,
     ) -> Params:
         """Push + keyed pulls of one shard's buckets; the replies merged into the step's PARAMS."""
         step, client = self.replica.versions[shard], self.clients[shard]
         replies = [asyncio.wrap_future(f) for f in inflight]
         replies += [asyncio.ensure_future(self._push_bucket(shard, step, samples, b)) for b in buckets[len(inflight) :]]
+        filler = [asyncio.ensure_future(_acked_at(client.probe(pad)))] if pad > 0 else []
         try:
             done = await asyncio.gather(*replies)
+            acked = await asyncio.gather(*filler)
         except PeerError as exc:
-            return await self._resync_stale(exc, replies, step, shard)
+            return await self._resync_stale(exc, [*replies, *filler], step, shard)
         except BaseException:
-            discard(replies)
+            discard([*replies, *filler])
             raise
-        tally.push_s[shard] = max(r.acked_at for r in done) - started
+        tally.push_s[shard] = max([r.acked_at for r in done] + acked) - started
         pushed_state = [s.key for s in self.replica.shard_state(shard) if any(s.key in b for b in buckets)]
         keys = [s.key for s in self.replica.shard_slots[shard]] + pushed_state  # the buffers come back averaged
         merged = merge_parts([p for r in done for p in r.parts], keys, step)
@@ -363,3 +390,9 @@ class Exchange:
                 continue
             buckets[first + i] = outcome[n]
             replace(slots[i], outcome[n])
+
+
+async def _acked_at(request: Awaitable[None]) -> float:
+    """When `request` was answered (perf_counter)."""
+    await request
+    return time.perf_counter()

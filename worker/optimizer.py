@@ -146,6 +146,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
             payload_bytes=sum(4 * s.numel for s in self.slots),
             decision_log=decision_log,
             log_fields={"worker_id": worker_id, "rank": rank},
+            pads=True,  # `Exchange.start_step` sends a decision's filler beside its pushes
         )
         """Per-step level choice and the decision log (docs/POLICIES.md)."""
         self._encoder = GradientEncoder(self.slots, self.uplink, version=lambda: self._replica.version)
@@ -314,7 +315,10 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         buckets = self._shard_buckets(payloads, early)
         t1 = time.perf_counter()
         self._set_fields(fields)
-        pending = self._exchange.start_step(buckets, samples, early.futures if early else None, early.push_started if early else None)
+        pad = decision.pad_bytes if decision is not None else 0
+        pending = self._exchange.start_step(
+            buckets, samples, early.futures if early else None, early.push_started if early else None, pad_bytes=pad
+        )
         if decision is not None:
             self._encoder.track_progress(decision.level, spec)  # while the push is on the wire
         result, redecided = self._wait(pending, t1, decision, sources, payloads)
@@ -343,7 +347,8 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         self.bytes_up, self.bytes_down = sent, received
         if decision is not None:
             self.uplink.observe(
-                bytes_sent=sum(p.wire_size for p in payloads.values()),
+                bytes_sent=sum(p.wire_size for p in payloads.values()) + pad,
+                pad_bytes=pad,
                 comm_s=comm_s,
                 encode_s=step_encode_s,
                 codec_s=codec_s,

@@ -39,6 +39,8 @@ def redecide_after(decision: Decision | None) -> float | None:
     if decision is None or decision.predicted_comm_s is None or decision.level is None:
         return None
     comm = decision.predicted_comm_s
+    if decision.pad_bytes and decision.bandwidth_Bps:
+        comm += decision.pad_bytes / decision.bandwidth_Bps  # the probe's filler goes out beside the push
     return max(REDECIDE_FACTOR * comm, comm + REDECIDE_MIN_S)
 
 

@@ -56,8 +56,9 @@ class UplinkController:
         payload_bytes: int,
         decision_log: str | Path | None = None,
         log_fields: dict[str, Any] | None = None,
+        pads: bool = False,
     ) -> None:
-        self.loop = PolicyLoop(policy, direction="up", decision_log=decision_log, log_fields=log_fields)
+        self.loop = PolicyLoop(policy, direction="up", decision_log=decision_log, log_fields=log_fields, pads=pads)
         """The policy and the bookkeeping the downlink shares (compute EWMA, histogram, log)."""
         self.payload_bytes = payload_bytes
         """Dense fp32 bytes of every key (S)."""
@@ -158,8 +159,11 @@ class UplinkController:
         self.last = (decision, link)  # read by the metrics endpoint
         return decision
 
-    def observe(self, *, bytes_sent: int, comm_s: float, codec_s: float | None = None, **fields: Any) -> dict[str, Any] | None:
+    def observe(
+        self, *, bytes_sent: int, comm_s: float, codec_s: float | None = None, pad_bytes: int = 0, **fields: Any
+    ) -> dict[str, Any] | None:
         """Feedback after the push of the pending decision; writes its log line (returned).
+        `bytes_sent` counts the filler sent beside the payload, `pad_bytes` (`pads`).
 
         `codec_s`, the seconds the step's keys took to encode on `codec_clock` (the encoder's
         `take_codec_s`), is the level's measured encode cost, timed as the candidate rounds time
@@ -178,7 +182,7 @@ class UplinkController:
         if self._step >= STARTUP_STEPS:
             if decision.level is not None and codec_s is not None:
                 self.loop.observe_encode(decision.level, self.payload_bytes, codec_s)
-            self.loop.observe(decision, bytes_sent=bytes_sent, comm_s=comm_s)
+            self.loop.observe(decision, bytes_sent=bytes_sent, comm_s=comm_s, pad_bytes=pad_bytes)
         self.loop.count(decision.spec)
         self._step += 1
         self._last_end = time.perf_counter()

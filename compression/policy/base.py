@@ -118,6 +118,7 @@ class Policy(ABC):
         per_byte_s: float = 0.0,
         predicted_levels: tuple[float, ...] | None = None,
         jitter: float | None = None,
+        pad_bytes: int = 0,
     ) -> Decision:
         """The decision to send `level` for `request`, with its prediction at `bandwidth_Bps`."""
         comm = step_s = None
@@ -142,4 +143,5 @@ class Policy(ABC):
             predicted_levels=predicted_levels,
             per_byte_s=per_byte_s,
             jitter=jitter,
+            pad_bytes=pad_bytes,
         )

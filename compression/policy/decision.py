@@ -32,6 +32,9 @@ class ChooseRequest:
     """Training step the decision is for."""
     overlap: bool = False
     """Whether communication overlaps compute (P_l = max(Tc, T_l) instead of Tc + T_l)."""
+    pad_ok: bool = False
+    """Whether the sender can add filler to this send (`Decision.pad_bytes`): a probe then pads the
+    committed level's send to a bandwidth sample instead of sending a lighter level."""
 
     def __post_init__(self) -> None:
         if self.payload_bytes < 0:
@@ -58,6 +61,8 @@ class SendReport:
     """An application-measured RTT sample, if any."""
     app_limited: bool | None = None
     """True for a send known not to fill the pipe."""
+    pad_bytes: int = 0
+    """Filler bytes (`Decision.pad_bytes`) included in `bytes_sent`."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,6 +106,9 @@ class Decision:
     """Measured transport seconds per wire byte (c) the predictions used; 0 while unknown."""
     jitter: float | None = None
     """The measured step's relative jitter, the floor of a move's band (netsense), else None."""
+    pad_bytes: int = 0
+    """Filler to send beside the step's payload (a probe: the send becomes a bandwidth sample; the
+    receiver drops it), only when the request allowed it (`ChooseRequest.pad_ok`)."""
 
     def request(self, link: LinkState) -> ChooseRequest:
         """The request this decision answered, asked again on the path as `link` shows it now."""
@@ -138,6 +146,7 @@ class Decision:
             else [_json_safe(round(p, 4)) for p in self.predicted_levels],
             "per_byte_s": self.per_byte_s,
             "jitter": self.jitter,
+            "pad_bytes": self.pad_bytes,
             "bw_Bps": link.bandwidth_Bps,
             "min_rtt_s": link.min_rtt_s,
             "srtt_s": link.srtt_s,

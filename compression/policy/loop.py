@@ -68,8 +68,12 @@ class PolicyLoop:
         direction: str,
         decision_log: str | Path | None = None,
         log_fields: dict[str, Any] | None = None,
+        pads: bool = False,
     ) -> None:
         self.policy = policy
+        self.pads = pads
+        """Whether the caller sends a decision's `pad_bytes` of filler beside its payload (and counts
+        them in `observe`'s `bytes_sent`): the policy may then probe by padding."""
         self.compute_s: float | None = None
         """EWMA of the compute time between sends, None before the first sample."""
         self.levels: dict[str, int] = {}
@@ -97,7 +101,9 @@ class PolicyLoop:
     def choose(self, link: LinkState, *, payload_bytes: int, step: int) -> Decision:
         """The policy's decision for `step`, weighed against the compute time so far (0 before any)."""
         return self.policy.choose(
-            ChooseRequest(link=link, payload_bytes=payload_bytes, compute_s=self.compute_s or 0.0, step=step)
+            ChooseRequest(
+                link=link, payload_bytes=payload_bytes, compute_s=self.compute_s or 0.0, step=step, pad_ok=self.pads
+            )
         )
 
     def count(self, spec: str) -> None:
@@ -112,9 +118,11 @@ class PolicyLoop:
             return
         self.policy.observe_costs(level=level, dense_bytes=dense_bytes, encode_s=encode_s)
 
-    def observe(self, decision: Decision, *, bytes_sent: int, comm_s: float) -> None:
-        """What the send of `decision` cost: `bytes_sent` wire bytes in `comm_s`."""
-        self.policy.observe(SendReport(step=decision.step, level=decision.level, bytes_sent=bytes_sent, comm_s=comm_s))
+    def observe(self, decision: Decision, *, bytes_sent: int, comm_s: float, pad_bytes: int = 0) -> None:
+        """What the send of `decision` cost: `bytes_sent` wire bytes (`pad_bytes` of them filler) in `comm_s`."""
+        self.policy.observe(
+            SendReport(step=decision.step, level=decision.level, bytes_sent=bytes_sent, comm_s=comm_s, pad_bytes=pad_bytes)
+        )
 
     def warm_up(self, levels: list[int], tensors: list[torch.Tensor], observer: RoundObserver | None = None) -> None:
         """Build the candidate codecs of `levels` and call each once on a small sample of `tensors`;

@@ -32,6 +32,11 @@ from .settings import settings_factory
 log = logging.getLogger(__name__)
 
 
+PADDED = -1
+"""The transport's point for padded probes (`TransportCost` keeps one per level sent: a padded
+send is larger than its level's, and a size of its own for the per-byte fit)."""
+
+
 class NetsensePolicy(Policy):
     """Ours (docs/POLICIES.md): T_l = r_l S / B + min_rtt + e_l with the queue-free bandwidth B;
     P_l = Tc + T_l (or max(Tc, T_l) with overlap); the least lossy level with P_l <= (1+eps) P*
@@ -139,8 +144,8 @@ class NetsensePolicy(Policy):
         per_byte = self._per_byte_s()
         preds: list[float] | None = None  # set once the law has predicted every level
 
-        def emit(index: int, reason: str) -> Decision:
-            return self._emit(request, levels, index, reason, bw=bw, per_byte=per_byte, preds=preds)
+        def emit(index: int, reason: str, pad: int = 0) -> Decision:
+            return self._emit(request, levels, index, reason, bw=bw, per_byte=per_byte, preds=preds, pad=pad)
 
         bound = self.bandwidth.lower_bound_Bps if bw is None and s.progress_aware else None
         if bw is None and bound is None:
@@ -220,7 +225,7 @@ class NetsensePolicy(Policy):
             # decode is part of comm_s but not of the transport's per-byte cost.
             peer_decode = self.costs.decode_s_per_mb(level) * self._payload_bytes / 1e6
             self.transport.observe(
-                level=level,
+                level=PADDED if report.pad_bytes else level,  # a padded send is not the level's size
                 bytes_sent=bytes_sent,
                 comm_s=comm_s,
                 time_s=self._now_s if report.time_s is None else report.time_s,
@@ -329,9 +334,10 @@ class NetsensePolicy(Policy):
         bw: float | None,
         per_byte: float,
         preds: list[float] | None,
+        pad: int = 0,
     ) -> Decision:
         """The decision for ladder level `index`, with the figures the law used (`preds`: None when
-        it predicted nothing)."""
+        it predicted nothing) and `pad` bytes of filler (a probe)."""
         return self._decision(
             request,
             level_index=index,
@@ -343,6 +349,7 @@ class NetsensePolicy(Policy):
             per_byte_s=per_byte,
             predicted_levels=None if preds is None else tuple(preds),
             jitter=self.hold.jitter,
+            pad_bytes=pad,
         )
 
     def _levels_now(self) -> list[Level]:
@@ -357,7 +364,7 @@ class NetsensePolicy(Policy):
 
     def _sent(self, decision: Decision, bw: float, rtt: float) -> Decision:
         """Remember the wire time predicted for this decision (codec time excluded, as `comm_s`)."""
-        self._predicted_wire_s = decision.predicted_bytes / bw + rtt
+        self._predicted_wire_s = (decision.predicted_bytes + decision.pad_bytes) / bw + rtt
         return decision
 
     def _qs(self) -> list[float]:

@@ -1,8 +1,9 @@
 """When netsense sends a step at another level than the committed one, to learn what it cannot see.
 
 Two moves, both on one cadence (`probe_interval` steps or `probe_interval_s` seconds since the
-level last moved or probed): a *probe* sends a lighter level while the path looks app-limited, since
-an app-limited bandwidth sample only bounds what the path carries; an *exploration* sends a heavier
+level last moved or probed): a *probe* sends a bandwidth sample while the path looks app-limited,
+since an app-limited sample only bounds what the path carries: the committed level padded with
+filler where the sender can pad (`probe_pad`), a lighter level elsewhere; an *exploration* sends a heavier
 level that loses no measurable progress while the transport's per-byte cost is unknown, since that
 fit needs sends of two sizes.
 """
@@ -59,9 +60,9 @@ class Probes:
         per_byte: float,
         q: list[float],
         last_send_slow: bool,
-    ) -> tuple[int, str] | None:
-        """The level and reason of this step's probe or exploration, None to send the committed
-        level (`reason`: why the law holds it). Called once per decision, after the law."""
+    ) -> tuple[int, str, int] | None:
+        """The level, reason and filler bytes of this step's probe or exploration, None to send the
+        committed level (`reason`: why the law holds it). Called once per decision, after the law."""
         link, index = request.link, self.hold.level
         assert index is not None
         if self.moved_at is None or self.hold.since_change == 0:
@@ -70,16 +71,20 @@ class Probes:
         if self._probe_due(link, reason, last_send_slow) and self._capacity_matters(levels, request, bw, per_byte, q):
             self.hold.since_probe = 0
             self.moved_at = link.time_s
-            probe = self._probe_level(index, levels, request.payload_bytes, bw=bw, rtt_s=link.min_rtt_s or 0.0)
             self._probed = True
-            return probe, f"probe: {index - probe} lighter than {self.ladder[index].spec}"
+            enough = self._sample_bytes(bw=bw, rtt_s=link.min_rtt_s or 0.0)
+            pad = round(enough - levels[index].wire_bytes(request.payload_bytes))
+            if request.pad_ok and self.settings.probe_pad and pad > 0:
+                return index, f"probe: {self.ladder[index].spec} padded by {pad} B", pad
+            probe = self._probe_level(index, levels, request.payload_bytes, enough)
+            return probe, f"probe: {index - probe} lighter than {self.ladder[index].spec}", 0
         explore = self._explore_level(link, reason, q)
         self.exploring = explore
         if explore is None:
             return None
         self.hold.since_probe = 0
         self.moved_at = link.time_s
-        return explore, f"explore: per-byte cost unknown, {self.ladder[explore].spec}"
+        return explore, f"explore: per-byte cost unknown, {self.ladder[explore].spec}", 0
 
     def _back_off(self, reason: str) -> None:
         """Judge the probe sent last decision by this decision's law (`reason`, its probe's sample
@@ -138,18 +143,21 @@ class Probes:
         assert self.hold.level is not None
         return self.hold.target(unlimited, q) < self.hold.level
 
-    def _probe_level(self, index: int, levels: list[Level], payload_bytes: int, *, bw: float, rtt_s: float) -> int:
-        """The heaviest lighter level whose send is a bandwidth sample (a probe too small to
-        measure anything reveals nothing); one level lighter when none is. A send is a sample when
-        it carries `min_sample_bytes`, or when it would still last `min_sample_rtts` min RTTs at
+    def _sample_bytes(self, *, bw: float, rtt_s: float) -> float:
+        """The least send that is a bandwidth sample (a probe too small to measure anything reveals
+        nothing): `min_sample_bytes`, or what would still last `min_sample_rtts` min RTTs at
         `PROBE_RISE` times the bandwidth `bw` (and carries `min_sample_bytes` / 16, the estimate's
-        own rule): a bigger rise shows as a lower bound above the estimate, which raises it, and
-        the lighter level's sends measure the rest. On wide-mlp's 1 ms, 20 Mbit/s path the first
+        own rule) if less: a bigger rise shows as a lower bound above the estimate, which raises
+        it, and the sends after it measure the rest. On wide-mlp's 1 ms, 20 Mbit/s path the first
         rule alone probed fp16 (337 kB, ~135 ms a probe) where qsgd:4 (86 kB) measures up to 40
         Mbit/s (docs/BENCHMARKS.md, "The first updates"); at a 20 ms RTT the two rules agree."""
         s = self.settings
         long_enough = max(s.min_sample_bytes / 16, PROBE_RISE * s.min_sample_rtts * rtt_s * bw)
-        enough = s.min_sample_bytes if s.min_sample_rtts <= 0 or rtt_s <= 0 else min(s.min_sample_bytes, long_enough)
+        return s.min_sample_bytes if s.min_sample_rtts <= 0 or rtt_s <= 0 else min(s.min_sample_bytes, long_enough)
+
+    def _probe_level(self, index: int, levels: list[Level], payload_bytes: int, enough: float) -> int:
+        """The heaviest lighter level whose send carries `enough` bytes to be a bandwidth sample;
+        one level lighter when none does."""
         big = [i for i in range(index) if levels[i].wire_bytes(payload_bytes) >= enough]
         return max(big) if big else index - 1
 
