@@ -60,7 +60,8 @@ class DownlinkController:
         windows: bool = False,
         settings: dict[str, Any] | None = None,
     ) -> None:
-        self.loop = PolicyLoop(build_policy(policy, ladder, settings), direction="down", decision_log=decision_log)
+        # pads: the session pads a whole PULL's reply by the decision's filler (`pad_for`).
+        self.loop = PolicyLoop(build_policy(policy, ladder, settings), direction="down", decision_log=decision_log, pads=True)
         """The policy and the bookkeeping the uplink shares (compute EWMA, histogram, log)."""
         self.windows = windows
         """Whether progress windows price the levels (False: the candidate rounds' one-update q).
@@ -281,6 +282,12 @@ class DownlinkController:
         self.loop.count(decision.spec)
         return decision.spec
 
+    def pad_for(self, version: int) -> int:
+        """Filler bytes to send with the update that made `version` (the decision's padded probe,
+        `Decision.pad_bytes`), 0 when it was not padded or is no longer the latest chosen."""
+        pending = self._pending
+        return pending[0].pad_bytes if pending is not None and pending[0].step + 1 == version else 0
+
     def sent(self, quic: Any, version: int, nbytes: int) -> None:
         """A PARAMS reply of `nbytes` for `version` is being written on `quic` now (call before
         the write, on the loop thread); its delivery is timed by the ack that completes it
@@ -324,7 +331,7 @@ class DownlinkController:
             # the update's own send twice (wide-mlp: 66-71 ms of "compute" in a 60 ms cycle).
             self.loop.time_compute(max(0.0, interval - (comm or 0.0)))
         if nbytes is not None and comm is not None:
-            self.loop.observe(decision, bytes_sent=nbytes, comm_s=comm)
+            self.loop.observe(decision, bytes_sent=nbytes, comm_s=comm, pad_bytes=decision.pad_bytes)
         self.loop.write(decision, link, bytes_sent=nbytes, comm_s=comm, version=version, receivers=len(times))
         for old in [v for v in (*self._sent, *self._expected) if v <= version]:
             self._sent.pop(old, None)

@@ -133,7 +133,7 @@ class PSServer:
         self._changed = asyncio.Condition()
         self._step_started_at: float | None = None
         self._blocked: tuple[int | None, float] = (None, 0.0)  # async: (slowest clock, since when) while a worker waits on it
-        self._params_cache: tuple[tuple[int, bool, int], bytes] | None = None
+        self._params_cache: tuple[tuple[int, bool, int, int], bytes] | None = None
         self._keyed_cache: dict[tuple[int, bool, int, tuple[str, ...]], bytes] = {}  # pipelined pulls of one update
         self._server: Listener | None = None
         self._watchdog: asyncio.Task[None] | None = None
@@ -305,7 +305,7 @@ class PSServer:
 
     def params_bytes(self, params: Params) -> bytes:
         """Encoded PARAMS, cached: the same update goes to every worker, serialize it once."""
-        key = (params.version, params.full, params.base_version)
+        key = (params.version, params.full, params.base_version, len(params.pad))
         if self._params_cache is None or self._params_cache[0] != key:
             self._params_cache = (key, encode_message(params))
         return self._params_cache[1]

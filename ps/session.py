@@ -8,6 +8,7 @@ caches, checkpoints) is the `PSServer`'s, so a session only asks it to wait, wak
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -160,7 +161,9 @@ class WorkerSession:
                     await self.server.wait_turn(self.worker_id)
                 except asyncio.TimeoutError:
                     raise ProtocolError("timeout", f"more than {store.staleness} versions ahead for the whole pull timeout") from None
-            data = self.server.params_bytes(store.pull(msg.have_version))
+            params = store.pull(msg.have_version)
+            pad = self.server.downlink.pad_for(params.version) if self.server.downlink is not None else 0
+            data = self.server.params_bytes(dataclasses.replace(params, pad=bytes(pad)) if pad else params)
             if self.server.downlink is not None:
                 self.server.downlink.sent(self.conn.quic, store.version, len(data))
             return data

@@ -197,6 +197,9 @@ class Params(Message):
     """Key -> payload."""
     base_version: int = -1
     """For a delta: the version it applies to."""
+    pad: bytes = b""
+    """Filler the worker drops (a downlink probe padded to a bandwidth sample: docs/POLICIES.md,
+    "Probes"); at most `Limits.max_probe_bytes`. Left out of the message when empty."""
 
 
 @dataclass(frozen=True)

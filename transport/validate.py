@@ -111,12 +111,12 @@ def _role(body: dict[str, Any]) -> str:
     return role
 
 
-def _probe_data(body: dict[str, Any], limits: Limits) -> bytes:
-    v = body.get("data")
+def _probe_data(body: dict[str, Any], limits: Limits, name: str = "data") -> bytes:
+    v = body.get(name, b"" if name == "pad" else None)  # a PARAMS without filler leaves `pad` out
     if not isinstance(v, (bytes, memoryview)):
-        raise _fail("malformed", "field 'data' must be bin")
+        raise _fail("malformed", f"field {name!r} must be bin")
     if len(v) > limits.max_probe_bytes:
-        raise _fail("oversize", f"probe of {len(v)} bytes > limit {limits.max_probe_bytes}")
+        raise _fail("oversize", f"{'probe' if name == 'data' else name} of {len(v)} bytes > limit {limits.max_probe_bytes}")
     return v
 
 
@@ -212,7 +212,8 @@ PARSERS: dict[str, Any] = {
     "push": _push,
     "pull": lambda b, lim: Pull(_int(b, "have_version", -1), _int(b, "wait_for", 0), _pull_keys(b)),
     "params": lambda b, lim: Params(
-        _int(b, "version", 0), _bool(b, "full"), _tensors(b, "tensors", lim), _int(b, "base_version", -1)
+        _int(b, "version", 0), _bool(b, "full"), _tensors(b, "tensors", lim), _int(b, "base_version", -1),
+        _probe_data(b, lim, "pad"),
     ),
     "ack": lambda b, lim: Ack(_int(b, "version", 0)),
     "error": lambda b, lim: Error(_str(b, "code", 64), _str(b, "reason")),

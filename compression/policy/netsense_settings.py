@@ -41,7 +41,7 @@ class NetsensePolicySettings:
     max_k: int = 80
     """Cap of k's back-off: a relax undone within k steps doubles k; one that holds halves it again."""
     probe_interval: int = 20
-    """While app-limited at a lossy level, send one step a level lighter this often (0: never)."""
+    """While app-limited at a lossy level, send one probe (a bandwidth sample) this often (0: never)."""
     probe_interval_s: float = 2.0
     """...or after this many seconds without a change or probe, whichever comes first (0: only by
     steps). Seconds bound the recovery time however long a step takes."""
@@ -51,10 +51,11 @@ class NetsensePolicySettings:
     wide-mlp at 50 Mbit/s a probe step cost ~0.1 s (qsgd:8 where powersgd:4 took 0.035 s), every
     20 steps: ~7 % of the run, for a bandwidth that did not change."""
     probe_pad: bool = True
-    """Where the sender can pad (`ChooseRequest.pad_ok`: a worker's uplink), probe by sending the
-    committed level with filler that makes the send a bandwidth sample, instead of a lighter level:
-    the tanh MLP's probes were 490 kB qsgd:8 steps where powersgd:2 sent 32 kB and 256 kB measure
-    the path (docs/BENCHMARKS.md, "Padded probes"). False: lighter levels everywhere."""
+    """Where the sender can pad (`ChooseRequest.pad_ok`: a worker's uplink, the PS's downlink),
+    probe by sending the committed level with filler that makes the send a bandwidth sample,
+    instead of a lighter level: the tanh MLP's probes were 490 kB qsgd:8 steps where powersgd:2
+    sent 32 kB and 256 kB measure the path (docs/BENCHMARKS.md, "Padded probes"). False: lighter
+    levels everywhere."""
     queue_tolerance_s: float = 0.010
     """Standing queue (srtt - min_rtt) ignored before it starts to shrink the bandwidth."""
     safe_level: int | None = None

@@ -114,3 +114,19 @@ def test_mutated_valid_messages_never_crash(data: st.DataObject) -> None:
         decode_message(bytes(raw))
     except ProtocolError:
         pass
+
+
+def test_params_filler_is_optional_bounded_and_round_trips() -> None:
+    """`Params.pad` (a padded downlink probe): absent when empty, so such a PARAMS is byte-identical
+    to one from before the field; a framed section when large; bounded like a PROBE's data."""
+    plain = Params(5, False, {"a": P}, base_version=4)
+    assert b"pad" not in encode_message(plain)
+    padded = Params(5, False, {"a": P}, base_version=4, pad=bytes(200_000))
+    back = decode_message(encode_message(padded))
+    assert isinstance(back, Params) and len(back.pad) == 200_000 and back.tensors == plain.tensors
+    with pytest.raises(ProtocolError, match="pad of 200000 bytes") as info:
+        decode_message(encode_message(padded), Limits(max_probe_bytes=100_000))
+    assert info.value.code == "oversize"
+    bad = _raw(t="params", version=5, full=False, tensors={}, base_version=4, pad="text")
+    with pytest.raises(ProtocolError, match="'pad' must be bin"):
+        decode_message(bad)
