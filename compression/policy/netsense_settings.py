@@ -51,8 +51,8 @@ class NetsensePolicySettings:
     wide-mlp at 50 Mbit/s a probe step cost ~0.1 s (qsgd:8 where powersgd:4 took 0.035 s), every
     20 steps: ~7 % of the run, for a bandwidth that did not change."""
     probe_pad: bool = True
-    """Where the sender can pad (`ChooseRequest.pad_ok`: a worker's uplink, the PS's downlink),
-    probe by sending the committed level with filler that makes the send a bandwidth sample,
+    """Where the sender can pad (`ChooseRequest.pad_ok`: a worker's uplink, the PS's downlink, a
+    relay's upstream), probe by sending the committed level with filler that makes the send a bandwidth sample,
     instead of a lighter level: the tanh MLP's probes were 490 kB qsgd:8 steps where powersgd:2
     sent 32 kB and 256 kB measure the path (docs/BENCHMARKS.md, "Padded probes"). False: lighter
     levels everywhere."""

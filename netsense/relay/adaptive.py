@@ -52,7 +52,9 @@ class AdaptiveUpstream:
         a connection (the push then reconnects first)."""
         if self.uplink is None:
             payload = sum(4 * g.numel() for g in grads.values())
-            self.uplink = UplinkController(self.policy, payload_bytes=payload, decision_log=self.decision_log, log_fields=self.log_fields)
+            self.uplink = UplinkController(
+                self.policy, payload_bytes=payload, decision_log=self.decision_log, log_fields=self.log_fields, pads=True
+            )  # pads: `Upstream` sends a decision's filler beside the site's push
             self.encoder = SiteEncoder(self.uplink)
         if quic is None:
             return LinkState(time.monotonic(), None, None, None)
@@ -73,12 +75,17 @@ class AdaptiveUpstream:
         assert self.encoder is not None
         self.encoder.track_progress(decision.level, decision.spec)
 
-    def observe(self, payloads: dict[str, Payload], *, push_s: float, encode_s: float, wire_s: float, step: int) -> None:
-        """What the push cost, fed back to the policy; writes its decision-log line."""
+    def observe(
+        self, payloads: dict[str, Payload], *, push_s: float, encode_s: float, wire_s: float, step: int, pad_bytes: int = 0
+    ) -> None:
+        """What the push cost (with `pad_bytes` of filler beside it), fed back to the policy;
+        writes its decision-log line."""
         assert self.uplink is not None and self.encoder is not None
-        bytes_sent = sum(p.wire_size for p in payloads.values())
+        bytes_sent = sum(p.wire_size for p in payloads.values()) + pad_bytes
         codec_s = self.encoder.take_codec_s()
-        self.uplink.observe(bytes_sent=bytes_sent, comm_s=push_s, codec_s=codec_s, encode_s=encode_s, wire_s=wire_s, version=step)
+        self.uplink.observe(
+            bytes_sent=bytes_sent, pad_bytes=pad_bytes, comm_s=push_s, codec_s=codec_s, encode_s=encode_s, wire_s=wire_s, version=step
+        )
 
     def mark_end(self) -> None:
         """The site's step is over upstream (pushed, skipped or overtaken by a reconnect): the

@@ -16,7 +16,7 @@ from typing import Any
 
 from netsense.compression import Payload, make_codec
 from netsense.compression.feedback import ErrorFeedback, require_feedback_safe
-from netsense.errors import PeerError, PeerTimeout
+from netsense.errors import NetSenseError, PeerError, PeerTimeout
 from netsense.transport.wire import Init, Params, Welcome
 from netsense.worker.client import StepFields
 from netsense.worker.connect import ConnectSettings, connect_first, make_client, reconnect
@@ -80,20 +80,23 @@ class Upstream:
         """Push the site's step (at the policy's level when the push adapts) and pull its update."""
         started = time.perf_counter()
         adaptive = self.adaptive if not agg.skip else None
-        payloads = None
+        payloads, pad = None, 0
         if adaptive is not None:
             conn = self.client.conn
             link = adaptive.read_link(conn.quic if conn is not None else None, agg.grads)
+            if await self._probe_path(adaptive):
+                link = adaptive.read_link(conn.quic if conn is not None else None, agg.grads)
             decision, payloads = await asyncio.to_thread(adaptive.encode, agg.grads, link, started)
+            pad = decision.pad_bytes
         buckets, fields = self.encode(agg, payloads)
         self.client.step_fields = fields
         sent = time.perf_counter()
         progress = asyncio.ensure_future(asyncio.to_thread(adaptive.track_progress, decision)) if adaptive else None
         try:
-            params, push_s = await self._send(agg, total_keys, buckets)
+            params, push_s = await self._send(agg, total_keys, buckets, pad)
             if adaptive is not None and payloads is not None and push_s is not None:
                 wire_s = time.perf_counter() - sent
-                adaptive.observe(payloads, push_s=push_s, encode_s=sent - started, wire_s=wire_s, step=agg.step)
+                adaptive.observe(payloads, push_s=push_s, encode_s=sent - started, wire_s=wire_s, step=agg.step, pad_bytes=pad)
             return params
         finally:
             if progress is not None:
@@ -101,30 +104,55 @@ class Upstream:
             if self.adaptive is not None:
                 self.adaptive.mark_end()
 
-    async def _send(self, agg: Aggregate, total_keys: int, buckets: list[dict[str, Payload]]) -> tuple[Params, float | None]:
-        """Push + pull with its push time; after a dropped connection, reconnect and push again if
-        the PS is still at the step, else return where the PS is now (no push time)."""
+    async def _probe_path(self, adaptive: AdaptiveUpstream) -> bool:
+        """Before the first decision, the start-up probe the policy asks for (`Policy.probe_bytes`),
+        as a worker's uplink sends it; whether one ran. A failed probe costs only the probe."""
+        uplink, conn = adaptive.uplink, self.client.conn
+        nbytes = uplink.probe_bytes() if uplink is not None and conn is not None else 0
+        if nbytes <= 0:
+            return False
+        assert uplink is not None and conn is not None
+        started = time.perf_counter()
+        try:
+            await self.client.probe(nbytes)
+        except NetSenseError as exc:
+            log.warning("upstream probe failed (%s); the first steps go out at the unknown-bandwidth level", exc)
+            return False
+        uplink.observe_probe(bytes_sent=nbytes, comm_s=time.perf_counter() - started, link=uplink.read_link(conn.quic))
+        return True
+
+    async def _send(
+        self, agg: Aggregate, total_keys: int, buckets: list[dict[str, Payload]], pad: int = 0
+    ) -> tuple[Params, float | None]:
+        """Push + pull with its push time (`pad` bytes of filler beside the push: the policy's
+        padded probe); after a dropped connection, reconnect and push again if the PS is still at
+        the step (without the filler, and no push time: the retry is no sample), else return where
+        the PS is now (no push time)."""
         while True:
             try:
-                return await self._push_pull(agg.step, agg.samples, total_keys, buckets)
+                return await self._push_pull(agg.step, agg.samples, total_keys, buckets, pad)
             except PeerTimeout as exc:
                 params = await reconnect(self.client, self.settings, exc, self.seed)
+                pad = 0
                 if params.version != agg.step:
                     return params, None
                 log.info("upstream still at step %d after reconnecting; pushing the site's step again", agg.step)
 
-    async def _push_pull(self, step: int, samples: int, total_keys: int, buckets: list[dict[str, Payload]]) -> tuple[Params, float]:
-        """The update and the push's time (first byte to the last ack)."""
+    async def _push_pull(
+        self, step: int, samples: int, total_keys: int, buckets: list[dict[str, Payload]], pad: int = 0
+    ) -> tuple[Params, float]:
+        """The update and the push's time (first byte to the last ack, the filler's included)."""
         client = self.client
         started = time.perf_counter()
         pull = asyncio.ensure_future(client.pull(step, step + 1))
         pushes = [asyncio.ensure_future(client.push(step, samples, total_keys, b)) for b in buckets]
+        filler = [asyncio.ensure_future(client.probe(pad))] if pad > 0 else []  # after the pushes, as a worker's
         try:
-            await asyncio.gather(*pushes)
+            await asyncio.gather(*pushes, *filler)
             push_s = time.perf_counter() - started
             return await pull, push_s
         finally:
-            for f in (pull, *pushes):
+            for f in (pull, *pushes, *filler):
                 if not f.done():
                     f.cancel()
                 f.add_done_callback(_consume)

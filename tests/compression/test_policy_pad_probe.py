@@ -60,7 +60,7 @@ def test_a_probe_pads_the_committed_level_to_a_bandwidth_sample() -> None:
 
 
 def test_without_padding_a_probe_sends_a_lighter_level() -> None:
-    """A sender that cannot pad (the PS's downlink, a relay), or `probe_pad` off: the old probe, the
+    """A sender that cannot pad (`pad_ok` false), or `probe_pad` off: the old probe, the
     heaviest lighter level that carries a sample's bytes (qsgd:4, 607 kB)."""
     for p, pad_ok in ((policy(), False), (policy(probe_pad=False), True)):
         committed, probe = first_probe(p, pad_ok=pad_ok)

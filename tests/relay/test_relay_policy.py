@@ -3,6 +3,7 @@ the policy's, the push is encoded at it under error feedback, and what it cost i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from netsense.compression.policy import Decision, Policy, register_policy
+from netsense.compression.policy import Decision, Policy, make_policy, register_policy
 from netsense.compression.policy.decision import ChooseRequest, SendReport
 from netsense.compression.policy.ladder import Ladder
 from netsense.errors import ConfigError
@@ -114,3 +115,67 @@ def test_encode_seconds_of_a_push_that_never_reached_observe_are_not_the_next_on
     monkeypatch.setattr(upstream.uplink, "observe", lambda **fields: seen.update(fields))
     upstream.observe(payloads, push_s=0.1, encode_s=0.1, wire_s=0.1, step=1)
     assert seen["codec_s"] == 2.0
+
+
+PAD = 120_000
+
+
+class PadOdd(Alternate):
+    """`Alternate`, with the odd steps padded by `PAD` bytes where the sender can pad."""
+
+    def choose(self, request: ChooseRequest) -> Decision:
+        d = super().choose(request)
+        return dataclasses.replace(d, pad_bytes=PAD) if request.pad_ok and request.step % 2 else d
+
+
+register_policy("test-pad-odd", lambda arg, ladder, /, **kw: PadOdd(ladder))
+
+
+def test_the_relay_sends_a_padded_probes_filler_beside_its_push(certs: CertPaths, tmp_path: Path) -> None:
+    """The relay's upstream probes by padding as a worker's uplink does: the filler crosses (the
+    PS drops it), the push time runs to its ack, and the report counts it."""
+    Alternate.seen.clear()
+    ps = start_ps(certs)
+    site = relay(certs, ps.port, site_workers=2, upstream_policy="test-pad-odd", ladder="fp32,qsgd:4")
+    try:
+        workers = [Worker(r, 2, connect(certs, site.ports[0]), STEPS, digits()) for r in range(2)]
+        run_workers(workers)
+        assert ps.call(lambda: ps.server.store.version) == STEPS
+        sent = site.net.run(_sent_upstream(site))
+    finally:
+        site.stop()
+        ps.stop()
+    policy = Alternate.seen[-1]
+    assert all(r.pad_ok for r in policy.requests)
+    assert sent > sum(r.bytes_sent for r in policy.reports)  # the filler did cross (with step 0 and the pulls)
+    padded = [r for r in policy.reports if r.step % 2]
+    assert padded and all(r.pad_bytes == PAD and PAD < r.bytes_sent < PAD + 0.2 * MODEL_BYTES for r in padded)
+    assert all(r.pad_bytes == 0 and r.bytes_sent > 0.9 * MODEL_BYTES for r in policy.reports if r.step % 2 == 0)
+
+
+async def _sent_upstream(site: Any) -> int:
+    return sum(s.upstream.client.bytes_sent for s in site.relay.shards)
+
+
+register_policy(
+    "test-netsense-small",
+    lambda arg, ladder, /, **kw: make_policy("netsense", ladder, min_sample_bytes=16 * 1024, **kw),
+)
+
+
+def test_the_relay_probes_the_path_before_its_first_decision(certs: CertPaths, tmp_path: Path) -> None:
+    """The start-up probe (`start_probe`) on the relay's upstream: step 0 is chosen on the probed
+    bandwidth (the test model's 37 kB payload is a sample once `min_sample_bytes` is 16 kB)."""
+    log = tmp_path / "relay.jsonl"
+    ps = start_ps(certs)
+    site = relay(certs, ps.port, site_workers=2, upstream_policy="test-netsense-small", decision_log=str(log))
+    try:
+        workers = [Worker(r, 2, connect(certs, site.ports[0]), 3, digits()) for r in range(2)]
+        run_workers(workers)
+        assert ps.call(lambda: ps.server.store.version) == 3
+    finally:
+        site.stop()
+        ps.stop()
+    first = json.loads(log.read_text().splitlines()[0])
+    assert first["step"] == 0 and first["probe_bytes"] == 16 * 1024 and first["probe_s"] > 0
+    assert first["reason"] != "unknown-bandwidth" and first["bw_used_Bps"] is not None
