@@ -50,12 +50,12 @@ class NetsensePolicySettings:
     up to this factor (1: never); a probe that found some, or a change of level, resets them. On
     wide-mlp at 50 Mbit/s a probe step cost ~0.1 s (qsgd:8 where powersgd:4 took 0.035 s), every
     20 steps: ~7 % of the run, for a bandwidth that did not change."""
-    probe_pad: bool = True
+    probe_pad: bool = False
     """Where the sender can pad (`ChooseRequest.pad_ok`: a worker's uplink, the PS's downlink, a
-    relay's upstream), probe by sending the committed level with filler that makes the send a bandwidth sample,
-    instead of a lighter level: the tanh MLP's probes were 490 kB qsgd:8 steps where powersgd:2
-    sent 32 kB and 256 kB measure the path (docs/BENCHMARKS.md, "Padded probes"). False: lighter
-    levels everywhere."""
+    relay's upstream), probe by sending the committed level with filler that makes the send a
+    bandwidth sample, instead of a lighter level. Off by default: padding halved what the probe
+    steps cost, yet the transformer (a model not in the repo) reached its target 20-80 steps later
+    in 3 of 4 seeds without the lighter levels' fp16 steps (docs/BENCHMARKS.md, "Padded probes")."""
     queue_tolerance_s: float = 0.010
     """Standing queue (srtt - min_rtt) ignored before it starts to shrink the bandwidth."""
     safe_level: int | None = None
