@@ -13,6 +13,7 @@ from pathlib import Path
 # parse with "SystemError: AST constructor recursion depth mismatch", turning a green run red.
 import hypothesis  # noqa: F401
 import pytest
+import torch
 
 from netsense.ps.server import PSServer, ServerSettings
 from netsense.transport.auth import load_secret
@@ -75,3 +76,17 @@ def ps(certs: CertPaths) -> Iterator[RunningPS]:
 @pytest.fixture
 def repo_root() -> Path:
     return Path(__file__).resolve().parents[1]
+
+
+def traffic_per_step(opt, model: torch.nn.Module, steps: int) -> list[tuple[int, int]]:  # type: ignore[no-untyped-def]
+    """Train `model` (64 inputs, 10 classes) `steps` steps on random batches of 16 through `opt`
+    (a `NetSenseOptimizer`); the wire bytes (sent, received) of each step."""
+    out = []
+    for _ in range(steps):
+        before = opt._exchange.traffic()
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(torch.randn(16, 64)), torch.randint(0, 10, (16,))).backward()
+        opt.step(samples=16)
+        after = opt._exchange.traffic()
+        out.append((after[0] - before[0], after[1] - before[1]))
+    return out

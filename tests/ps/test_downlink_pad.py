@@ -16,7 +16,7 @@ from netsense.compression.policy.fixed import FixedPolicy
 from netsense.compression.policy.ladder import Ladder
 from netsense.ps.server import ServerSettings
 from netsense.worker.optimizer import NetSenseOptimizer
-from tests.conftest import start_ps, stop_ps
+from tests.conftest import start_ps, stop_ps, traffic_per_step
 
 PAD = 150_000
 
@@ -45,14 +45,8 @@ def test_a_padded_update_crosses_is_dropped_and_reported(certs, tmp_path: Path) 
         ps.server.downlink.loop.policy = policy
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
-        received = []
         with NetSenseOptimizer(model, connect=ps.connect_settings(), worker_id="w0", overlap=False) as opt:
-            for _ in range(6):
-                before = opt._exchange.traffic()[1]
-                opt.zero_grad()
-                torch.nn.functional.cross_entropy(model(torch.randn(16, 64)), torch.randint(0, 10, (16,))).backward()
-                opt.step(samples=16)
-                received.append(opt._exchange.traffic()[1] - before)
+            received = [got for _, got in traffic_per_step(opt, model, 6)]
             version = opt.version
             replica = {k: v.clone() for k, v in model.state_dict().items()}
         params = ps.call(lambda: {k: v.clone() for k, v in ps.server.store.params.items()})

@@ -15,6 +15,7 @@ from netsense.compression.policy import ChooseRequest, Decision, SendReport
 from netsense.compression.policy.fixed import FixedPolicy
 from netsense.compression.policy.ladder import Ladder
 from netsense.worker.optimizer import NetSenseOptimizer
+from tests.conftest import traffic_per_step
 
 PAD = 200_000
 
@@ -41,14 +42,8 @@ def test_the_filler_crosses_beside_the_push_and_is_reported(ps, tmp_path: Path, 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
     policy, log = Padding(), tmp_path / "decisions.jsonl"
-    sent_per_step = []
     with NetSenseOptimizer(model, connect=ps.connect_settings(), worker_id="w0", policy=policy, decision_log=log, overlap=overlap) as opt:
-        for _ in range(4):
-            before = opt._exchange.traffic()[0]
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(torch.randn(16, 64)), torch.randint(0, 10, (16,))).backward()
-            opt.step(samples=16)
-            sent_per_step.append(opt._exchange.traffic()[0] - before)
+        sent_per_step = [sent for sent, _ in traffic_per_step(opt, model, 4)]
         version = opt.version
     assert version == 4  # the PS dropped the filler and applied every step
     assert all(r.pad_ok for r in policy.requests)
