@@ -111,13 +111,21 @@ def _role(body: dict[str, Any]) -> str:
     return role
 
 
-def _probe_data(body: dict[str, Any], limits: Limits, name: str = "data") -> bytes:
-    v = body.get(name, b"" if name == "pad" else None)  # a PARAMS without filler leaves `pad` out
+def _filler(v: Any, name: str, what: str, limits: Limits) -> bytes:
+    """Bytes the receiver drops (a PROBE's data, a PARAMS's pad), bounded by `max_probe_bytes`."""
     if not isinstance(v, (bytes, memoryview)):
         raise _fail("malformed", f"field {name!r} must be bin")
     if len(v) > limits.max_probe_bytes:
-        raise _fail("oversize", f"{'probe' if name == 'data' else name} of {len(v)} bytes > limit {limits.max_probe_bytes}")
+        raise _fail("oversize", f"{what} of {len(v)} bytes > limit {limits.max_probe_bytes}")
     return v
+
+
+def _probe_data(body: dict[str, Any], limits: Limits) -> bytes:
+    return _filler(body.get("data"), "data", "probe", limits)
+
+
+def _pad(body: dict[str, Any], limits: Limits) -> bytes:
+    return _filler(body.get("pad", b""), "pad", "pad", limits)  # a PARAMS without filler leaves it out
 
 
 def _hparams(body: dict[str, Any]) -> tuple[dict[str, float], ...]:
@@ -213,7 +221,7 @@ PARSERS: dict[str, Any] = {
     "pull": lambda b, lim: Pull(_int(b, "have_version", -1), _int(b, "wait_for", 0), _pull_keys(b)),
     "params": lambda b, lim: Params(
         _int(b, "version", 0), _bool(b, "full"), _tensors(b, "tensors", lim), _int(b, "base_version", -1),
-        _probe_data(b, lim, "pad"),
+        _pad(b, lim),
     ),
     "ack": lambda b, lim: Ack(_int(b, "version", 0)),
     "error": lambda b, lim: Error(_str(b, "code", 64), _str(b, "reason")),
