@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
+import random
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,3 +94,35 @@ def traffic_per_step(opt, model: torch.nn.Module, steps: int) -> list[tuple[int,
         after = opt._exchange.traffic()
         out.append((after[0] - before[0], after[1] - before[1]))
     return out
+
+
+def _worker_index() -> int:
+    """This process's pytest-xdist worker number ("gw3" -> 3); 0 in a run without workers."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0
+
+
+_BAND = 1000
+_next_port = itertools.count(random.randrange(_BAND))
+
+
+def reusable_port() -> int:
+    """A free UDP port on 127.0.0.1 for a server that must come back on the same port (a PS
+    restarted under a connected worker); a server that can take port 0 should. Binding port 0 and
+    closing it races: the kernel may hand the port to another test (a parallel worker) before the
+    restart binds it. So the port is drawn below the kernel's ephemeral range, which bind(0) never
+    returns, from a band of `_BAND` ports of this pytest-xdist worker's own."""
+    try:
+        low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    top = low - _BAND * _worker_index()
+    for _ in range(_BAND):
+        port = top - 1 - next(_next_port) % _BAND
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free UDP port in {top - _BAND}..{top - 1}")

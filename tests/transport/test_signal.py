@@ -8,7 +8,6 @@ estimate must find the emulated rate and propagation delay.
 from __future__ import annotations
 
 import asyncio
-import socket
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -26,16 +25,12 @@ from netsense.transport.sensing.congestion import SENSING_CC
 from netsense.transport.sensing.estimator import SensingConfig
 from netsense.transport.sensing.signal import NetworkSignal, SignalReader, fallback_bandwidth, read_signal
 
+from tests.conftest import reusable_port
+
 MONOTONE = ("lost_packets", "lost_bytes", "sent_packets", "bytes_sent", "delivered_bytes", "rate_samples")
 CHUNK = 256 * 1024
 
 
-
-
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -111,7 +106,7 @@ async def bulk_transfer(
         is_client=True, verify_mode=ssl.CERT_NONE, congestion_control_algorithm=SENSING_CC,
     )
     sink = Sink()
-    port = _free_udp_port()
+    port = reusable_port()
     server = await serve("127.0.0.1", port, configuration=server_cfg, create_protocol=_sink_protocol(sink))
     emulator = None
     try:
@@ -258,7 +253,7 @@ async def test_reading_before_any_traffic_gives_empty_estimates() -> None:
     server_cfg = QuicConfiguration(is_client=False)
     server_cfg.certificate, server_cfg.private_key = cert, key
     client_cfg = QuicConfiguration(is_client=True, verify_mode=ssl.CERT_NONE, congestion_control_algorithm=SENSING_CC)
-    port = _free_udp_port()
+    port = reusable_port()
     server = await serve("127.0.0.1", port, configuration=server_cfg)
     try:
         async with connect("127.0.0.1", port, configuration=client_cfg) as client:
@@ -295,7 +290,7 @@ async def test_reader_refuses_a_connection_without_the_sensing_controller() -> N
     cert, key = self_signed()
     server_cfg = QuicConfiguration(is_client=False)
     server_cfg.certificate, server_cfg.private_key = cert, key
-    port = _free_udp_port()
+    port = reusable_port()
     server = await serve("127.0.0.1", port, configuration=server_cfg)
     try:
         async with connect("127.0.0.1", port, configuration=QuicConfiguration(
@@ -308,6 +303,7 @@ async def test_reader_refuses_a_connection_without_the_sensing_controller() -> N
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 async def test_estimate_finds_an_emulated_20mbit_10ms_link() -> None:
     """The estimate finds the emulated rate (never below it) and the propagation delay.
 

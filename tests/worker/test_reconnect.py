@@ -5,7 +5,6 @@ unretrieved task exception, and a worker whose PS is not up yet waits for it."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from netsense.ps.server import ServerSettings
 from netsense.transport.tls import CertPaths
 from netsense.worker.optimizer import NetSenseOptimizer
 
-from tests.conftest import RunningPS, start_ps, stop_ps
+from tests.conftest import RunningPS, reusable_port, start_ps, stop_ps
 
 
 class PredictsFast(Policy):
@@ -38,12 +37,6 @@ class PredictsFast(Policy):
     def redecide(self, *, link: LinkState, sent: Decision, bytes_acked: int, elapsed_s: float) -> Decision | None:
         self.asked.append(link)
         return None
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _ps_on(certs: CertPaths, port: int) -> RunningPS:
@@ -91,7 +84,7 @@ def _unretrieved(tasks: list[asyncio.Task[Any]]) -> list[str]:
 def test_a_slow_push_is_not_redecided_while_its_connection_is_replaced(certs: CertPaths, loop_tasks: list[asyncio.Task[Any]]) -> None:
     """The PS goes away under a step whose push the policy would redecide at 0.2 s; it comes back
     only once the redecide crossing has run, so that crossing always meets the reconnect."""
-    port = _free_port()
+    port = reusable_port()
     ps = _ps_on(certs, port)
     model, policy = torch.nn.Linear(16, 8), PredictsFast()
     settings = ps.connect_settings(connect_timeout_s=1.0, reconnect_deadline_s=60.0, reconnect_backoff_max_s=0.5)
@@ -136,7 +129,7 @@ def test_a_slow_push_is_not_redecided_while_its_connection_is_replaced(certs: Ce
 def test_a_dropped_step_leaves_no_unretrieved_task_exception(certs: CertPaths, loop_tasks: list[asyncio.Task[Any]]) -> None:
     """The pull runs beside the pushes; when the connection drops, both fail and the step retries:
     the pull's PeerTimeout must be consumed, not left for the garbage collector to log."""
-    port = _free_port()
+    port = reusable_port()
     ps = _ps_on(certs, port)
     model = torch.nn.Linear(16, 8)
     opt = NetSenseOptimizer(model, connect=ps.connect_settings(connect_timeout_s=1.0, reconnect_deadline_s=60.0), worker_id="w0")
@@ -156,7 +149,7 @@ def test_a_dropped_step_leaves_no_unretrieved_task_exception(certs: CertPaths, l
 
 
 def test_the_first_connect_waits_for_a_ps_that_starts_late(certs: CertPaths) -> None:
-    port = _free_port()
+    port = reusable_port()
     box: list[RunningPS] = []
     late = threading.Timer(1.5, lambda: box.append(_ps_on(certs, port)))
     late.start()
