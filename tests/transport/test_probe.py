@@ -33,6 +33,7 @@ def _check_sustained(result: ProbeResult, rate_mbit: float) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.parametrize("rate_mbit", [20, 50, 100])
 async def test_bandwidth_estimate_within_15_percent(rate_mbit: int) -> None:
     result = await probe_link(f"rate={rate_mbit}mbit,delay=5ms", 3.0, LOOPBACK)
@@ -42,6 +43,7 @@ async def test_bandwidth_estimate_within_15_percent(rate_mbit: int) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.parametrize("one_way_ms", [10, 40])
 async def test_min_rtt_within_25_percent(one_way_ms: int) -> None:
     # 1200 B packets: a 16 kB datagram alone takes 6.4 ms to serialise at 20 Mbit/s, on top of the delay
