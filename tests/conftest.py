@@ -113,7 +113,7 @@ def reusable_port() -> int:
     restart binds it. So the port is drawn below the kernel's ephemeral range, which bind(0) never
     returns, from a band of `_BAND` ports of this pytest-xdist worker's own."""
     try:
-        low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
     top = low - _BAND * _worker_index()
