@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, slow end-to-end runs included.
 # Without arguments: two pytest-xdist workers (NETSENSE_TEST_WORKERS) run every test but those
-# marked `serial`, which then run alone: they measure what the host's CPU lets a userspace link
-# carry and skip when it cannot, which a test beside them would make them do. With arguments:
+# marked `serial`, which then run alone: their premise is the host's CPU alone (what a userspace
+# link carries, what unshaped loopback costs), which a test beside them would change. With arguments:
 # one serial pytest run with them (e.g. `-m "not slow"`, a file, `-k name`).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
