@@ -11,26 +11,30 @@ import asyncio
 import ssl
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from aioquic.asyncio import QuicConnectionProtocol, connect, serve
+from aioquic.asyncio.server import QuicServer
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import QuicEvent, StreamDataReceived
 
 from quic_certs import self_signed
 from netsense.compression.policy.link import LinkState
 from netsense.errors import ConfigError
-from netsense.transport.sensing.aioquic_private import connection_of
+from netsense.transport.sensing.aioquic_private import connection_of, transport_of
 from netsense.transport.sensing.congestion import SENSING_CC
 from netsense.transport.sensing.estimator import SensingConfig
 from netsense.transport.sensing.signal import NetworkSignal, SignalReader, fallback_bandwidth, read_signal
-
-from tests.conftest import reusable_port
 
 MONOTONE = ("lost_packets", "lost_bytes", "sent_packets", "bytes_sent", "delivered_bytes", "rate_samples")
 CHUNK = 256 * 1024
 
 
+async def _serve(configuration: QuicConfiguration, **kw: Any) -> tuple[QuicServer, int]:
+    """An aioquic server on a port the kernel picks (no window for another test to take it), and that port."""
+    server = await serve("127.0.0.1", 0, configuration=configuration, **kw)
+    return server, transport_of(server).get_extra_info("sockname")[1]
 
 
 @dataclass
@@ -106,8 +110,7 @@ async def bulk_transfer(
         is_client=True, verify_mode=ssl.CERT_NONE, congestion_control_algorithm=SENSING_CC,
     )
     sink = Sink()
-    port = reusable_port()
-    server = await serve("127.0.0.1", port, configuration=server_cfg, create_protocol=_sink_protocol(sink))
+    server, port = await _serve(server_cfg, create_protocol=_sink_protocol(sink))
     emulator = None
     try:
         host, target = "127.0.0.1", port
@@ -253,8 +256,7 @@ async def test_reading_before_any_traffic_gives_empty_estimates() -> None:
     server_cfg = QuicConfiguration(is_client=False)
     server_cfg.certificate, server_cfg.private_key = cert, key
     client_cfg = QuicConfiguration(is_client=True, verify_mode=ssl.CERT_NONE, congestion_control_algorithm=SENSING_CC)
-    port = reusable_port()
-    server = await serve("127.0.0.1", port, configuration=server_cfg)
+    server, port = await _serve(server_cfg)
     try:
         async with connect("127.0.0.1", port, configuration=client_cfg) as client:
             signal = read_signal(connection_of(client))
@@ -290,8 +292,7 @@ async def test_reader_refuses_a_connection_without_the_sensing_controller() -> N
     cert, key = self_signed()
     server_cfg = QuicConfiguration(is_client=False)
     server_cfg.certificate, server_cfg.private_key = cert, key
-    port = reusable_port()
-    server = await serve("127.0.0.1", port, configuration=server_cfg)
+    server, port = await _serve(server_cfg)
     try:
         async with connect("127.0.0.1", port, configuration=QuicConfiguration(
             is_client=True, verify_mode=ssl.CERT_NONE)) as client:
