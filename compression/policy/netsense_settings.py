@@ -50,6 +50,15 @@ class NetsensePolicySettings:
     up to this factor (1: never); a probe that found some, or a change of level, resets them. On
     wide-mlp at 50 Mbit/s a probe step cost ~0.1 s (qsgd:8 where powersgd:4 took 0.035 s), every
     20 steps: ~7 % of the run, for a bandwidth that did not change."""
+    probe_share: float = 0.03
+    """Largest share of the time upward probes may cost: a probe due by the cadence waits until the
+    seconds since the last probe, times this share, cover its predicted extra time over a step at
+    the committed level, or until `probe_interval_s` x `probe_backoff_max` seconds passed (the
+    back-off's longest wait, so a rise is never seen later than before; 0: no share). The clock
+    runs from the last probe, not the last change of level: on the tanh MLP at 20 Mbit/s (a model
+    not in the repo) the level moved between two near-equal PowerSGD ranks every few seconds, each
+    move restarted the short cadence, and probes costing 0.2 s (uplink) and 0.4 s (downlink) came
+    every 2-5 s: ~10 % of the run for a rate that never changed (docs/BENCHMARKS.md, "Probe share")."""
     probe_pad: bool = False
     """Where the sender can pad (`ChooseRequest.pad_ok`: a worker's uplink, the PS's downlink, a
     relay's upstream), probe by sending the committed level with filler that makes the send a
@@ -138,6 +147,7 @@ class NetsensePolicySettings:
         require(s.probe_interval >= 0, n, "probe_interval", s.probe_interval, ">= 0")
         require(s.probe_interval_s >= 0, n, "probe_interval_s", s.probe_interval_s, ">= 0")
         require(s.probe_backoff_max >= 1, n, "probe_backoff_max", s.probe_backoff_max, ">= 1")
+        require(0 <= s.probe_share < 1, n, "probe_share", s.probe_share, "in [0, 1)")
         require(s.min_sample_rtts >= 0, n, "min_sample_rtts", s.min_sample_rtts, ">= 0")
         require(s.queue_tolerance_s >= 0, n, "queue_tolerance_s", s.queue_tolerance_s, ">= 0")
         require(s.safe_level is None or 0 <= s.safe_level <= top, n, "safe_level", s.safe_level, f"a level index in [0, {top}]")

@@ -5,7 +5,8 @@ level last moved or probed): a *probe* sends a bandwidth sample while the path l
 since an app-limited sample only bounds what the path carries: the committed level padded with
 filler where the sender can pad (`probe_pad`), a lighter level elsewhere; an *exploration* sends a heavier
 level that loses no measurable progress while the transport's per-byte cost is unknown, since that
-fit needs sends of two sizes.
+fit needs sends of two sizes. A probe also waits until `probe_share` of the time since the last
+one covers its predicted extra time, so a dear probe on a steady link costs a bounded share.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class Probes:
         """Factor on both probe intervals: doubled by each probe that found no headroom, up to
         `probe_backoff_max`; 1 again after a probe that found some or a change of level."""
         self._probed = False  # the last decision was a probe: the next one judges what it found
+        self.probed_at: float | None = None
+        """Link time of the last probe (the first decision's before any): `probe_share`'s clock."""
 
     def next_move(
         self,
@@ -67,17 +70,16 @@ class Probes:
         assert index is not None
         if self.moved_at is None or self.hold.since_change == 0:
             self.moved_at = link.time_s
+        if self.probed_at is None:
+            self.probed_at = link.time_s
         self._back_off(reason)
         if self._probe_due(link, reason, last_send_slow) and self._capacity_matters(levels, request, bw, per_byte, q):
-            self.hold.since_probe = 0
-            self.moved_at = link.time_s
-            self._probed = True
-            enough = self._sample_bytes(bw=bw, rtt_s=link.min_rtt_s or 0.0)
-            pad = round(enough - levels[index].wire_bytes(request.payload_bytes))
-            if request.pad_ok and self.settings.probe_pad and pad > 0:
-                return index, f"probe: {self.ladder[index].spec} padded by {pad} B", pad
-            probe = self._probe_level(index, levels, request.payload_bytes, enough)
-            return probe, f"probe: {index - probe} lighter than {self.ladder[index].spec}", 0
+            probe = self._probe(request, levels, bw=bw, per_byte=per_byte)
+            if probe is not None:
+                self.hold.since_probe = 0
+                self.moved_at = self.probed_at = link.time_s
+                self._probed = True
+                return probe
         explore = self._explore_level(link, reason, q)
         self.exploring = explore
         if explore is None:
@@ -85,6 +87,38 @@ class Probes:
         self.hold.since_probe = 0
         self.moved_at = link.time_s
         return explore, f"explore: per-byte cost unknown, {self.ladder[explore].spec}", 0
+
+    def _probe(
+        self, request: ChooseRequest, levels: list[Level], *, bw: float, per_byte: float
+    ) -> tuple[int, str, int] | None:
+        """The probe for this step (level, reason, filler bytes), None while `probe_share` of the
+        time since the last probe does not yet cover its predicted extra time."""
+        index = self.hold.level
+        assert index is not None
+        enough = self._sample_bytes(bw=bw, rtt_s=request.link.min_rtt_s or 0.0)
+        pad = round(enough - levels[index].wire_bytes(request.payload_bytes))
+        if request.pad_ok and self.settings.probe_pad and pad > 0:
+            move = index, f"probe: {self.ladder[index].spec} padded by {pad} B", pad
+            extra = pad * max(1.0 / bw, per_byte)
+        else:
+            level = self._probe_level(index, levels, request.payload_bytes, enough)
+            move = level, f"probe: {index - level} lighter than {self.ladder[index].spec}", 0
+            probe_s, held_s = predict_steps([levels[level], levels[index]], request, bandwidth_Bps=bw, per_byte_s=per_byte)
+            extra = probe_s - held_s
+        return move if self._paid(request.link, extra) else None
+
+    def _paid(self, link: LinkState, extra_s: float) -> bool:
+        """Whether a probe predicted to cost `extra_s` more than a step at the committed level fits
+        `probe_share` of the time since the last probe, or the back-off's longest wait
+        (`probe_interval_s` x `probe_backoff_max`) passed, so that a rise is seen no later than
+        with the cadence alone. Cheap probes keep the cadence; dear ones (a 490 kB qsgd:8 probe
+        where powersgd:2 sends 32 kB) come as rarely as their cost asks."""
+        s = self.settings
+        if s.probe_share <= 0 or extra_s <= 0 or self.probed_at is None:
+            return True
+        since = link.time_s - self.probed_at
+        longest = s.probe_interval_s * s.probe_backoff_max
+        return since * s.probe_share >= extra_s or (longest > 0 and since >= longest)
 
     def _back_off(self, reason: str) -> None:
         """Judge the probe sent last decision by this decision's law (`reason`, its probe's sample

@@ -200,7 +200,7 @@ def test_no_probes_where_the_hosts_per_byte_cost_alone_rules_out_lighter_levels(
     loopback = drive(measured(policy()), 300e6, 20e-9, steps=400)
     assert loopback[50:] == ["fp16"] * 350
     for bw in (2.5e6, 12.5e6):  # 20 and 100 Mbit/s
-        specs = drive(measured(policy(probe_backoff_max=1)), bw, 20e-9, steps=400)
+        specs = drive(measured(policy(probe_backoff_max=1, probe_share=0)), bw, 20e-9, steps=400)
         assert sum(s.startswith("probe:") for s in specs[50:]) >= 15
         # With the default back-off they go on too, at most every 80 steps once none finds headroom.
         specs = drive(measured(policy()), bw, 20e-9, steps=400)
