@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from probe_ladder import LADDER
 from netsense.compression.policy import ChooseRequest, NetsensePolicy, SendReport, make_policy
-from netsense.compression.policy.ladder import Ladder, Level
 from netsense.compression.policy.link import LinkState
 from netsense.compression.policy.netsense import PADDED
 
@@ -16,17 +16,6 @@ S = 4_500_000  # dense fp32 payload, bytes
 TC = 0.05
 RTT = 0.02
 SAMPLE = 256 * 1024  # min_sample_bytes: at 20 Mbit/s and 20 ms, 8 RTTs at twice the rate is more
-
-# The step-time law on a hand-checkable ladder (q = 1 everywhere, as tests/compression/test_policy.py).
-LADDER = Ladder(
-    (
-        Level("fp32", 1.0, 0.0005, 0.0005, True),
-        Level("fp16", 0.5, 0.002, 0.001, False),
-        Level("qsgd:8", 0.26, 0.005, 0.002, False),
-        Level("qsgd:4", 0.135, 0.005, 0.002, False),
-        Level("topk:0.01+fp16", 0.009, 0.01, 0.002, False),
-    )
-)
 
 
 def policy(**settings: object) -> NetsensePolicy:
