@@ -110,9 +110,10 @@ class Probes:
     def _paid(self, link: LinkState, extra_s: float) -> bool:
         """Whether a probe predicted to cost `extra_s` more than a step at the committed level fits
         `probe_share` of the time since the last probe, or the back-off's longest wait
-        (`probe_interval_s` x `probe_backoff_max`) passed, so that a rise is seen no later than
-        with the cadence alone. Cheap probes keep the cadence; dear ones (a 490 kB qsgd:8 probe
-        where powersgd:2 sends 32 kB) come as rarely as their cost asks."""
+        (`probe_interval_s` x `probe_backoff_max`) passed: a rise is seen within that bound, as
+        on a steady link before. Cheap probes keep the cadence; dear ones (a 490 kB qsgd:8 probe
+        where powersgd:2 sends 32 kB) come as rarely as their cost asks, also in the seconds after
+        a change of level, where the cadence alone probes after `probe_interval_s`."""
         s = self.settings
         if s.probe_share <= 0 or extra_s <= 0 or self.probed_at is None:
             return True
