@@ -26,6 +26,7 @@ from .channel import MessageProtocol, tune_socket
 from .logsafe import LogLimiter, printable, suppressed_note
 from .messages import Error, Limits, Message
 from .sensing.aioquic_private import (
+    bound_port,
     is_closing,
     raise_receive_window,
     raise_stream_window,
@@ -219,4 +220,4 @@ class Listener:
 
 def server_port(server: Listener) -> int:
     """The UDP port a server listens on (useful with port 0)."""
-    return transport_of(server.quic).get_extra_info("sockname")[1]
+    return bound_port(server.quic)

@@ -115,8 +115,9 @@ class Probes:
         where powersgd:2 sends 32 kB) come as rarely as their cost asks, also in the seconds after
         a change of level, where the cadence alone probes after `probe_interval_s`."""
         s = self.settings
-        if s.probe_share <= 0 or extra_s <= 0 or self.probed_at is None:
+        if s.probe_share <= 0 or extra_s <= 0:
             return True
+        assert self.probed_at is not None  # `next_move` sets it at the first decision
         since = link.time_s - self.probed_at
         longest = s.probe_interval_s * s.probe_backoff_max
         return since * s.probe_share >= extra_s or (longest > 0 and since >= longest)

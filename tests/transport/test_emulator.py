@@ -26,7 +26,7 @@ from quic_certs import self_signed_files
 from netsense.transport.emulation.bottleneck import Bottleneck
 from netsense.transport.emulation.emulator import LinkEmulator
 from netsense.transport.emulation.linkspec import LinkSpec, parse_link
-from netsense.transport.sensing.aioquic_private import connection_of, smoothed_rtt, transport_of
+from netsense.transport.sensing.aioquic_private import bound_port, connection_of, smoothed_rtt
 
 # -- the sans-I/O bottleneck -----------------------------------------------------------------------
 
@@ -400,7 +400,7 @@ async def test_quic_transfer_through_emulator(tmp_path: Path) -> None:
         asyncio.ensure_future(run())
 
     server = await serve("127.0.0.1", 0, configuration=server_config, stream_handler=echo_length)
-    port = transport_of(server).get_extra_info("sockname")[1]
+    port = bound_port(server)
     payload = bytes(400_000)
     try:
         async with LinkEmulator(upstream=("127.0.0.1", port), spec="rate=20mbit,delay=10ms,queue=50ms") as emu:

@@ -22,7 +22,7 @@ from aioquic.quic.events import QuicEvent, StreamDataReceived
 from quic_certs import self_signed
 from netsense.compression.policy.link import LinkState
 from netsense.errors import ConfigError
-from netsense.transport.sensing.aioquic_private import connection_of, transport_of
+from netsense.transport.sensing.aioquic_private import bound_port, connection_of
 from netsense.transport.sensing.congestion import SENSING_CC
 from netsense.transport.sensing.estimator import SensingConfig
 from netsense.transport.sensing.signal import NetworkSignal, SignalReader, fallback_bandwidth, read_signal
@@ -34,7 +34,7 @@ CHUNK = 256 * 1024
 async def _serve(configuration: QuicConfiguration, **kw: Any) -> tuple[QuicServer, int]:
     """An aioquic server on a port the kernel picks (no window for another test to take it), and that port."""
     server = await serve("127.0.0.1", 0, configuration=configuration, **kw)
-    return server, transport_of(server).get_extra_info("sockname")[1]
+    return server, bound_port(server)
 
 
 @dataclass

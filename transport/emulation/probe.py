@@ -23,7 +23,7 @@ from netsense.errors import AuthError, PeerError, ProtocolError
 
 from ..channel import open_connection, tune_socket
 from ..handshake import authenticate, expect_reply
-from ..sensing.aioquic_private import connection_of, transport_of, use_monotonic_clock
+from ..sensing.aioquic_private import bound_port, connection_of, transport_of, use_monotonic_clock
 from ..sensing.signal import NetworkSignal, SignalReader
 from ..tls import TransportSettings, client_configuration, make_dev_certs, server_configuration
 from ..wire import Ack, Bye, Limits, Probe
@@ -96,7 +96,7 @@ class ProbeSink:
         protocol = type("BoundSink", (_SinkProtocol,), {"sink": self})
         self._server = await serve(host, port, configuration=configuration, create_protocol=protocol)
         tune_socket(transport_of(self._server), socket_buffer_bytes)
-        return transport_of(self._server).get_extra_info("sockname")[1]
+        return bound_port(self._server)
 
     def close(self) -> None:
         if self._server is not None:

@@ -234,6 +234,11 @@ def transport_of(endpoint: QuicConnectionProtocol | QuicServer) -> Any:
     return endpoint._transport
 
 
+def bound_port(endpoint: QuicConnectionProtocol | QuicServer) -> int:
+    """The local UDP port of a connected protocol or a serving server (what port 0 became)."""
+    return int(transport_of(endpoint).get_extra_info("sockname")[1])
+
+
 class _MonotonicLoop:
     """Loop proxy whose clock is `time.monotonic`.
 
