@@ -32,6 +32,11 @@ from .settings import settings_factory
 log = logging.getLogger(__name__)
 
 
+DRIFT_BUDGET_FACTOR = 4.0
+"""A window due because a contender's windowed q went stale (`window_drift`) may take this many times
+`progress_budget`: stale figures are worse than the CPU (charlm at 5 % windows every 50 steps cost
+~7 s of a 50 s run; at 1 % one stale window held for 200 steps)."""
+
 PADDED = -1
 """The transport's point for padded probes (`TransportCost` keeps one per level sent: a padded
 send is larger than its level's, and a size of its own for the per-byte fit)."""
@@ -301,7 +306,9 @@ class NetsensePolicy(Policy):
         if self._window_at is not None and s.progress_budget > 0:
             sample = {i: self._payload_bytes if sees_whole_keys(self.ladder[i].spec) else 4 * WINDOW_SAMPLE_NUMEL for i in levels}
             cost = 1.5 * s.progress_window * sum(self.costs.level(i).codec_s(sample[i]) for i in levels)
-            if (self._now_s - self._window_at) * s.progress_budget < cost:
+            stale = s.window_drift > 0 and any(self.progress.drift(i) > s.window_drift for i in levels)
+            budget = s.progress_budget * (DRIFT_BUDGET_FACTOR if stale else 1.0)
+            if (self._now_s - self._window_at) * budget < cost:
                 return [], 0
         self._window_at = self._now_s
         return levels, s.progress_window

@@ -119,6 +119,12 @@ class NetsensePolicySettings:
     figure for good (0: one step's error only, as before 2026-12-01). Longer windows credit error
     feedback's re-sends more; 16 keeps a window's 24 steps short beside a run's hundreds (an
     interim figure after W/4 measured steps stands in for the priors until the window ends)."""
+    window_drift: float = 2.0
+    """A window is due at the next `progress_every` step, at `DRIFT_BUDGET_FACTOR` x
+    `progress_budget`, when a contending level's one-step error odds moved by more than this factor
+    since its last window (`ProgressEstimate.drift`; 0: off). The first window prices the run's first
+    steps; on charlm powersgd:2's stayed 0.99 for 200 steps under the budget while its one-step q fell
+    0.67 -> 0.2 and the next window said 0.72 (docs/POLICIES.md, "Windowed progress")."""
     progress_table: Mapping[str, float] | None = None
     """Calibrated q per level spec (`netsense calibrate`: level trials of the job's own model and
     optimizer, docs/POLICIES.md, "Calibrated q"): each level named here is priced at its figure
@@ -161,6 +167,7 @@ class NetsensePolicySettings:
         require(0 < s.progress_floor <= 1, n, "progress_floor", s.progress_floor, "in (0, 1]")
         require(s.progress_every >= 0, n, "progress_every", s.progress_every, ">= 0")
         require(0 <= s.progress_budget < 1, n, "progress_budget", s.progress_budget, "in [0, 1)")
+        require(s.window_drift == 0 or s.window_drift > 1, n, "window_drift", s.window_drift, "0 or > 1")
         require(s.progress_window == 0 or s.progress_window >= 2, n, "progress_window", s.progress_window, "0 or >= 2")
         require(s.cost_window >= 1, n, "cost_window", s.cost_window, ">= 1")
         table = s.progress_table

@@ -16,6 +16,11 @@ from ..window import NoiseScale
 from .ladder import Ladder
 
 
+DRIFT_ODDS_FLOOR = 0.01
+"""One-step error odds below this (q above ~0.99) count as this in `ProgressEstimate.drift`: the
+8-bit levels' figures wander between 0.995 and 1.0, a ratio of no meaning."""
+
+
 class LevelObserver(Protocol):
     """What `measure_into` reports to: a policy (`netsense.compression.policy.Policy`)."""
 
@@ -61,6 +66,9 @@ class ProgressEstimate:
         """The gradient noise scale of the latest progress window (signal and noise EWMAs)."""
         self.pinned = [False] * len(ladder)
         """Whether each level's q is a calibrated figure (`pin`): then no run-time estimate moves it."""
+        self.one_step: list[float | None] = [None] * len(ladder)
+        """EWMA of each level's one-step figures, kept after a window priced it (`drift`)."""
+        self._at_window: list[float | None] = [None] * len(ladder)  # `one_step` when the last full window ended
 
     def pin(self, level: int, q: float) -> None:
         """Fix level `level`'s q at `q` for the run (a level trial's figure, docs/POLICIES.md,
@@ -71,7 +79,11 @@ class ProgressEstimate:
 
     def update(self, level: int, q: float) -> None:
         """Fold in one one-step measurement of level `level` (the first replaces the prior outright);
-        ignored once the level has a windowed q: one step's error overprices error feedback."""
+        ignored once the level has a windowed q: one step's error overprices error feedback (it
+        still feeds `one_step`, which tells when that windowed q went stale)."""
+        q1 = min(1.0, max(self.floor, q))
+        old = self.one_step[level]
+        self.one_step[level] = q1 if old is None else self.alpha * q1 + (1 - self.alpha) * old
         if not self.windowed[level] and not self.interim[level] and not self.pinned[level]:
             self._fold(level, q)
 
@@ -88,7 +100,21 @@ class ProgressEstimate:
         if not self.windowed[level]:
             self.measured[level] = False
         self.windowed[level] = True
+        self._at_window[level] = self.one_step[level]
         self._fold(level, q)
+
+    def drift(self, level: int) -> float:
+        """How far `level`'s one-step error odds (1 - q) / q moved since its last full window, as a
+        ratio >= 1 either way (1: no window, or no one-step figure on one side). A window prices the
+        gradient stream of its own steps; when the codec's one-step error on the stream moved by a
+        large factor since, the stream changed (a higher-rank phase: charlm's powersgd:2 one-step q
+        went 0.67 -> 0.28 in 50 steps) and the windowed q is stale (docs/POLICIES.md, "Windowed
+        progress", drift)."""
+        then, now = self._at_window[level], self.one_step[level]
+        if then is None or now is None:
+            return 1.0
+        a, b = (max(DRIFT_ODDS_FLOOR, (1 - q) / q) for q in (then, now))
+        return max(a / b, b / a)
 
     def update_noise(self, noise: NoiseScale) -> None:
         """Fold in a window's noise scale: signal and noise separately (a ratio of means, not a mean

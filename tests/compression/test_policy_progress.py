@@ -42,3 +42,28 @@ def test_measure_into_reports_costs_and_progress_to_the_policy() -> None:
     assert cost["level"] == 3 and cost["dense_bytes"] == 4 * (64 * 32 + 100)
     assert cost["encode_s"] >= cost["decode_s"] > 0  # lossy: the sender pays encode + decode
     assert measure_into(rec, 3, make_codec("qsgd:4"), [torch.zeros(0)]) is None and len(rec.costs) == 1
+
+
+def test_drift_is_the_move_of_one_step_error_odds_since_the_last_window() -> None:
+    ladder = Ladder.parse("fp32,qsgd:8,powersgd:2")
+    est = ProgressEstimate(ladder, alpha=1.0)  # the newest figure alone: the odds are exact
+    assert est.drift(2) == 1.0  # no window yet
+    est.update(2, 0.8)  # odds 0.25
+    assert est.drift(2) == 1.0
+    est.update_window(2, 0.99, interim=True)
+    assert est.drift(2) == 1.0  # an interim window sets no reference
+    est.update_window(2, 0.99)
+    est.update(2, 0.8)
+    assert est[2] == 0.99 and est.drift(2) == 1.0  # the windowed q stands; the stream as it was
+    est.update(2, 0.5)  # odds 1.0: four times the window's
+    assert abs(est.drift(2) - 4.0) < 1e-9 and est[2] == 0.99
+    est.update(2, 0.95)  # odds 1/19: either way
+    assert abs(est.drift(2) - 4.75) < 1e-9
+    est.update_window(2, 0.9)
+    assert est.drift(2) == 1.0  # a new window, a new reference
+    est.update(1, 1.0)
+    est.update_window(1, 1.0)
+    est.update(1, 0.996)  # 8 bits wander at 0.995-1.0: odds under 0.01 count as 0.01
+    assert est.drift(1) == 1.0
+    est.update(1, 0.98)  # odds 0.0204 against the floor's 0.01
+    assert abs(est.drift(1) - 0.02 / 0.98 / 0.01) < 1e-9

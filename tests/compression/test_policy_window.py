@@ -139,3 +139,51 @@ def test_powersgd_ratio_is_measured_on_the_keys_shapes() -> None:
     flat = measure_ratio("qsgd:4", [t.reshape(-1) for t in tensors])  # elementwise: shapes do not matter
     assert flat is not None and abs(measure_ratio("qsgd:4", tensors) - flat) < 1e-3 * flat  # type: ignore[operator]
     assert measure_ratio("fp16", []) is None
+
+
+def test_a_window_is_due_sooner_when_a_contenders_one_step_error_moved() -> None:
+    # charlm: the first window priced powersgd:2 at 0.99 while its one-step q was ~0.67; 50 steps on
+    # its one-step q read 0.2-0.3 (a higher-rank phase), and under a 1 % budget the stale 0.99 held
+    # for 200 steps. A move of the one-step error odds by more than `window_drift` lets the next
+    # window come at `DRIFT_BUDGET_FACTOR` x the budget.
+    from netsense.compression.policy.netsense import DRIFT_BUDGET_FACTOR
+
+    p2 = LADDER.find("powersgd:2")
+
+    def run(one_step_later: float, elapsed: float, **settings: object) -> list[int]:
+        p = policy(progress_budget=0.01, **settings)
+        for i, lv in enumerate(LADDER):
+            if not lv.lossless:
+                p.observe_costs(level=i, dense_bytes=S, encode_s=0.003, decode_s=0.001)
+        choose(p, 2.5e6, 0, 0.0)
+        levels, _ = p.progress_window(0)
+        assert p2 in levels
+        for _ in range(3):
+            p.observe_progress(level=p2, progress=0.67)
+        p.observe_window(result({i: 0.99 if i == p2 else 0.3 for i in levels}))  # powersgd:2 the best
+        for _ in range(10):
+            p.observe_progress(level=p2, progress=one_step_later)
+        choose(p, 2.5e6, 50, elapsed)
+        assert p2 in (p._contenders or [])
+        return p.progress_window(50)[0]
+
+    probe = policy()
+    for i, lv in enumerate(LADDER):
+        if not lv.lossless:
+            probe.observe_costs(level=i, dense_bytes=S, encode_s=0.003, decode_s=0.001)
+    choose(probe, 2.5e6, 0, 0.0)
+    levels = probe._contenders or []
+    from netsense.compression.window import WINDOW_SAMPLE_NUMEL, sees_whole_keys
+
+    cost = 1.5 * 16 * sum(
+        probe.costs.level(i).codec_s(S if sees_whole_keys(LADDER[i].spec) else 4 * WINDOW_SAMPLE_NUMEL)
+        for i in levels
+        if not LADDER[i].lossless
+    )
+    between = cost / (0.01 * (1 + DRIFT_BUDGET_FACTOR) / 2)  # over the budget, within the drift's
+    assert run(0.67, between) == []  # the stream as the window saw it: the budget holds
+    assert run(0.65, between) == []  # a small move is no drift
+    assert p2 in run(0.25, between)  # odds 0.49 -> 3.0: stale, a window is due
+    assert p2 in run(0.95, between)  # either way
+    assert run(0.25, between, window_drift=0) == []  # off
+    assert p2 in run(0.67, 2 * cost / 0.01)  # the budget's own pace, drift or not
