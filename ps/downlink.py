@@ -39,10 +39,13 @@ from netsense.transport.sensing.signal import SignalReader
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-PROGRESS_START_VERSION = 2
-"""First update of the candidate rounds (then every `progress_every`), as the uplink's
-`PROGRESS_START_STEP`: at version 0 a round blocks the loop while the first pushes are timed; with
-the first round at 50, the downlink waited for its first window (update 25) to price PowerSGD."""
+PROGRESS_START_VERSION = 0
+"""First update of the candidate rounds (then every `progress_every`). Its snapshot is the shadow
+the first update is encoded against; the codecs' first calls (the warm-up) run on the window thread
+while the first pushes are timed, and the measurement on the first update runs on the loop before
+update 1 is chosen (`DownlinkController.measure`). From update 2 (until 2026-12-04) the first
+PowerSGD update was update 4: without a progress table wide-mlp's updates 0-3 went at qsgd:8, 0.30 s
+each where powersgd:2 takes 0.05 (docs/BENCHMARKS.md, "Window drift", last item)."""
 WINDOW_QUEUE = 4
 """Window steps that may wait for the window thread; beyond that the loop waits for the newest one
 (the thread fell behind: better a slow loop than unbounded copies of the parameters)."""
@@ -82,6 +85,8 @@ class DownlinkController:
         self._snapshot: tuple[int, list[int], dict[str, torch.Tensor]] | None = None  # version, levels, shadow
         self._window_pool: ThreadPoolExecutor | None = None  # feeds the progress windows off the loop
         self._window_queued = 0
+        self._window_last: Future[Any] | None = None  # the newest work handed to the window thread
+        self._measured_rounds = 0  # candidate rounds measured (the first runs on the loop)
 
     @property
     def policy(self) -> Policy:
@@ -161,14 +166,22 @@ class DownlinkController:
         if snap is not None and snap[0] + 1 == version and snap[2].keys() == params.keys():
             update = [params[k] - snap[2][k] for k in params]  # new tensors: the thread may keep them
             was = snap[1]
-            measured = self._round(lambda observer: self.loop.measure(was, update, observer)) or {}
-        # Not at version 0 (`PROGRESS_START_VERSION`): the first pushes are the uplink's first
-        # bandwidth samples, and a round then competed with them for the PS's CPU (on the loop it
-        # blocked it: 0.1-0.2 s with six levels' first calls on loaded cores, and a 100 Mbit/s
-        # path measured 1 MB/s and sent qsgd:4); by version 2 the estimates hold a push or two more.
+            if self._measured_rounds == 0:
+                # The first: here, so that the choice of this update has it (on the thread it
+                # reached the policy an update later). The warm-up made the codecs' first calls
+                # on the thread; its work is waited for, never two threads on one codec. One block
+                # of the loop per run, for a round on a subsample (~30 ms on wide-mlp, 8 levels).
+                self._drain()
+                measured = self.loop.measure(was, update)
+            else:
+                measured = self._round(lambda observer: self.loop.measure(was, update, observer)) or {}
+            self._measured_rounds += 1
+        # The warm-up (the codecs' first calls: 0.1-0.2 s with six levels on loaded cores) runs on
+        # the window thread: on the loop at version 0 it competed with the first pushes, the
+        # uplink's first bandwidth samples (a 100 Mbit/s path measured 1 MB/s and sent qsgd:4).
         start = PROGRESS_START_VERSION
         levels = self.policy.progress_candidates(version - start) if version >= start else []
-        if levels and shadow and version > 0:
+        if levels and shadow:
             kept = {k: v.clone() for k, v in shadow.items()}
             tensors = list(kept.values())
             self._round(lambda observer: self.loop.warm_up(levels, tensors, observer))
@@ -233,11 +246,17 @@ class DownlinkController:
         if self._window_pool is None:
             self._window_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netsense-window")
         self._window_queued += 1
-        future = self._window_pool.submit(work)
+        future = self._window_last = self._window_pool.submit(work)
         future.add_done_callback(lambda f: _call_soon(loop, self._finished, f, done, what, failed))
         if self._window_queued > WINDOW_QUEUE:
             # The thread fell behind: wait for it here, never feed the probe from two threads.
             wait([future])
+
+    def _drain(self) -> None:
+        """Wait until the window thread has run everything handed to it (in order, one worker:
+        the newest future is the last)."""
+        if self._window_last is not None:
+            wait([self._window_last])
 
     def _finished(
         self, future: Future[Any], done: Callable[[Any], None], what: str, failed: Callable[[], None] | None

@@ -28,9 +28,6 @@ def test_candidates_are_measured_on_the_update_that_was_sent() -> None:
     params = tensors(0)
     shadow = {k: v.clone() for k, v in params.items()}
     v = PROGRESS_START_VERSION + 50  # the second round (every progress_every = 50 updates)
-    for early in range(PROGRESS_START_VERSION):
-        down.measure(early, params, shadow)
-        assert down._snapshot is None and not down.loop.codecs  # no round at versions 0-1 (the first pushes)
     assert down.measure(v, params, shadow) == {}  # a round's version: the shadow is kept
     assert sorted(down.loop.codecs) == [1, 2, 3, 4]  # ...and the codecs are warmed up
     priors = list(policy.progress.values)
@@ -155,7 +152,8 @@ def test_the_update_encode_time_is_the_chosen_levels_cost() -> None:
 def test_on_a_running_loop_rounds_run_on_the_window_thread_and_reach_the_policy_on_the_loop() -> None:
     """A round on the PS's loop held every worker's push (two slow pushes in a row read as a slowed
     path); on the window thread it reports to a record that the loop replays into the policy: the
-    same figures, and the policy is only ever touched by the loop's thread."""
+    same figures, and the policy is only ever touched by the loop's thread. The first round's
+    measurement alone runs on the loop, after the thread's warm-up: the choice of update 1 has it."""
     import asyncio
     import threading
 
@@ -163,20 +161,24 @@ def test_on_a_running_loop_rounds_run_on_the_window_thread_and_reach_the_policy_
     params = tensors(0)
     shadow = {k: t.clone() for k, t in params.items()}
     later = {k: params[k] + 0.01 * t for k, t in tensors(1).items()}
+    shadow2 = {k: t.clone() for k, t in later.items()}
+    later2 = {k: later[k] + 0.01 * t for k, t in tensors(2).items()}
 
     torch.manual_seed(0)  # qsgd rounds stochastically: both runs draw the same numbers in the same order
     here = DownlinkController("netsense", ladder=LADDER)
     here.measure(v, params, shadow)
-    measured = here.measure(v + 1, later, shadow)
-    assert sorted(measured) == [1, 2, 3, 4]
+    first = here.measure(v + 1, later, shadow)
+    here.measure(v + 50, later, shadow2)
+    measured = here.measure(v + 51, later2, shadow2)
+    assert sorted(first) == sorted(measured) == [1, 2, 3, 4]
 
     away = DownlinkController("netsense", ladder=LADDER)
-    rounds: set[str] = set()
+    rounds: list[str] = []
     told: set[str] = set()
     measure, report = away.loop.measure, away.policy.observe_progress
 
     def traced_measure(*args, **kwargs):  # type: ignore[no-untyped-def]
-        rounds.add(threading.current_thread().name)
+        rounds.append(threading.current_thread().name)
         return measure(*args, **kwargs)
 
     def traced_report(**kwargs):  # type: ignore[no-untyped-def]
@@ -186,21 +188,33 @@ def test_on_a_running_loop_rounds_run_on_the_window_thread_and_reach_the_policy_
     away.loop.measure = traced_measure  # type: ignore[method-assign]
     away.policy.observe_progress = traced_report  # type: ignore[method-assign]
 
-    async def main() -> None:
-        torch.manual_seed(0)
-        away.measure(v, params, shadow)
-        assert away.measure(v + 1, later, shadow) == {}  # measured on the thread, reported later
+    async def settled() -> None:
         for _ in range(2500):
             if away._window_queued == 0:
                 return
             await asyncio.sleep(0.002)
 
+    async def main() -> None:
+        torch.manual_seed(0)
+        away.measure(v, params, shadow)  # the warm-up, on the thread
+        got = away.measure(v + 1, later, shadow)  # the first measurement, here and now
+        assert got == pytest.approx(first, rel=1e-5)
+        for level, q in first.items():  # in the policy before update 1 is chosen
+            assert away.policy.progress.values[level] == pytest.approx(q, rel=1e-5)
+        await settled()
+        away.measure(v + 50, later, shadow2)
+        assert away.measure(v + 51, later2, shadow2) == {}  # measured on the thread, reported later
+        await settled()
+
     asyncio.run(main())
     away.close()
-    assert rounds and all(name.startswith("netsense-window") for name in rounds), rounds
+    assert rounds[0] == threading.main_thread().name, rounds
+    assert len(rounds) == 2 and rounds[1].startswith("netsense-window"), rounds
     assert told == {threading.main_thread().name}, told
     for level, q in measured.items():
-        assert away.policy.progress.values[level] == pytest.approx(q, rel=1e-5)
+        assert away.policy.progress.values[level] == pytest.approx(
+            0.3 * q + 0.7 * first[level], rel=1e-5
+        )
     assert away.policy.costs.measured(1) == (True, True)
 
 
