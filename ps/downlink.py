@@ -45,7 +45,7 @@ the first update is encoded against; the codecs' first calls (the warm-up) run o
 while the first pushes are timed, and the measurement on the first update runs on the loop before
 update 1 is chosen (`DownlinkController.measure`). From update 2 (until 2026-12-04) the first
 PowerSGD update was update 4: without a progress table wide-mlp's updates 0-3 went at qsgd:8, 0.30 s
-each where powersgd:2 takes 0.05 (docs/BENCHMARKS.md, "Window drift", last item)."""
+each where powersgd:2 takes 0.05 (docs/BENCHMARKS.md, "The downlink's first round on the first update")."""
 WINDOW_QUEUE = 4
 """Window steps that may wait for the window thread; beyond that the loop waits for the newest one
 (the thread fell behind: better a slow loop than unbounded copies of the parameters)."""
