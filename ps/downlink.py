@@ -39,13 +39,14 @@ from netsense.transport.sensing.signal import SignalReader
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-PROGRESS_START_VERSION = 0
-"""First update of the candidate rounds (then every `progress_every`). Its snapshot is the shadow
-the first update is encoded against; the codecs' first calls (the warm-up) run on the window thread
-while the first pushes are timed, and the measurement on the first update runs on the loop before
-update 1 is chosen (`DownlinkController.measure`). From update 2 (until 2026-12-04) the first
-PowerSGD update was update 4: without a progress table wide-mlp's updates 0-3 went at qsgd:8, 0.30 s
-each where powersgd:2 takes 0.05 (docs/BENCHMARKS.md, "The downlink's first round on the first update")."""
+PROGRESS_START_VERSION = 1
+"""First update of the candidate rounds (then every `progress_every`): its snapshot is the shadow
+update 1 is encoded against; the codecs' first calls (the warm-up) run on the window thread, and
+the measurement on update 1 runs on the loop before update 2 is chosen (`DownlinkController.measure`).
+From update 2 (until 2026-12-04) the first PowerSGD update was update 4: without a progress table
+wide-mlp's updates 0-3 went at qsgd:8, 0.30 s each where powersgd:2 takes 0.05. Not update 0: a
+fresh model's first update is of low rank, and priced on it digits-cnn's downlink sent powersgd:1
+and needed 95 steps where it needed 80 (docs/BENCHMARKS.md, "The downlink's first round")."""
 WINDOW_QUEUE = 4
 """Window steps that may wait for the window thread; beyond that the loop waits for the newest one
 (the thread fell behind: better a slow loop than unbounded copies of the parameters)."""
@@ -168,7 +169,7 @@ class DownlinkController:
             was = snap[1]
             if self._measured_rounds == 0:
                 # The first: here, so that the choice of this update has it (on the thread it
-                # reached the policy an update later). The warm-up made the codecs' first calls
+                # reached the policy an update later: update 4, not 2). The warm-up made the codecs' first calls
                 # on the thread; its work is waited for, never two threads on one codec. One block
                 # of the loop per run, for a round on a subsample (~30 ms on wide-mlp, 8 levels).
                 self._drain()
@@ -179,6 +180,7 @@ class DownlinkController:
         # The warm-up (the codecs' first calls: 0.1-0.2 s with six levels on loaded cores) runs on
         # the window thread: on the loop at version 0 it competed with the first pushes, the
         # uplink's first bandwidth samples (a 100 Mbit/s path measured 1 MB/s and sent qsgd:4).
+        # Nothing at version 0 (`PROGRESS_START_VERSION`): the first update is no sample of the rest.
         start = PROGRESS_START_VERSION
         levels = self.policy.progress_candidates(version - start) if version >= start else []
         if levels and shadow:
