@@ -304,14 +304,18 @@ class NetsensePolicy(Policy):
         if not levels:
             return [], 0
         if self._window_at is not None and s.progress_budget > 0:
-            sample = {i: self._payload_bytes if sees_whole_keys(self.ladder[i].spec) else 4 * WINDOW_SAMPLE_NUMEL for i in levels}
-            cost = 1.5 * s.progress_window * sum(self.costs.level(i).codec_s(sample[i]) for i in levels)
             stale = s.window_drift > 0 and any(self.progress.drift(i) > s.window_drift for i in levels)
             budget = s.progress_budget * (DRIFT_BUDGET_FACTOR if stale else 1.0)
-            if (self._now_s - self._window_at) * budget < cost:
+            if (self._now_s - self._window_at) * budget < self.window_cost(levels):
                 return [], 0
         self._window_at = self._now_s
         return levels, s.progress_window
+
+    def window_cost(self, levels: list[int]) -> float:
+        """Predicted codec seconds of a window over `levels`: 1.5 W calls per level on its sample
+        (whole keys for low-rank levels, else the fixed subsample), at its measured codec cost."""
+        sample = {i: self._payload_bytes if sees_whole_keys(self.ladder[i].spec) else 4 * WINDOW_SAMPLE_NUMEL for i in levels}
+        return 1.5 * self.settings.progress_window * sum(self.costs.level(i).codec_s(sample[i]) for i in levels)
 
     def progress_candidates(self, step: int) -> list[int]:
         """Every lossy level, every `progress_every` steps (from step 0) within `progress_budget` of

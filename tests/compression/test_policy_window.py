@@ -172,14 +172,7 @@ def test_a_window_is_due_sooner_when_a_contenders_one_step_error_moved() -> None
         if not lv.lossless:
             probe.observe_costs(level=i, dense_bytes=S, encode_s=0.003, decode_s=0.001)
     choose(probe, 2.5e6, 0, 0.0)
-    levels = probe._contenders or []
-    from netsense.compression.window import WINDOW_SAMPLE_NUMEL, sees_whole_keys
-
-    cost = 1.5 * 16 * sum(
-        probe.costs.level(i).codec_s(S if sees_whole_keys(LADDER[i].spec) else 4 * WINDOW_SAMPLE_NUMEL)
-        for i in levels
-        if not LADDER[i].lossless
-    )
+    cost = probe.window_cost([i for i in probe._contenders or [] if not LADDER[i].lossless])
     between = cost / (0.01 * (1 + DRIFT_BUDGET_FACTOR) / 2)  # over the budget, within the drift's
     assert run(0.67, between) == []  # the stream as the window saw it: the budget holds
     assert run(0.65, between) == []  # a small move is no drift
