@@ -39,14 +39,18 @@ from netsense.transport.sensing.signal import SignalReader
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-PROGRESS_START_VERSION = 1
-"""First update of the candidate rounds (then every `progress_every`): its snapshot is the shadow
-update 1 is encoded against; the codecs' first calls (the warm-up) run on the window thread, and
-the measurement on update 1 runs on the loop before update 2 is chosen (`DownlinkController.measure`).
-From update 2 (until 2026-12-04) the first PowerSGD update was update 4: without a progress table
-wide-mlp's updates 0-3 went at qsgd:8, 0.30 s each where powersgd:2 takes 0.05. Not update 0: a
-fresh model's first update is of low rank, and priced on it digits-cnn's downlink sent powersgd:1
-and needed 95 steps where it needed 80 (docs/BENCHMARKS.md, "The downlink's first round")."""
+PROGRESS_START_VERSION = 0
+"""First update of the candidate rounds: its snapshot is the shadow update 0 is encoded against.
+The start rounds (`START_ROUNDS`) follow it on consecutive updates, the later rounds every
+`progress_every` from it. The codecs' first calls (the warm-up) run on the window thread."""
+START_ROUNDS = 2
+"""Candidate rounds on updates 0 and 1, each measured on the loop before the next update is chosen
+(`DownlinkController.measure`): without them, with no progress table, the priors (PowerSGD's worst
+case 0.05) priced wide-mlp's first updates at qsgd:8, 0.30 s each at 20 Mbit/s where powersgd:4
+takes 0.05. The first round's figures are interim (they stand only until the second's): a fresh
+model's first update is of low rank, and priced on it alone (an EWMA's start, held for 50 updates)
+digits-cnn's downlink sent powersgd:1 and needed 95 steps where it needed 80 (docs/BENCHMARKS.md,
+"The downlink's first round"; "The downlink's start rounds")."""
 WINDOW_QUEUE = 4
 """Window steps that may wait for the window thread; beyond that the loop waits for the newest one
 (the thread fell behind: better a slow loop than unbounded copies of the parameters)."""
@@ -87,7 +91,6 @@ class DownlinkController:
         self._window_pool: ThreadPoolExecutor | None = None  # feeds the progress windows off the loop
         self._window_queued = 0
         self._window_last: Future[Any] | None = None  # the newest work handed to the window thread
-        self._measured_rounds = 0  # candidate rounds measured (the first runs on the loop)
 
     @property
     def policy(self) -> Policy:
@@ -167,22 +170,26 @@ class DownlinkController:
         if snap is not None and snap[0] + 1 == version and snap[2].keys() == params.keys():
             update = [params[k] - snap[2][k] for k in params]  # new tensors: the thread may keep them
             was = snap[1]
-            if self._measured_rounds == 0:
-                # The first: here, so that the choice of this update has it (on the thread it
-                # reached the policy an update later: update 4, not 2). The warm-up made the codecs' first calls
-                # on the thread; its work is waited for, never two threads on one codec. One block
-                # of the loop per run, for a round on a subsample (~30 ms on wide-mlp, 8 levels).
+            if snap[0] < PROGRESS_START_VERSION + START_ROUNDS:
+                # The start rounds: here, so that the choice of this update has them (on the thread
+                # a round reached the policy an update later). The warm-up made the codecs' first
+                # calls on the thread; its work is waited for, never two threads on one codec. Two
+                # blocks of the loop per run, each a round on a subsample (~30 ms on wide-mlp, 8
+                # levels). The first's q figures are interim (`START_ROUNDS`).
                 self._drain()
-                measured = self.loop.measure(was, update)
+                interim = snap[0] == PROGRESS_START_VERSION and START_ROUNDS > 1
+                measured = self.loop.measure(was, update, InterimRound(self.policy) if interim else None)
             else:
                 measured = self._round(lambda observer: self.loop.measure(was, update, observer)) or {}
-            self._measured_rounds += 1
         # The warm-up (the codecs' first calls: 0.1-0.2 s with six levels on loaded cores) runs on
         # the window thread: on the loop at version 0 it competed with the first pushes, the
         # uplink's first bandwidth samples (a 100 Mbit/s path measured 1 MB/s and sent qsgd:4).
-        # Nothing at version 0 (`PROGRESS_START_VERSION`): the first update is no sample of the rest.
+        # The start rounds ask for the policy's first round again (it answers the same).
         start = PROGRESS_START_VERSION
-        levels = self.policy.progress_candidates(version - start) if version >= start else []
+        if version < start:
+            levels = []
+        else:
+            levels = self.policy.progress_candidates(0 if version < start + START_ROUNDS else version - start)
         if levels and shadow:
             kept = {k: v.clone() for k, v in shadow.items()}
             tensors = list(kept.values())
@@ -368,6 +375,23 @@ class DownlinkController:
         if self._window_pool is not None:
             self._window_pool.shutdown(wait=False, cancel_futures=True)
         self.loop.close()
+
+
+class InterimRound:
+    """Reports a candidate round to `policy` with its q figures marked interim
+    (`Policy.observe_progress`): they replace a level's prior and are replaced by its next figure."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def observe_costs(self, **kwargs: Any) -> None:
+        self.policy.observe_costs(**kwargs)
+
+    def observe_ratio(self, **kwargs: Any) -> None:
+        self.policy.observe_ratio(**kwargs)
+
+    def observe_progress(self, *, level: int, progress: float) -> None:
+        self.policy.observe_progress(level=level, progress=progress, interim=True)
 
 
 def _feed_probe(probe: WindowProbe, tensors: list[torch.Tensor]) -> WindowResult | None:

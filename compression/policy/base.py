@@ -50,9 +50,11 @@ class Policy(ABC):
         keeps that exact); None lets the push finish. Default: None (the level stands)."""
         return None
 
-    def observe_progress(self, *, level: int, progress: float) -> None:
+    def observe_progress(self, *, level: int, progress: float, interim: bool = False) -> None:
         """A measured progress efficiency q of ladder level `level` (docs/POLICIES.md): from the
-        level just sent, or from a candidate measured on a gradient sample. Default: ignored."""
+        level just sent, or from a candidate measured on a gradient sample. `interim`: a figure
+        that stands in for the level's prior only until its first ordinary one (the downlink's
+        round on a fresh model's first update, `netsense.ps.downlink`). Default: ignored."""
 
     def progress_candidates(self, step: int) -> list[int]:
         """Ladder levels whose q the caller should measure on this step's gradient (cheaply, off the

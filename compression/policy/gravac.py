@@ -182,9 +182,10 @@ class GravacPolicy(Policy):
         if ok and gradient_norm > 0 and input_norm >= 0:
             self.inflation = input_norm / gradient_norm
 
-    def observe_progress(self, *, level: int, progress: float) -> None:
+    def observe_progress(self, *, level: int, progress: float, interim: bool = False) -> None:
         """q of `level` on g + r; its square root times ||g + r|| / ||g|| (`inflation`) is the
-        level's compression gain, as theirs."""
+        level's compression gain, as theirs (an `interim` figure counts as any other: their
+        gains are a window of samples already)."""
         if not (isinstance(progress, (int, float)) and math.isfinite(progress) and progress >= 0):
             return  # no evidence of a gain (the encoder zeroes non-finite keys)
         if isinstance(level, int) and 0 < level < len(self.ladder):

@@ -262,10 +262,11 @@ class NetsensePolicy(Policy):
         """Folds a timing of `level` into its measured costs (median of the last `cost_window`)."""
         self.costs.observe(level, dense_bytes=dense_bytes, encode_s=encode_s, decode_s=decode_s)
 
-    def observe_progress(self, *, level: int, progress: float) -> None:
-        """Folds a measured q of `level` into its EWMA (the first measurement replaces the prior)."""
+    def observe_progress(self, *, level: int, progress: float, interim: bool = False) -> None:
+        """Folds a measured q of `level` into its EWMA (the first measurement replaces the prior);
+        an `interim` one only replaces the prior, and the next replaces it in turn."""
         if 0 <= level < len(self.ladder) and math.isfinite(progress):
-            self.progress.update(level, progress)
+            self.progress.update(level, progress, interim=interim)
 
     def observe_window(self, result: WindowResult) -> None:
         """Folds a progress window's q_W into each level's q (it replaces one-step figures for good)

@@ -67,3 +67,15 @@ def test_drift_is_the_move_of_one_step_error_odds_since_the_last_window() -> Non
     assert est.drift(1) == 1.0
     est.update(1, 0.98)  # odds 0.0204 against the floor's 0.01
     assert abs(est.drift(1) - 0.02 / 0.98 / 0.01) < 1e-9
+
+
+def test_an_interim_figure_stands_in_for_the_prior_until_the_first_measurement() -> None:
+    """An interim q replaces the prior but leaves the level unmeasured: the next figure replaces
+    it outright (no EWMA with it), and an interim figure after a measurement changes nothing."""
+    est = ProgressEstimate(Ladder.parse("fp32,powersgd:2"), alpha=0.3)
+    est.update(1, 0.9, interim=True)
+    assert est[1] == 0.9 and not est.measured[1] and est.one_step[1] is None
+    est.update(1, 0.4)
+    assert est[1] == 0.4 and est.measured[1]
+    est.update(1, 0.95, interim=True)
+    assert est[1] == 0.4

@@ -152,25 +152,26 @@ def test_the_update_encode_time_is_the_chosen_levels_cost() -> None:
 def test_on_a_running_loop_rounds_run_on_the_window_thread_and_reach_the_policy_on_the_loop() -> None:
     """A round on the PS's loop held every worker's push (two slow pushes in a row read as a slowed
     path); on the window thread it reports to a record that the loop replays into the policy: the
-    same figures, and the policy is only ever touched by the loop's thread. The first round's
-    measurement alone runs on the loop, after the thread's warm-up: the choice of update 1 has it."""
+    same figures, and the policy is only ever touched by the loop's thread. The start rounds'
+    measurements alone run on the loop, after the thread's warm-up: the choices of updates 1 and 2
+    have them; the first's figures are interim, replaced by the second's, which later rounds fold into."""
     import asyncio
     import threading
 
     v = PROGRESS_START_VERSION
-    params = tensors(0)
-    shadow = {k: t.clone() for k, t in params.items()}
-    later = {k: params[k] + 0.01 * t for k, t in tensors(1).items()}
-    shadow2 = {k: t.clone() for k, t in later.items()}
-    later2 = {k: later[k] + 0.01 * t for k, t in tensors(2).items()}
+    states = [tensors(0)]
+    for seed in (1, 2, 3):
+        states.append({k: states[-1][k] + 0.01 * t for k, t in tensors(seed).items()})
+    shadows = [{k: t.clone() for k, t in p.items()} for p in states]  # what each update was encoded against
 
     torch.manual_seed(0)  # qsgd rounds stochastically: both runs draw the same numbers in the same order
     here = DownlinkController("netsense", ladder=LADDER)
-    here.measure(v, params, shadow)
-    first = here.measure(v + 1, later, shadow)
-    here.measure(v + 50, later, shadow2)
-    measured = here.measure(v + 51, later2, shadow2)
-    assert sorted(first) == sorted(measured) == [1, 2, 3, 4]
+    here.measure(v, states[0], shadows[0])
+    first = here.measure(v + 1, states[1], shadows[1])
+    second = here.measure(v + 2, states[2], shadows[2])
+    here.measure(v + 50, states[2], shadows[2])
+    measured = here.measure(v + 51, states[3], shadows[3])
+    assert sorted(first) == sorted(second) == sorted(measured) == [1, 2, 3, 4]
 
     away = DownlinkController("netsense", ladder=LADDER)
     rounds: list[str] = []
@@ -187,6 +188,7 @@ def test_on_a_running_loop_rounds_run_on_the_window_thread_and_reach_the_policy_
 
     away.loop.measure = traced_measure  # type: ignore[method-assign]
     away.policy.observe_progress = traced_report  # type: ignore[method-assign]
+    progress = away.policy.progress
 
     async def settled() -> None:
         for _ in range(2500):
@@ -196,26 +198,44 @@ def test_on_a_running_loop_rounds_run_on_the_window_thread_and_reach_the_policy_
 
     async def main() -> None:
         torch.manual_seed(0)
-        away.measure(v, params, shadow)  # the warm-up, on the thread
-        got = away.measure(v + 1, later, shadow)  # the first measurement, here and now
+        away.measure(v, states[0], shadows[0])  # the warm-up, on the thread
+        got = away.measure(v + 1, states[1], shadows[1])  # the first measurement, here and now
         assert got == pytest.approx(first, rel=1e-5)
-        for level, q in first.items():  # in the policy before update 1 is chosen
-            assert away.policy.progress.values[level] == pytest.approx(q, rel=1e-5)
+        for level, q in first.items():  # in the policy before update 1 is chosen, as interim figures
+            assert progress.values[level] == pytest.approx(q, rel=1e-5) and not progress.measured[level]
+        got = away.measure(v + 2, states[2], shadows[2])  # the second, here too: replaces the first
+        assert got == pytest.approx(second, rel=1e-5)
+        for level, q in second.items():
+            assert progress.values[level] == pytest.approx(q, rel=1e-5) and progress.measured[level]
         await settled()
-        away.measure(v + 50, later, shadow2)
-        assert away.measure(v + 51, later2, shadow2) == {}  # measured on the thread, reported later
+        away.measure(v + 50, states[2], shadows[2])
+        assert away.measure(v + 51, states[3], shadows[3]) == {}  # measured on the thread, reported later
         await settled()
 
     asyncio.run(main())
     away.close()
-    assert rounds[0] == threading.main_thread().name, rounds
-    assert len(rounds) == 2 and rounds[1].startswith("netsense-window"), rounds
+    assert rounds[:2] == [threading.main_thread().name] * 2, rounds
+    assert len(rounds) == 3 and rounds[2].startswith("netsense-window"), rounds
     assert told == {threading.main_thread().name}, told
     for level, q in measured.items():
-        assert away.policy.progress.values[level] == pytest.approx(
-            0.3 * q + 0.7 * first[level], rel=1e-5
-        )
+        assert progress.values[level] == pytest.approx(0.3 * q + 0.7 * second[level], rel=1e-5)
     assert away.policy.costs.measured(1) == (True, True)
+
+
+def test_only_a_fresh_runs_first_update_is_priced_as_interim() -> None:
+    """The round on update 0 prices the next choice, then gives way to update 1's; a PS resumed
+    at a later version has no start rounds: its first round is an ordinary one."""
+    params = tensors(0)
+    later = {k: params[k] + 0.01 * t for k, t in tensors(1).items()}
+    fresh = DownlinkController("netsense", ladder=LADDER)
+    fresh.measure(PROGRESS_START_VERSION, params, {k: t.clone() for k, t in params.items()})
+    q = fresh.measure(PROGRESS_START_VERSION + 1, later, params)
+    assert fresh.policy.progress.values[3] == q[3] and not fresh.policy.progress.measured[3]  # type: ignore[attr-defined]
+    resumed = DownlinkController("netsense", ladder=LADDER)
+    resumed.measure(1000, params, {k: t.clone() for k, t in params.items()})
+    assert resumed.measure(1001, later, params)
+    assert resumed.policy.progress.measured[3]  # type: ignore[attr-defined]
+    assert resumed._snapshot is None  # no start round at 1001: the next round is at 1050
 
 
 def test_the_first_update_is_chosen_for_the_bandwidth_the_init_pulls_measured() -> None:
