@@ -161,8 +161,9 @@ class DownlinkController:
         taken one update ago, then snapshot the shadow when the policy asks for candidates now; and
         feed the parameters to a progress window under way (its steps are their changes). On a
         running loop the rounds run on the window thread, as the window steps do, and reach the
-        policy on the loop when done; without one they run here. Returns the q measured here per
-        level (fed to the policy with the timings; empty when the thread measures)."""
+        policy on the loop when done, except the start rounds' measurements (`START_ROUNDS`), here;
+        without a loop they all run here. Returns the q measured here per level (fed to the policy
+        with the timings; empty when the thread measures)."""
         measured: dict[int, float] = {}
         if self.windows and version > 0 and self.loop.window_due(version):  # the window diffs parameters into updates
             self._feed_window(list(params.values()))
