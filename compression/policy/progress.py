@@ -89,7 +89,7 @@ class ProgressEstimate:
                 self.values[level] = q1
             return
         old = self.one_step[level]
-        self.one_step[level] = q1 if old is None else self.alpha * q1 + (1 - self.alpha) * old
+        self.one_step[level] = q1 if old is None else self._ewma(old, q1)
         if not self.windowed[level] and not self.interim[level] and not self.pinned[level]:
             self._fold(level, q)
 
@@ -128,9 +128,8 @@ class ProgressEstimate:
         if self.noise is None:
             self.noise = noise
             return
-        a = self.alpha
         self.noise = NoiseScale(
-            signal=a * noise.signal + (1 - a) * self.noise.signal, noise=a * noise.noise + (1 - a) * self.noise.noise
+            signal=self._ewma(self.noise.signal, noise.signal), noise=self._ewma(self.noise.noise, noise.noise)
         )
 
     def _fold(self, level: int, q: float) -> None:
@@ -138,7 +137,11 @@ class ProgressEstimate:
         if not self.measured[level]:
             self.values[level], self.measured[level] = q, True
         else:
-            self.values[level] = self.alpha * q + (1 - self.alpha) * self.values[level]
+            self.values[level] = self._ewma(self.values[level], q)
+
+    def _ewma(self, old: float, new: float) -> float:
+        """`new` folded into `old` with weight `alpha`."""
+        return self.alpha * new + (1 - self.alpha) * old
 
     def __getitem__(self, level: int) -> float:
         return self.values[level]
