@@ -15,7 +15,9 @@ gradient noise that SGD carries anyway. W = 1 gives back the one-step 1 / (1 + e
 `WindowProbe` runs error feedback for every candidate level on its own residuals, on one fixed
 subsample of the real gradient stream (whole keys for low-rank levels, whose error depends on the
 matrix's size): W/2 steps to fill the residuals (or none: the policy's first window starts with
-the run's own zero residuals), W steps measured. The same
+the run's own zero residuals), W steps measured. With `precondition` (an optimizer that scales
+each coordinate by its gradient's second moment: Adam) the energies are taken in that optimizer's
+metric instead (`preconditioned_energy`). The same
 W measured steps give the gradient noise scale (the pairwise estimator: |G|^2 from the cross
 products of different steps, tr(Sigma_B) from the rest), reported as B_noise / B. Sans I/O.
 """
@@ -73,6 +75,19 @@ def noise_scale(sum_energy: float, energy_sum: float, steps: int) -> NoiseScale:
     return NoiseScale(signal=signal, noise=energy_sum / steps - signal)
 
 
+def preconditioned_energy(x: torch.Tensor, second_moment: torch.Tensor, error_moment: torch.Tensor) -> float:
+    """sum_i x_i^2 / (v_i + s_i): the energy of `x` as Adam applies it (docs/POLICIES.md,
+    "Windowed progress", preconditioned). Adam moves coordinate i by about its gradient over
+    sqrt(v_i), so an error e_i costs e_i^2 / v_i there, not e_i^2: a low-rank fit that drops the
+    small coordinates drops what Adam scales up. v_i is the gradient's second moment (`second_moment`)
+    plus the level's own error's (`error_moment`), the second moment of what the PS receives when
+    the level is sent: noise on a quiet coordinate raises its v too, so it is not priced as if
+    divided by a v near 0. A coordinate with neither counts for nothing."""
+    total = second_moment + error_moment
+    weight = torch.where(total > 0, total.reciprocal(), torch.zeros_like(total))
+    return float((x.square() * weight).sum())
+
+
 def window_progress(sum_energy: float, error: float) -> float | None:
     """q_W from |sum g|^2 (`sum_energy`) and |r_start - r_end|^2 (`error`); None when sum g is zero."""
     if not sum_energy > 0:
@@ -103,7 +118,9 @@ class WindowProbe:
     within a few steps, top-k's slowly whatever the wait); the last call returns the `WindowResult`,
     the call after `interim` measured steps (W // 4 unless given; 0: none) an interim one. With
     `cumulative`, what is fed are running totals (the PS's parameters) and a step's gradient is the
-    change since the previous feed (one more feed: the first only sets the base)."""
+    change since the previous feed (one more feed: the first only sets the base). With
+    `precondition`, |sum g|^2 and |D|^2 are weighed per coordinate as an adaptive optimizer (Adam)
+    applies them (`preconditioned_energy`), from second moments over the window's own steps."""
 
     def __init__(
         self,
@@ -114,6 +131,7 @@ class WindowProbe:
         cumulative: bool = False,
         warm: int | None = None,
         interim: int | None = None,
+        precondition: bool = False,
     ) -> None:
         if window < 2:
             raise ValueError(f"a progress window needs at least 2 steps, got {window}")
@@ -122,6 +140,7 @@ class WindowProbe:
         self.interim = window // 4 if interim is None else interim
         self.numel = numel
         self.cumulative = cumulative
+        self.precondition = precondition
         self.specs = dict(specs)
         # Low-rank levels see whole keys: a rank-r fit to a row subsample keeps far more of a
         # noisy matrix's energy than the same fit to the matrix (4 of 6 rows: nearly all), so on
@@ -131,6 +150,7 @@ class WindowProbe:
         self._codecs: dict[int, list[Codec]] = {}
         self._residual: dict[int, list[torch.Tensor]] = {}
         self._start: dict[int, list[torch.Tensor]] = {}
+        self._error_sq: dict[int, list[torch.Tensor]] = {}  # per level: sum of (sent - g)^2 over measured steps
         self.fed = 0
         """Gradient steps taken in (the base of a cumulative stream not counted)."""
 
@@ -187,10 +207,9 @@ class WindowProbe:
         if self.fed == self.warm:
             self._start = {lv: [r.clone() for r in rs] for lv, rs in self._residual.items()}
         for level in list(self.specs):
-            self._step_level(level, samples[level in self._whole])
-        if measuring:
-            for whole, sample in samples.items():
-                self._feeds[whole].add(sample)
+            self._step_level(level, samples[level in self._whole], measuring)
+        for whole, sample in samples.items():
+            self._feeds[whole].add(sample, measuring=measuring, squares=self.precondition)
         self.fed += 1
         if self.done:
             return self._result(self.window)
@@ -198,9 +217,12 @@ class WindowProbe:
             return self._result(self.interim)
         return None
 
-    def _step_level(self, level: int, sample: list[torch.Tensor]) -> None:
+    def _step_level(self, level: int, sample: list[torch.Tensor], measuring: bool) -> None:
         """One error-feedback step of `level` on every key; a failing codec drops the level."""
         codecs, residual = self._codecs[level], self._residual[level]
+        squares = self.precondition and measuring
+        if squares and level not in self._error_sq:
+            self._error_sq[level] = [torch.zeros_like(x) for x in sample]
         try:
             for i, (codec, x) in enumerate(zip(codecs, sample)):
                 v = x + residual[i]
@@ -208,10 +230,12 @@ class WindowProbe:
                 left = v - sent
                 if not all_finite(left):
                     raise CompressionError(f"{codec.spec} decoded NaN or inf")
+                if squares:
+                    self._error_sq[level][i].add_((sent - x).square())
                 residual[i] = left
         except (CompressionError, ValueError, RuntimeError) as exc:
             log.warning("progress window: level %d (%s) dropped: %s", level, self.specs[level], exc)
-            for store in (self.specs, self._codecs, self._residual, self._start):
+            for store in (self.specs, self._codecs, self._residual, self._start, self._error_sq):
                 store.pop(level, None)
 
     def _result(self, steps: int) -> WindowResult:
@@ -220,8 +244,16 @@ class WindowProbe:
             start = self._start.get(level)
             if start is None:
                 continue
-            error = sum(float((a - b).square().sum()) for a, b in zip(start, residual))
-            q = window_progress(self._feeds[level in self._whole].sum_energy(), error)
+            stream = self._feeds[level in self._whole]
+            if self.precondition:
+                moments = stream.second_moments()
+                errors = [e / steps for e in self._error_sq[level]]
+                energy = sum(preconditioned_energy(x, v, e) for x, v, e in zip(stream.sum, moments, errors))
+                error = sum(preconditioned_energy(a - b, v, e) for a, b, v, e in zip(start, residual, moments, errors))
+            else:
+                energy = stream.sum_energy()
+                error = sum(float((a - b).square().sum()) for a, b in zip(start, residual))
+            q = window_progress(energy, error)
             if q is not None:
                 progress[level] = q
         stream = self._feeds[False] if self._feeds[False].sum else self._feeds[True]
@@ -232,6 +264,7 @@ class WindowProbe:
         self._codecs.clear()
         self._residual.clear()
         self._start.clear()
+        self._error_sq.clear()
         self._feeds = {False: _Stream(), True: _Stream()}
         self.fed = 0
 
@@ -244,13 +277,29 @@ class _Stream:
         self.base: list[torch.Tensor] | None = None  # the last running total (cumulative streams)
         self.sum: list[torch.Tensor] = []  # sum of g over the measured steps, per key
         self.energy_sum = 0.0  # sum of |g|^2 over the measured steps
+        self.squares: list[torch.Tensor] = []  # sum of g^2 over every step fed (preconditioned windows)
+        self.steps = 0  # steps in `squares`
 
-    def add(self, sample: list[torch.Tensor]) -> None:
+    def add(self, sample: list[torch.Tensor], *, measuring: bool = True, squares: bool = False) -> None:
+        """One step: into the measured sums when `measuring`, into the second moments when `squares`
+        (fill steps too: more samples of each coordinate's scale)."""
+        if squares:
+            if not self.squares:
+                self.squares = [torch.zeros_like(x) for x in sample]
+            for acc, x in zip(self.squares, sample):
+                acc.addcmul_(x, x)
+            self.steps += 1
+        if not measuring:
+            return
         if not self.sum:
             self.sum = [torch.zeros_like(x) for x in sample]
         for acc, x in zip(self.sum, sample):
             acc.add_(x)
         self.energy_sum += sum(float(torch.dot(x.reshape(-1), x.reshape(-1))) for x in sample)
+
+    def second_moments(self) -> list[torch.Tensor]:
+        """Each coordinate's mean g^2 over the steps fed (Adam's v, from this window alone)."""
+        return [x / max(1, self.steps) for x in self.squares]
 
     def sum_energy(self) -> float:
         return sum(float(torch.dot(x.reshape(-1), x.reshape(-1))) for x in self.sum)

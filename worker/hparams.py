@@ -28,6 +28,12 @@ def optimizer_name(settings: Mapping[str, object]) -> str:
     return str(name)
 
 
+def scales_per_coordinate(name: str) -> bool:
+    """Whether optimizer `name` divides each coordinate by its gradient's second moment (one with a
+    beta2: Adam, AdamW), so the uplink's windows price levels in its metric (docs/POLICIES.md)."""
+    return "beta2" in PER_OPTIMIZER.get(name, ())
+
+
 def group_defaults(settings: Mapping[str, object]) -> dict[str, Any]:
     """torch.optim-style defaults for the param groups, from the PS optimizer settings (the same
     defaults the PS fills in, so both ends start from the same values)."""

@@ -35,7 +35,7 @@ from .connect import ConnectSettings
 from .duplex import duplex_blocker
 from .encoding import GradientEncoder, bucketize
 from .exchange import Exchange, StepResult
-from .hparams import check_groups, group_defaults, optimizer_name, step_fields
+from .hparams import check_groups, group_defaults, optimizer_name, scales_per_coordinate, step_fields
 from .layout import DEFAULT_CHUNK_ELEMS, KeySlot
 from .overlap import BackwardPushes, BucketReply, slots_by_param
 from .redecide import Redecided, redecide_after
@@ -147,6 +147,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
             decision_log=decision_log,
             log_fields={"worker_id": worker_id, "rank": rank},
             pads=True,  # `Exchange.start_step` sends a decision's filler beside its pushes
+            precondition=scales_per_coordinate(self._optimizer_name),
         )
         """Per-step level choice and the decision log (docs/POLICIES.md)."""
         self._encoder = GradientEncoder(self.slots, self.uplink, version=lambda: self._replica.version)

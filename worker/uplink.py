@@ -57,8 +57,11 @@ class UplinkController:
         decision_log: str | Path | None = None,
         log_fields: dict[str, Any] | None = None,
         pads: bool = False,
+        precondition: bool = False,
     ) -> None:
-        self.loop = PolicyLoop(policy, direction="up", decision_log=decision_log, log_fields=log_fields, pads=pads)
+        self.loop = PolicyLoop(
+            policy, direction="up", decision_log=decision_log, log_fields=log_fields, pads=pads, precondition=precondition
+        )
         """The policy and the bookkeeping the downlink shares (compute EWMA, histogram, log)."""
         self.payload_bytes = payload_bytes
         """Dense fp32 bytes of every key (S)."""

@@ -69,9 +69,14 @@ class PolicyLoop:
         decision_log: str | Path | None = None,
         log_fields: dict[str, Any] | None = None,
         pads: bool = False,
+        precondition: bool = False,
     ) -> None:
         self.policy = policy
         self.pads = pads
+        self.precondition = precondition and direction == "up"
+        """The gradients sent are applied by an optimizer that scales each coordinate by its second
+        moment (Adam): the windows price levels in its metric (`WindowProbe`'s `precondition`).
+        The downlink sends parameter updates, already in the space the model moves in."""
         """Whether the caller sends a decision's `pad_bytes` of filler beside its payload (and counts
         them in `observe`'s `bytes_sent`): the policy may then probe by padding."""
         self.compute_s: float | None = None
@@ -155,7 +160,9 @@ class PolicyLoop:
             # The first window starts with the run, whose own residuals are zero too: nothing to
             # warm, so its interim figure comes W/4 steps in, not W/2 + W/4 (docs/POLICIES.md).
             warm = 0 if self._windows == 0 else None
-            self.window = WindowProbe(specs, window=steps, cumulative=self._cumulative, warm=warm)
+            self.window = WindowProbe(
+                specs, window=steps, cumulative=self._cumulative, warm=warm, precondition=self.precondition
+            )
             self._windows += 1
         return True
 

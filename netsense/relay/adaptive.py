@@ -46,6 +46,9 @@ class AdaptiveUpstream:
         self.log_fields = log_fields
         self.uplink: UplinkController | None = None
         self.encoder: SiteEncoder | None = None
+        self.precondition = False
+        """The job's optimizer scales coordinates by their second moment (Adam): set from the site's
+        INIT before the first push (`UplinkController`'s `precondition`)."""
 
     def read_link(self, quic: Any | None, grads: dict[str, torch.Tensor]) -> LinkState:
         """The upstream path now (on the relay's loop, which runs the connection); unknown without
@@ -53,7 +56,8 @@ class AdaptiveUpstream:
         if self.uplink is None:
             payload = sum(4 * g.numel() for g in grads.values())
             self.uplink = UplinkController(
-                self.policy, payload_bytes=payload, decision_log=self.decision_log, log_fields=self.log_fields, pads=True
+                self.policy, payload_bytes=payload, decision_log=self.decision_log, log_fields=self.log_fields, pads=True,
+                precondition=self.precondition,
             )  # pads: `Upstream` sends a decision's filler beside the site's push
             self.encoder = SiteEncoder(self.uplink)
         if quic is None:

@@ -26,6 +26,7 @@ from netsense.launch.outputs import shard_file
 from netsense.ps.server import PSServer, ServerSettings
 from netsense.transport.wire import Init, Limits, Params
 from netsense.worker.connect import ConnectSettings
+from netsense.worker.hparams import scales_per_coordinate
 
 from .adaptive import AdaptiveUpstream
 from .site import Aggregate, SiteStore
@@ -159,6 +160,8 @@ class RelayServer(PSServer):
         r = self.relay
         world = r.upstream_world or (max(1, init.world_size - r.site_workers + 1) if r.site_workers else init.world_size)
         self._init = (init, world)
+        if self.upstream.adaptive is not None:  # the job's optimizer, as a worker knows it from its config
+            self.upstream.adaptive.precondition = scales_per_coordinate(str(init.optimizer.get("name", "sgd")))
         try:
             await self.upstream.init(init, world)
         except NetSenseError as exc:

@@ -245,3 +245,39 @@ def test_a_window_step_runs_on_one_thread_and_restores_the_setting() -> None:
         assert seen == [1] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("warm", [0, 4])
+def test_preconditioned_a_codec_that_drops_the_small_coordinates_costs_what_adam_would_lose(warm: int) -> None:
+    # Adam moves every coordinate by about its gradient over its own scale, so a codec that never
+    # sends the small half loses half of what Adam applies, though it is ~1e-8 of the raw energy.
+    # Weights 1 / (v + s): v the mean g^2 over every step fed, s the level's mean (sent - g)^2 over
+    # the measured ones (g itself on the dropped half, 0 on the sent half); D the dropped half's sum.
+    gen = torch.Generator().manual_seed(5)
+    scale = torch.cat([torch.full((D // 2,), 100.0), torch.full((D // 2,), 0.01)])
+    grads = [[(torch.randn(D, generator=gen) + 1.0) * scale] for _ in range(warm + 8)]
+    raw, pre = WindowProbe({3: "winfakedrop"}, window=8, warm=warm), WindowProbe({3: "winfakedrop"}, window=8, warm=warm, precondition=True)
+    for g in grads:
+        got_raw, got_pre = raw.feed(g), pre.feed(g)
+    assert got_raw is not None and got_pre is not None and not got_pre.interim
+    measured = [g[0] for g in grads[warm:]]
+    total = sum(measured)
+    v = sum(g[0].square() for g in grads) / len(grads)
+    s = torch.cat([torch.zeros(D // 2), (sum(x.square() for x in measured) / len(measured))[D // 2 :]])
+    energy = float((total.square() / (v + s)).sum())
+    error = float((total[D // 2 :].square() / (v + s)[D // 2 :]).sum())
+    assert got_pre.progress[3] == pytest.approx(energy / (energy + error), rel=1e-4)
+    assert got_raw.progress[3] > 0.999999  # the raw energy does not see the small half
+    assert 0.55 < got_pre.progress[3] < 0.85  # about (1 + 1/2) / (1 + 1/2 + 1/2) when v ~ s there
+    assert got_pre.noise == got_raw.noise  # the noise scale stays the raw gradient's
+
+
+def test_preconditioned_a_lossless_level_stays_at_one_and_a_zero_coordinate_counts_for_nothing() -> None:
+    gen = torch.Generator().manual_seed(6)
+    probe = WindowProbe({1: "fp16"}, window=4, warm=0, precondition=True)
+    result = None
+    for _ in range(4):
+        g = torch.randn(D, generator=gen)
+        g[:100] = 0.0  # never a gradient there (a frozen row): neither v nor s, weight 0, not inf
+        result = probe.feed([g])
+    assert result is not None and result.progress[1] == pytest.approx(1.0, abs=1e-5)

@@ -87,6 +87,26 @@ def test_the_relay_pushes_at_the_policys_level_and_feeds_back_the_cost(certs: Ce
         assert torch.isfinite(value).all(), key
 
 
+@pytest.mark.parametrize(("name", "weighed"), [("adam", True), ("sgd", False)])
+def test_the_relays_windows_weigh_by_the_jobs_optimizer_as_a_workers_do(
+    certs: CertPaths, monkeypatch: pytest.MonkeyPatch, name: str, weighed: bool
+) -> None:
+    """The relay learns the optimizer from its site's INIT, before its first push (docs/POLICIES.md,
+    "Windowed progress": Adam's metric for an Adam job)."""
+    from . import relayhelp
+
+    monkeypatch.setattr(relayhelp, "OPTIMIZER", {"name": name, "lr": 0.01})
+    ps = start_ps(certs)
+    site = relay(certs, ps.port, site_workers=2, upstream_policy="test-alternate", ladder="fp32,qsgd:4")
+    try:
+        run_workers([Worker(r, 2, connect(certs, site.ports[0]), 2, digits()) for r in range(2)])
+        adaptive = site.relay.shards[0].upstream.adaptive
+    finally:
+        site.stop()
+        ps.stop()
+    assert adaptive.precondition is weighed and adaptive.uplink.loop.precondition is weighed
+
+
 async def _levels(site: Any) -> dict[str, int]:
     return site.relay.levels
 

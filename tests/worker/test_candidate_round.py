@@ -51,3 +51,18 @@ def test_the_round_reports_both_norms_to_a_policy_that_reads_them(ps) -> None:  
         assert seen[0][1] == seen[0][2] == pytest.approx(norms[0], rel=1e-5)
         assert seen[1][1] == pytest.approx(norms[1], rel=1e-5)
         assert abs(seen[1][2] - seen[1][1]) > 1e-3 * seen[1][1]  # the residual of top-k 10 %
+
+
+@pytest.mark.parametrize(("optimizer", "weighed"), [({"name": "adam", "lr": 0.001}, True), ({"name": "sgd", "lr": 0.05}, False)])
+def test_an_adam_jobs_windows_price_levels_in_adams_metric(ps, optimizer: dict[str, object], weighed: bool) -> None:  # type: ignore[no-untyped-def]
+    """The uplink's windows weigh energies as the PS's optimizer applies them (docs/POLICIES.md,
+    "Windowed progress"): per coordinate for Adam, raw for SGD."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    with NetSenseOptimizer(model, connect=ps.connect_settings(), worker_id="w0", policy="netsense", optimizer=optimizer) as opt:
+        loss = torch.nn.functional.cross_entropy(model(torch.randn(32, 64)), torch.randint(0, 10, (32,)))
+        loss.backward()
+        opt.step(samples=32)
+        window = opt.uplink.loop.window
+        assert window is not None and window.fed == 1  # the first window started with the run
+        assert window.precondition is weighed
