@@ -3,14 +3,17 @@
 One step's error prices an error-feedback codec as if what it left out were lost; it is not, it is
 sent later (docs/POLICIES.md, "Windowed progress"). Over a window of W steps with residuals r,
 error feedback sends sum(sent) = sum(g) + r_start - r_end, so the window's update misses the
-uncompressed one by D = r_start - r_end, whatever the codec did step by step. Judged against the
-uncompressed window update, whose energy already holds SGD's own noise,
+uncompressed one by D = r_start - r_end, whatever the codec did step by step, and leaves the model
+r_end behind where the uncompressed updates would have taken it. Judged against the uncompressed
+window update, whose energy already holds SGD's own noise,
 
-    q_W = |sum g|^2 / (|sum g|^2 + |D|^2),     E|sum g|^2 = W^2 |G|^2 + W tr(Sigma_B),
+    q_W = |sum g|^2 / (|sum g|^2 + |D|^2 + |r_end|^2),     E|sum g|^2 = W^2 |G|^2 + W tr(Sigma_B),
 
 which is McCandlish et al. (2018)'s (1 + B_noise/B') / (1 + B_noise/B' + e) at the window's batch
 B' = W B, with e = |D|^2 / (W^2 |G|^2): compression error costs progress only relative to the
-gradient noise that SGD carries anyway. W = 1 gives back the one-step 1 / (1 + error / energy).
+gradient noise that SGD carries anyway. |r_end|^2 is the lag error feedback leaves (its analyses
+bound the slowdown by the residual's energy, not by its change): without it a level whose residual
+settles, however large, was priced near 1 (docs/POLICIES.md, "Windowed progress").
 
 `WindowProbe` runs error feedback for every candidate level on its own residuals, on one fixed
 subsample of the real gradient stream (whole keys for low-rank levels, whose error depends on the
@@ -89,7 +92,8 @@ def preconditioned_energy(x: torch.Tensor, second_moment: torch.Tensor, error_mo
 
 
 def window_progress(sum_energy: float, error: float) -> float | None:
-    """q_W from |sum g|^2 (`sum_energy`) and |r_start - r_end|^2 (`error`); None when sum g is zero."""
+    """q_W from |sum g|^2 (`sum_energy`) and |r_start - r_end|^2 + |r_end|^2 (`error`); None when
+    sum g is zero."""
     if not sum_energy > 0:
         return None
     return sum_energy / (sum_energy + max(0.0, error))
@@ -249,10 +253,13 @@ class WindowProbe:
                 moments = stream.second_moments()
                 errors = [e / steps for e in self._error_sq[level]]
                 energy = sum(preconditioned_energy(x, v, e) for x, v, e in zip(stream.sum, moments, errors))
-                error = sum(preconditioned_energy(a - b, v, e) for a, b, v, e in zip(start, residual, moments, errors))
+                error = sum(
+                    preconditioned_energy(a - b, v, e) + preconditioned_energy(b, v, e)
+                    for a, b, v, e in zip(start, residual, moments, errors)
+                )
             else:
                 energy = stream.sum_energy()
-                error = sum(float((a - b).square().sum()) for a, b in zip(start, residual))
+                error = sum(float((a - b).square().sum() + b.square().sum()) for a, b in zip(start, residual))
             q = window_progress(energy, error)
             if q is not None:
                 progress[level] = q

@@ -8,6 +8,8 @@ loss, batch size and optimizer.
     trial   the level trial's q (`run_trials`, `--trial-steps` K from initialisation, seed 0)
     window  the progress window's q_W on the fp32 run's gradients (uplink) or updates (downlink),
             W = 16 after W/2 warm steps, as the policy measured it until 2026-12-03
+    adam    the same window weighed in Adam's metric (`WindowProbe`'s `precondition`), as the
+            policy prices an uplink whose PS runs Adam or AdamW (since 2026-12-04); uplink only
 
     .venv/bin/python scripts/level_cost.py --model wide-mlp --target 0.9 [--direction down]
         [--levels qsgd:4,powersgd:4,powersgd:2,powersgd:1,topk:0.01+fp16] [--seeds 3]
@@ -27,6 +29,7 @@ import torch
 from netsense.compression.window import WindowProbe
 from netsense.models import load_task
 from netsense.ps.optim import OptimizerSettings
+from netsense.worker.hparams import scales_per_coordinate
 from netsense.worker.task import TrainTask
 from netsense.worker.trials import OptimizerFactory, TaskSampler, TrialRun, run_trials
 
@@ -51,12 +54,12 @@ def steps_to_target(task: TrainTask, spec: str | None, args: argparse.Namespace,
     return None
 
 
-def window_q(task: TrainTask, specs: list[str], args: argparse.Namespace) -> dict[str, float]:
+def window_q(task: TrainTask, specs: list[str], args: argparse.Namespace, *, precondition: bool = False) -> dict[str, float]:
     """The progress window's q_W per level on seed 0's fp32 run (its first full window)."""
     torch.manual_seed(0)
     run = TrialRun(task.build_model(), task.loss, optimizer_of(task), None, direction=args.direction)
     sampler = TaskSampler(task, 0, args.workers)
-    probe = WindowProbe(dict(enumerate(specs)), window=16, cumulative=args.direction == "down")
+    probe = WindowProbe(dict(enumerate(specs)), window=16, cumulative=args.direction == "down", precondition=precondition)
     for _ in range(64):
         if args.direction == "down":
             result = probe.feed([p.detach().clone() for p in run.params])
@@ -95,21 +98,22 @@ def main() -> None:
     trial = run_trials(task.build_model(), task.loss, optimizer_of(task), batches, held, specs, direction=args.direction)
     trial_s = time.perf_counter() - t0
     window = window_q(task, specs, args)
+    adam = args.direction == "up" and scales_per_coordinate(str(task.optimizer.get("name", "sgd")))
+    weighed = window_q(task, specs, args, precondition=True) if adam else {}
     base = [steps_to_target(task, None, args, s) for s in range(args.seeds)]
     print(f"{args.model} {args.direction}link, target {args.target}, {args.workers} workers; trial {trial_s:.1f} s")
     print(f"fp32: steps {base}")
-    print("| level | steps per seed | q_true | trial | window q_W |")
-    print("|---|---|---|---|---|")
+    print("| level | steps per seed | q_true | trial | window q_W | adam q_W |")
+    print("|---|---|---|---|---|---|")
     ref = statistics.mean(b for b in base if b is not None) if any(b is not None for b in base) else None
     for spec in specs:
         steps = [steps_to_target(task, spec, args, s) for s in range(args.seeds)]
         done = [s for s in steps if s is not None]
         q_true = f"{ref / statistics.mean(done):.2f}" if ref and len(done) == len(steps) else "n/r"
-        q_trial = trial.progress.get(spec)
-        q_win = window.get(spec)
+        figures = [trial.progress.get(spec), window.get(spec), weighed.get(spec)]
         print(
             f"| {spec} | {', '.join('n/r' if s is None else str(s) for s in steps)} | {q_true} | "
-            f"{'-' if q_trial is None else f'{q_trial:.2f}'} | {'-' if q_win is None else f'{q_win:.2f}'} |",
+            + " | ".join("-" if q is None else f"{q:.2f}" for q in figures) + " |",
             flush=True,
         )
 
