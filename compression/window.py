@@ -10,7 +10,7 @@ window update, whose energy already holds SGD's own noise,
     q_W = |sum g|^2 / (|sum g|^2 + |D|^2 + |r_end|^2),     E|sum g|^2 = W^2 |G|^2 + W tr(Sigma_B),
 
 which is McCandlish et al. (2018)'s (1 + B_noise/B') / (1 + B_noise/B' + e) at the window's batch
-B' = W B, with e = |D|^2 / (W^2 |G|^2): compression error costs progress only relative to the
+B' = W B, with e = (|D|^2 + |r_end|^2) / (W^2 |G|^2): compression error costs progress only relative to the
 gradient noise that SGD carries anyway. |r_end|^2 is the lag error feedback leaves (its analyses
 bound the slowdown by the residual's energy, not by its change): without it a level whose residual
 settles, however large, was priced near 1 (docs/POLICIES.md, "Windowed progress").
@@ -123,7 +123,7 @@ class WindowProbe:
     the call after `interim` measured steps (W // 4 unless given; 0: none) an interim one. With
     `cumulative`, what is fed are running totals (the PS's parameters) and a step's gradient is the
     change since the previous feed (one more feed: the first only sets the base). With
-    `precondition`, |sum g|^2 and |D|^2 are weighed per coordinate as an adaptive optimizer (Adam)
+    `precondition`, |sum g|^2, |D|^2 and |r_end|^2 are weighed per coordinate as an adaptive optimizer (Adam)
     applies them (`preconditioned_energy`), from second moments over the window's own steps."""
 
     def __init__(

@@ -73,12 +73,12 @@ class PolicyLoop:
     ) -> None:
         self.policy = policy
         self.pads = pads
+        """Whether the caller sends a decision's `pad_bytes` of filler beside its payload (and counts
+        them in `observe`'s `bytes_sent`): the policy may then probe by padding."""
         self.precondition = precondition and direction == "up"
         """The gradients sent are applied by an optimizer that scales each coordinate by its second
         moment (Adam): the windows price levels in its metric (`WindowProbe`'s `precondition`).
         The downlink sends parameter updates, already in the space the model moves in."""
-        """Whether the caller sends a decision's `pad_bytes` of filler beside its payload (and counts
-        them in `observe`'s `bytes_sent`): the policy may then probe by padding."""
         self.compute_s: float | None = None
         """EWMA of the compute time between sends, None before the first sample."""
         self.levels: dict[str, int] = {}
