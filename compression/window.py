@@ -20,7 +20,7 @@ subsample of the real gradient stream (whole keys for low-rank levels, whose err
 matrix's size): W/2 steps to fill the residuals (or none: the policy's first window starts with
 the run's own zero residuals), W steps measured. With `precondition` (an optimizer that scales
 each coordinate by its gradient's second moment: Adam) the energies are taken in that optimizer's
-metric instead (`preconditioned_energy`). The same
+metric instead (`adam_weight`). The same
 W measured steps give the gradient noise scale (the pairwise estimator: |G|^2 from the cross
 products of different steps, tr(Sigma_B) from the rest), reported as B_noise / B. Sans I/O.
 """
@@ -78,17 +78,21 @@ def noise_scale(sum_energy: float, energy_sum: float, steps: int) -> NoiseScale:
     return NoiseScale(signal=signal, noise=energy_sum / steps - signal)
 
 
-def preconditioned_energy(x: torch.Tensor, second_moment: torch.Tensor, error_moment: torch.Tensor) -> float:
-    """sum_i x_i^2 / (v_i + s_i): the energy of `x` as Adam applies it (docs/POLICIES.md,
-    "Windowed progress", preconditioned). Adam moves coordinate i by about its gradient over
+def adam_weight(second_moment: torch.Tensor, error_moment: torch.Tensor) -> torch.Tensor:
+    """1 / (v_i + s_i) per coordinate: what an energy counts as Adam applies it (docs/POLICIES.md,
+    "Windowed progress", Adam's metric). Adam moves coordinate i by about its gradient over
     sqrt(v_i), so an error e_i costs e_i^2 / v_i there, not e_i^2: a low-rank fit that drops the
     small coordinates drops what Adam scales up. v_i is the gradient's second moment (`second_moment`)
     plus the level's own error's (`error_moment`), the second moment of what the PS receives when
     the level is sent: noise on a quiet coordinate raises its v too, so it is not priced as if
     divided by a v near 0. A coordinate with neither counts for nothing."""
     total = second_moment + error_moment
-    weight = torch.where(total > 0, total.reciprocal(), torch.zeros_like(total))
-    return float((x.square() * weight).sum())
+    return torch.where(total > 0, total.reciprocal(), torch.zeros_like(total))
+
+
+def energy(x: torch.Tensor, weight: torch.Tensor | None = None) -> float:
+    """sum_i w_i x_i^2 (`weight` None: every w_i = 1, the raw energy)."""
+    return float(x.square().sum() if weight is None else (x.square() * weight).sum())
 
 
 def window_progress(sum_energy: float, error: float) -> float | None:
@@ -124,7 +128,7 @@ class WindowProbe:
     `cumulative`, what is fed are running totals (the PS's parameters) and a step's gradient is the
     change since the previous feed (one more feed: the first only sets the base). With
     `precondition`, |sum g|^2, |D|^2 and |r_end|^2 are weighed per coordinate as an adaptive optimizer (Adam)
-    applies them (`preconditioned_energy`), from second moments over the window's own steps."""
+    applies them (`adam_weight`), from second moments over the window's own steps."""
 
     def __init__(
         self,
@@ -244,23 +248,20 @@ class WindowProbe:
 
     def _result(self, steps: int) -> WindowResult:
         progress = {}
+        moments = {whole: stream.second_moments() for whole, stream in self._feeds.items()} if self.precondition else {}
         for level, residual in self._residual.items():
             start = self._start.get(level)
             if start is None:
                 continue
-            stream = self._feeds[level in self._whole]
-            if self.precondition:
-                moments = stream.second_moments()
-                errors = [e / steps for e in self._error_sq[level]]
-                energy = sum(preconditioned_energy(x, v, e) for x, v, e in zip(stream.sum, moments, errors))
-                error = sum(
-                    preconditioned_energy(a - b, v, e) + preconditioned_energy(b, v, e)
-                    for a, b, v, e in zip(start, residual, moments, errors)
-                )
-            else:
-                energy = stream.sum_energy()
-                error = sum(float((a - b).square().sum() + b.square().sum()) for a, b in zip(start, residual))
-            q = window_progress(energy, error)
+            whole = level in self._whole
+            weights: list[torch.Tensor | None] = (
+                [adam_weight(v, e / steps) for v, e in zip(moments[whole], self._error_sq[level])]
+                if self.precondition
+                else [None] * len(residual)
+            )
+            signal = sum(energy(x, w) for x, w in zip(self._feeds[whole].sum, weights))
+            error = sum(energy(a - b, w) + energy(b, w) for a, b, w in zip(start, residual, weights))
+            q = window_progress(signal, error)
             if q is not None:
                 progress[level] = q
         stream = self._feeds[False] if self._feeds[False].sum else self._feeds[True]

@@ -26,12 +26,12 @@ import time
 
 import torch
 
-from netsense.compression.window import WindowProbe
 from netsense.models import load_task
 from netsense.ps.optim import OptimizerSettings
 from netsense.worker.hparams import scales_per_coordinate
 from netsense.worker.task import TrainTask
 from netsense.worker.trials import OptimizerFactory, TaskSampler, TrialRun, run_trials
+from window_sweep import window_q  # this folder's: one window of the fp32 run
 
 LEVELS = "qsgd:4,powersgd:4,powersgd:2,powersgd:1,topk:0.01+fp16"
 
@@ -52,27 +52,6 @@ def steps_to_target(task: TrainTask, spec: str | None, args: argparse.Namespace,
             return t
         run.step(sampler.step())
     return None
-
-
-def window_q(task: TrainTask, specs: list[str], args: argparse.Namespace, *, precondition: bool = False) -> dict[str, float]:
-    """The progress window's q_W per level on seed 0's fp32 run (its first full window)."""
-    torch.manual_seed(0)
-    run = TrialRun(task.build_model(), task.loss, optimizer_of(task), None, direction=args.direction)
-    sampler = TaskSampler(task, 0, args.workers)
-    probe = WindowProbe(dict(enumerate(specs)), window=16, cumulative=args.direction == "down", precondition=precondition)
-    for _ in range(64):
-        if args.direction == "down":
-            result = probe.feed([p.detach().clone() for p in run.params])
-            run.step(sampler.step())
-        else:
-            batch = sampler.step()
-            run.net.zero_grad(set_to_none=True)
-            task.loss(run.net(batch[0][0]), batch[0][1]).backward()
-            result = probe.feed([p.grad.detach().clone() for p in run.params])  # worker 0's gradient
-            run.step(batch)
-        if result is not None and not result.interim:
-            return {specs[i]: q for i, q in result.progress.items()}
-    return {}
 
 
 def main() -> None:
@@ -97,9 +76,9 @@ def main() -> None:
     held = TaskSampler(task, 10_000, 1).step()[0]
     trial = run_trials(task.build_model(), task.loss, optimizer_of(task), batches, held, specs, direction=args.direction)
     trial_s = time.perf_counter() - t0
-    window = window_q(task, specs, args)
+    window = window_q(args.model, specs, 16, 0, args.direction, workers=args.workers, precondition=False)
     adam = args.direction == "up" and scales_per_coordinate(str(task.optimizer.get("name", "sgd")))
-    weighed = window_q(task, specs, args, precondition=True) if adam else {}
+    weighed = window_q(args.model, specs, 16, 0, args.direction, workers=args.workers, precondition=True) if adam else {}
     base = [steps_to_target(task, None, args, s) for s in range(args.seeds)]
     print(f"{args.model} {args.direction}link, target {args.target}, {args.workers} workers; trial {trial_s:.1f} s")
     print(f"fp32: steps {base}")

@@ -26,16 +26,30 @@ from netsense.worker.hparams import scales_per_coordinate
 from netsense.worker.trials import TaskSampler, TrialRun
 
 
-def window_q(model: str, specs: list[str], window: int, start: int, direction: str, fill: int | None = None) -> dict[str, float]:
-    """q_W per level of one window of `window` steps from step `start` of seed 0's fp32 run."""
+def window_q(
+    model: str,
+    specs: list[str],
+    window: int,
+    start: int,
+    direction: str,
+    fill: int | None = None,
+    *,
+    workers: int = 2,
+    precondition: bool | None = None,
+) -> dict[str, float]:
+    """q_W per level of one window of `window` steps from step `start` of seed 0's fp32 run
+    (`precondition` None: Adam's metric where the policy would use it, an Adam uplink)."""
     task = load_task(model)
     torch.manual_seed(0)
     run = TrialRun(task.build_model(), task.loss, OptimizerSettings.from_dict(dict(task.optimizer)).build, None, direction=direction)
-    sampler = TaskSampler(task, 0, 2)
+    sampler = TaskSampler(task, 0, workers)
     for _ in range(start):
         run.step(sampler.step())
-    weigh = direction == "up" and scales_per_coordinate(str(task.optimizer.get("name", "sgd")))
-    probe = WindowProbe(dict(enumerate(specs)), window=window, cumulative=direction == "down", warm=fill, interim=0, precondition=weigh)
+    if precondition is None:
+        precondition = direction == "up" and scales_per_coordinate(str(task.optimizer.get("name", "sgd")))
+    probe = WindowProbe(
+        dict(enumerate(specs)), window=window, cumulative=direction == "down", warm=fill, interim=0, precondition=precondition
+    )
     while True:
         batch = sampler.step()
         if direction == "down":
