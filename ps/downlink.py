@@ -91,6 +91,9 @@ class DownlinkController:
         self._window_pool: ThreadPoolExecutor | None = None  # feeds the progress windows off the loop
         self._window_queued = 0
         self._window_last: Future[Any] | None = None  # the newest work handed to the window thread
+        self._unfinished: dict[Future[Any], tuple[Any, ...]] = {}  # handed over, not yet reported (`_finished`)
+        self._first_params_at: float | None = None  # loop time the last version-0 PARAMS (the workers' first pull) was acked
+        self._first_compute_s: float | None = None  # from then to the first push: update 0's compute time (`defer`)
 
     @property
     def policy(self) -> Policy:
@@ -164,24 +167,9 @@ class DownlinkController:
         policy on the loop when done, except the start rounds' measurements (`START_ROUNDS`), here;
         without a loop they all run here. Returns the q measured here per level (fed to the policy
         with the timings; empty when the thread measures)."""
-        measured: dict[int, float] = {}
         if self.windows and version > 0 and self.loop.window_due(version):  # the window diffs parameters into updates
             self._feed_window(list(params.values()))
-        snap, self._snapshot = self._snapshot, None
-        if snap is not None and snap[0] + 1 == version and snap[2].keys() == params.keys():
-            update = [params[k] - snap[2][k] for k in params]  # new tensors: the thread may keep them
-            was = snap[1]
-            if snap[0] < PROGRESS_START_VERSION + START_ROUNDS:
-                # The start rounds: here, so that the choice of this update has them (on the thread
-                # a round reached the policy an update later). The warm-up made the codecs' first
-                # calls on the thread; its work is waited for, never two threads on one codec. Two
-                # blocks of the loop per run, each a round on a subsample (~30 ms on wide-mlp, 8
-                # levels). The first's q figures are interim (`START_ROUNDS`).
-                self._drain()
-                interim = snap[0] == PROGRESS_START_VERSION and START_ROUNDS > 1
-                measured = self.loop.measure(was, update, InterimRound(self.policy) if interim else None)
-            else:
-                measured = self._round(lambda observer: self.loop.measure(was, update, observer)) or {}
+        measured = self._measure_snapshot(version, params)
         # The warm-up (the codecs' first calls: 0.1-0.2 s with six levels on loaded cores) runs on
         # the window thread: on the loop at version 0 it competed with the first pushes, the
         # uplink's first bandwidth samples (a 100 Mbit/s path measured 1 MB/s and sent qsgd:4).
@@ -193,10 +181,82 @@ class DownlinkController:
             levels = self.policy.progress_candidates(0 if version < start + START_ROUNDS else version - start)
         if levels and shadow:
             kept = {k: v.clone() for k, v in shadow.items()}
-            tensors = list(kept.values())
-            self._round(lambda observer: self.loop.warm_up(levels, tensors, observer))
+            self.prepare(kept, levels)
             self._snapshot = (version, levels, kept)
         return measured
+
+    def _measure_snapshot(self, version: int, params: dict[str, torch.Tensor]) -> dict[int, float]:
+        """The candidate round of the snapshot taken one update before `version`, on that update
+        (`params` less the shadow it was encoded against); the snapshot is used up either way."""
+        snap, self._snapshot = self._snapshot, None
+        if snap is None or snap[0] + 1 != version or snap[2].keys() != params.keys():
+            return {}
+        update = [params[k] - snap[2][k] for k in params]  # new tensors: the thread may keep them
+        was = snap[1]
+        if snap[0] >= PROGRESS_START_VERSION + START_ROUNDS:
+            return self._round(lambda observer: self.loop.measure(was, update, observer)) or {}
+        # The start rounds: here, so that the choice of this update has them (on the thread a round
+        # reached the policy an update later). The warm-up made the codecs' first calls on the
+        # thread; its work is waited for, never two threads on one codec. Two blocks of the loop per
+        # run, each a round on a subsample (~30 ms on wide-mlp, 8 levels). The first's q figures
+        # are interim (`START_ROUNDS`).
+        self._drain()
+        interim = snap[0] == PROGRESS_START_VERSION and START_ROUNDS > 1
+        return self.loop.measure(was, update, InterimRound(self.policy) if interim else None)
+
+    def prepare(self, shadow: dict[str, torch.Tensor], levels: list[int] | None = None) -> None:
+        """Warm up the candidate codecs of the first round (`levels`, default the policy's round at
+        version 0) on the window thread: the codecs' first calls and their wire ratios on the
+        model's shapes. Called at INIT too, so that the wait between INIT and the first push (the
+        workers' first forward and backward) does it, not the choice of update 0 (`defers`)."""
+        if levels is None:
+            levels = self.policy.progress_candidates(0)
+            shadow = {k: v.detach().clone() for k, v in shadow.items()} if levels else {}  # the thread reads them
+        if not levels or not shadow:
+            return
+        tensors = list(shadow.values())
+        self._round(lambda observer: self.loop.warm_up(levels, tensors, observer))
+
+    def defers(self, version: int) -> bool:
+        """Whether the level of the update that will take the store to `version` + 1 waits for the
+        update itself (`choose_on_update`): the first update, when its round was snapshotted (a
+        netsense policy at a fresh start). Chosen at the first push, it had only the levels'
+        priors (PowerSGD's worst case, 0.05) and went out at qsgd:8 on every run of the matrix's
+        two models (0.14-0.37 s where the next updates took 0.03-0.10 s; docs/BENCHMARKS.md,
+        "Update 0 chosen on itself")."""
+        snap = self._snapshot
+        return version == PROGRESS_START_VERSION and snap is not None and snap[0] == version
+
+    def defer(self, version: int) -> None:
+        """The choice of `version`'s update is deferred (`defers`): `due` is False until the next.
+        Called at the first push, which also times the workers' first step: from the last ack of
+        their first pull to now (`_first_compute_s`)."""
+        self._chosen_for = version
+        loop = _running_loop()
+        if loop is not None and self._first_params_at is not None:
+            self._first_compute_s = max(0.0, loop.time() - self._first_params_at)
+
+    def choose_on_update(
+        self, version: int, params: dict[str, torch.Tensor], links: list[LinkState], payload_bytes: int
+    ) -> str | None:
+        """The codec of the update taking the store to `version` + 1, chosen on that update (the new
+        `params`, before it is encoded): its start round first, here (interim, as at the first push
+        of the next version it would have been), then the choice for the slowest of `links`.
+        Its compute time is the workers' first step as the PS saw it (`defer`): with none (0 until
+        an update interval is timed) and q from that first, low-rank update (0.89), digits-cnn's
+        update 0 went out at powersgd:1 on loopback to save 8 ms of a 0.2 s step. The choice is
+        provisional (`Policy.provisional`): without it that level was held for five more updates."""
+        self._measure_snapshot(version + 1, params)
+        unknown = self.loop.compute_s is None
+        if unknown and self._first_compute_s is not None:
+            self.loop.compute_s = self._first_compute_s  # for this choice only: the intervals start afresh
+        try:
+            spec = self._decide(version, links, payload_bytes)
+        finally:
+            if unknown:
+                self.loop.compute_s = None
+        self.policy.provisional()
+        return spec
 
     def _round(self, work: Callable[[RoundObserver], T]) -> T | None:
         """A candidate round's `work` (a warm-up or a measurement; its argument is what it reports
@@ -257,6 +317,7 @@ class DownlinkController:
             self._window_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netsense-window")
         self._window_queued += 1
         future = self._window_last = self._window_pool.submit(work)
+        self._unfinished[future] = (done, what, failed)
         future.add_done_callback(lambda f: _call_soon(loop, self._finished, f, done, what, failed))
         if self._window_queued > WINDOW_QUEUE:
             # The thread fell behind: wait for it here, never feed the probe from two threads.
@@ -264,14 +325,21 @@ class DownlinkController:
 
     def _drain(self) -> None:
         """Wait until the window thread has run everything handed to it (in order, one worker:
-        the newest future is the last)."""
+        the newest future is the last), and hand its results over now, not at the loop's next
+        turn: what the warm-up learnt (wire ratios on the model's shapes) is in the policy for the
+        choice that drains."""
         if self._window_last is not None:
             wait([self._window_last])
+        for future, then in list(self._unfinished.items()):
+            self._finished(future, *then)
 
     def _finished(
         self, future: Future[Any], done: Callable[[Any], None], what: str, failed: Callable[[], None] | None
     ) -> None:
-        """On the loop: work of the window thread finished; its result goes to `done`."""
+        """On the loop: work of the window thread finished; its result goes to `done` (once: a
+        drain may have handed it over already)."""
+        if self._unfinished.pop(future, None) is None:
+            return
         self._window_queued -= 1
         if future.cancelled():
             return
@@ -294,6 +362,9 @@ class DownlinkController:
         an estimate of 10-40 MB/s on a 2.5 MB/s path)."""
         if self._chosen_for == version:
             return None
+        return self._decide(version, links, payload_bytes)
+
+    def _decide(self, version: int, links: list[LinkState], payload_bytes: int) -> str:
         self._chosen_for = version
         now = time.perf_counter()
         self._finish(force=True)  # the update before last: with the deliveries it had
@@ -328,6 +399,8 @@ class DownlinkController:
 
         def delivered(at: float) -> None:  # inside the connection's ack handling: record, no more
             self._sent.setdefault(version, []).append(max(0.0, at - t0))
+            if version == 0:
+                self._first_params_at = max(at, self._first_params_at or at)
             _call_soon(loop, self._finish)
 
         self._reader(quic).state.when_delivered(nbytes, delivered)

@@ -20,6 +20,7 @@ from typing import Any
 from aioquic.quic.configuration import QuicConfiguration
 
 from netsense.compression.policy.calibration import progress_settings
+from netsense.compression.policy.link import LinkState
 from netsense.errors import ConfigError
 from netsense.transport.listener import Listener, start_server
 from netsense.transport.logsafe import LogLimiter
@@ -320,6 +321,13 @@ class PSServer:
                 self._keyed_cache.clear()
             data = self._keyed_cache[key] = encode_message(params)
         return data
+
+    def live_links(self) -> list[LinkState]:
+        """The link state of every live worker's connection, for the downlink's choice."""
+        down, live = self.downlink, self.store.live
+        if down is None:
+            return []
+        return [down.link_of(s.conn.quic) for wid, s in self.sessions.items() if wid in live]
 
     def note_push(self) -> None:
         if self._step_started_at is None and not self.store.asynchronous:

@@ -121,6 +121,8 @@ class WorkerSession:
             if self._hello is None or self._hello.rank != 0:
                 raise ProtocolError("init", "only rank 0 may initialize the parameters")
             store.initialize(msg.tensors, msg.optimizer, msg.world_size, msg.model, self._hello.job_id)
+            if self.server.downlink is not None and store.version == 0:
+                self.server.downlink.prepare(store.shadow)  # while the workers run their first step
             for wid in self.server.sessions:  # everyone already connected is in the first barrier
                 store.join(wid)
             await self.server.applied(StepApplied(store.version, (), 0))
@@ -133,8 +135,12 @@ class WorkerSession:
                     store.version, params=store.params, shadow=store.shadow, last_encode=store.last_encode,
                     payload_bytes=4 * store.numel,
                 )
-                links = [down.link_of(s.conn.quic) for wid, s in self.server.sessions.items() if wid in store.live]
-                store.set_downlink(down.choose(store.version, links, 4 * store.numel))
+                if down.defers(store.version):  # update 0: chosen on itself (`DownlinkController.defers`)
+                    version, dense = store.version, 4 * store.numel
+                    down.defer(version)
+                    store.defer_downlink(lambda params: down.choose_on_update(version, params, self.server.live_links(), dense))
+                else:
+                    store.set_downlink(down.choose(store.version, self.server.live_links(), 4 * store.numel))
             ahead = store.applied_keys
             try:
                 result = store.push(self.worker_id, msg)

@@ -29,7 +29,7 @@ from typing import Any
 
 from netsense.compression import LinkState, Payload
 from netsense.compression.policy import Decision
-from netsense.errors import PeerError, PeerTimeout
+from netsense.errors import NetSenseError, PeerError, PeerTimeout
 from netsense.transport.wire import Params
 
 from .client import PSClient
@@ -101,12 +101,15 @@ class Exchange:
         """The path is read at the end of each step, for the next `read_link` (a fixed policy, which
         only logs it), instead of by a crossing of its own."""
         self._link_after: LinkState | None = None  # that snapshot, taken once
+        self.start_probe: tuple[int, float, str] | None = None
+        """The uplink's start-up probe taken while connecting (`_start`): bytes, seconds, and what
+        they were (``init``: rank 0's INIT; ``probe``: filler); None when none was asked for."""
         self.net = NetThread()
         """The private event loop (on its own thread) that runs every connection."""
         try:
             self.clients: list[PSClient] = [make_client(s, worker_id, rank) for s in shards]
             """One connection per PS shard."""
-            self.net.run(self._start())
+            self.net.run(self._start(uplink.probe_bytes()))
         except BaseException:
             self.net.close()
             raise
@@ -183,15 +186,38 @@ class Exchange:
 
     # --- on the network thread --------------------------------------------------------------
 
-    async def _start(self) -> None:
-        await asyncio.gather(*(self._start_shard(i) for i in range(len(self.clients))))
+    async def _start(self, probe_bytes: int) -> None:
+        """Connect to every shard (rank 0 seeds the empty ones), take the uplink's start-up probe
+        when `probe_bytes` asks for one, then pull the first parameters. The probe is taken here,
+        where it costs no time of its own: rank 0's INIT is the sample when it seeded every shard
+        (the whole model through the path), and any other rank sends its filler while the PS waits
+        for that INIT. At step 0 it held each worker's first push 0.08-0.24 s on the matrix's
+        links (docs/BENCHMARKS.md, "Start-up: update 0 and the probe"). A rank that finds the PS
+        running sends its filler here as it did at step 0: its first push waits for it either way."""
+        seeded = await asyncio.gather(*(self._connect_shard(i) for i in range(len(self.clients))))
+        if probe_bytes > 0:
+            if all(n > 0 for n, _ in seeded):  # the shards' INITs ran side by side, as a push's parts do
+                self.start_probe = (sum(n for n, _ in seeded), max(t for _, t in seeded), "init")
+            else:
+                try:
+                    self.start_probe = (*await self._probe(probe_bytes), "probe")
+                except NetSenseError as exc:
+                    log.warning("uplink probe failed (%s); the first steps go out at the unknown-bandwidth level", exc)
+        await asyncio.gather(*(self._pull_first(i) for i in range(len(self.clients))))
 
-    async def _start_shard(self, shard: int) -> None:
+    async def _connect_shard(self, shard: int) -> tuple[int, float]:
+        """Connect (and authenticate) to one shard and, on rank 0, seed it if it is empty; returns
+        the bytes of the INIT sent and the seconds to its ack ((0, 0.0): none)."""
         client = self.clients[shard]
         welcome = await connect_first(client, self.shards[shard])
-        if not welcome.initialized and self.rank == 0:
-            await self._seed(shard)
-        self.replica.apply(await client.pull(-1, 0), shard)
+        if welcome.initialized or self.rank != 0:
+            return 0, 0.0
+        before, t0 = client.bytes_sent, time.perf_counter()
+        await self._seed(shard)
+        return client.bytes_sent - before, time.perf_counter() - t0
+
+    async def _pull_first(self, shard: int) -> None:
+        self.replica.apply(await self.clients[shard].pull(-1, 0), shard)
 
     async def _seed(self, shard: int) -> None:
         """Rank 0 seeds a shard with its keys of the current replica."""

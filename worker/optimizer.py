@@ -173,6 +173,9 @@ class NetSenseOptimizer(torch.optim.Optimizer):
             overlap=bool(overlap),
         )
         self._exchange.link_after_step = isinstance(self.uplink.policy, FixedPolicy)  # it only logs the path
+        if self._exchange.start_probe is not None:  # taken while connecting (`Exchange._start`)
+            sent, seconds, what = self._exchange.start_probe
+            self.uplink.observe_probe(bytes_sent=sent, comm_s=seconds, link=self._exchange.read_link(), source=what)
         self._redecides = type(self.uplink.policy).redecide is not Policy.redecide
         """The policy may redecide a slow push (else waiting for it to be slow is a crossing for nothing)."""
         self.duplex_off: str | None = None
@@ -491,8 +494,9 @@ class NetSenseOptimizer(torch.optim.Optimizer):
 
     def _probe_path(self) -> None:
         """Before the first decision, the start-up probe the uplink's policy asks for (`Policy.
-        probe_bytes`): inside the training clock, where the unknown-bandwidth steps it replaces ran.
-        A probe that fails costs only the probe: the first step then meets the connection's trouble."""
+        probe_bytes`) if connecting did not take it (`Exchange._start`: a probe that failed there,
+        or a policy swapped in since). A probe that fails costs only the probe: the first step then
+        meets the connection's trouble."""
         nbytes = self.uplink.probe_bytes()
         if nbytes <= 0:
             return

@@ -140,11 +140,12 @@ class UplinkController:
         """Filler bytes to push before the first decision (`Policy.probe_bytes`; 0: none)."""
         return self.policy.probe_bytes(self.payload_bytes) if self._step == 0 and self._probe is None else 0
 
-    def observe_probe(self, *, bytes_sent: int, comm_s: float, link: LinkState) -> None:
-        """The start-up probe's result, for the policy; its figures go into step 0's log line."""
-        self._probe = {"probe_bytes": bytes_sent, "probe_s": comm_s}
+    def observe_probe(self, *, bytes_sent: int, comm_s: float, link: LinkState, source: str = "probe") -> None:
+        """The start-up probe's result, for the policy; its figures go into step 0's log line.
+        `source`: what was sent (``probe``: filler; ``init``: rank 0's INIT, `Exchange._start`)."""
+        self._probe = {"probe_bytes": bytes_sent, "probe_s": comm_s, "probe_source": source}
         self.policy.observe_probe(bytes_sent=bytes_sent, comm_s=comm_s, min_rtt_s=link.min_rtt_s)
-        log.info("uplink probe: %d B in %.3f s (%.1f Mbit/s)", bytes_sent, comm_s, 8e-6 * bytes_sent / max(comm_s, 1e-9))
+        log.info("uplink probe (%s): %d B in %.3f s (%.1f Mbit/s)", source, bytes_sent, comm_s, 8e-6 * bytes_sent / max(comm_s, 1e-9))
 
     def choose(self, link: LinkState, *, started: float | None = None) -> Decision:
         """This step's decision; `started` is when `step()` began (perf_counter)."""

@@ -56,6 +56,11 @@ class Policy(ABC):
         that stands in for the level's prior only until its first ordinary one (the downlink's
         round on a fresh model's first update, `netsense.ps.downlink`). Default: ignored."""
 
+    def provisional(self) -> None:
+        """The decision just taken was made on figures the next will have better (the downlink's
+        update 0: no compute time yet, q from that one update): the next is made afresh, no
+        hysteresis holding this one. Default: nothing (no policy state to release)."""
+
     def progress_candidates(self, step: int) -> list[int]:
         """Ladder levels whose q the caller should measure on this step's gradient (cheaply, off the
         critical path) and report with `observe_progress`. Default: none."""

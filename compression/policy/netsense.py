@@ -109,6 +109,10 @@ class NetsensePolicy(Policy):
         """Current headroom requirement (k with back-off)."""
         return self.hold.k_now
 
+    def provisional(self) -> None:
+        """The next decision is the law's afresh (the committed level is released, not changed)."""
+        self.hold.level = None
+
     def safe_level(self) -> int:
         """The level sent while the bandwidth is unknown: `settings.safe_level` if set, else the
         fewest bytes (the ratio measured on the run's shapes, else nominal; the first on a tie)

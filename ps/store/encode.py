@@ -10,13 +10,20 @@ update, full or delta (the worker writes them, never adds them). Not to be confu
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 
 import torch
 
 from netsense.compression import Codec, Payload, make_codec
 from netsense.compression.progress import codec_clock
 from netsense.transport.wire import Params
+
+log = logging.getLogger(__name__)
+
+Chooser = Callable[[dict[str, torch.Tensor]], "str | None"]
+"""A choice of the next update's codec that needs the update: called with the new parameters
+(the update is them less the shadow) just before they are encoded; returns the spec, as `choose`."""
 
 LOSSLESS = ("fp32", "none")
 """Downlink specs that send the parameters themselves rather than a delta."""
@@ -36,6 +43,7 @@ class UpdateEncoder:
         the downlink policy's measured encode cost of the level it chose (ps/downlink.py), on the
         clock its candidate rounds are timed on."""
         self._chosen: str | None = None  # a downlink policy's choice, overrides `spec`
+        self._deferred: Chooser | None = None  # a choice waiting for the update (`defer_choice`)
         self._codecs: dict[str, Codec] = {}  # key -> encoder instance (stateful codecs keep per-key state)
         self._chosen_codecs: dict[tuple[str, str], Codec] = {}  # (key, spec) -> encoder
         self._fp32 = make_codec("fp32")
@@ -63,10 +71,34 @@ class UpdateEncoder:
             make_codec(spec)  # a bad spec fails here, not half way through an update
         self._chosen = spec
 
+    def defer_choice(self, chooser: Chooser) -> None:
+        """The next update's codec is `chooser`'s answer on the update itself, asked just before it
+        is encoded (whole: `deferred` keeps a pipelined step from encoding keys ahead). A chooser
+        that raises leaves the codec as it was: the policy's trouble must not cost the step."""
+        self._deferred = chooser
+
+    @property
+    def deferred(self) -> bool:
+        """A choice waits for the next update (`defer_choice`)."""
+        return self._deferred is not None
+
+    def _resolve(self, params: dict[str, torch.Tensor]) -> None:
+        chooser, self._deferred = self._deferred, None
+        if chooser is None:
+            return
+        try:
+            spec = chooser(params)
+        except Exception:  # noqa: BLE001 - the chooser is a policy's; the update goes out regardless
+            log.exception("the deferred downlink choice failed; the update keeps codec %s", self.current_spec)
+            return
+        self.choose(spec)
+
     # --- encoding -------------------------------------------------------------------------
 
     def encode_update(self, params: dict[str, torch.Tensor], version: int, base: int) -> None:
-        """Encode the whole-step update from `base` to `version` (`last_update`), timed."""
+        """Encode the whole-step update from `base` to `version` (`last_update`), timed; a deferred
+        choice of its codec (`defer_choice`) is made first, untimed."""
+        self._resolve(params)
         spec = self.current_spec
         clock = codec_clock()
         t0 = clock()

@@ -12,7 +12,8 @@ only when the step is whole: a keyed pull of them is answered once the version a
 step's update, which carries them as a whole step's does. Until the version advances the new shadow values of applied keys are
 kept apart, so a full pull still returns the previous version whole. Without keyed pulls nothing
 here runs and the sync barrier (sync.py) applies a step whole; so does a PS that clips the
-gradient norm (``clip_grad_norm``), since the norm needs every key of the step before any applies.
+gradient norm (``clip_grad_norm``), since the norm needs every key of the step before any applies,
+and a step whose downlink codec is chosen on its whole update (`UpdateEncoder.defer_choice`).
 """
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ class PipelinedStep:
         settings = core.optimizer_settings
         if settings is not None and settings.clip_grad_norm > 0:
             return 0  # the step's norm needs all its keys: the barrier applies it whole
+        if self._encoder.deferred:
+            return 0  # its codec is chosen on the whole update (`UpdateEncoder.defer_choice`)
         workers = self.step_workers()
         if not workers or (core.version == 0 and self.members is None and len(workers) < core.start_quorum):
             return 0

@@ -26,7 +26,7 @@ from netsense.transport.wire import Params, Push, TensorInfo
 from ..optim import OptimizerSettings
 from . import state as checkpoint_state
 from .core import Mode, StepApplied, StoreCore
-from .encode import UpdateEncoder
+from .encode import Chooser, UpdateEncoder
 from .guard import UpdateRefused
 from .pipeline import PipelinedStep
 from .ssp import SspClocks
@@ -284,6 +284,11 @@ class ParameterStore:
         configured `downlink_codec`. Replicas still equal the shadow bit for bit: the shadow
         follows whatever was sent, and a lossless choice sends the parameters themselves."""
         self._encoder.choose(spec)
+
+    def defer_downlink(self, chooser: Chooser) -> None:
+        """The next update's codec is chosen on the update itself, just before it is encoded
+        (`UpdateEncoder.defer_choice`): that step is applied whole, not key by key ahead."""
+        self._encoder.defer_choice(chooser)
 
     def full_params(self) -> Params:
         """The replica every worker must hold (the shadow), lossless."""

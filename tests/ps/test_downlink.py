@@ -249,3 +249,70 @@ def test_the_first_update_is_chosen_for_the_bandwidth_the_init_pulls_measured() 
     unknown = DownlinkController("netsense", ladder=LADDER)
     none = LinkState(time_s=0.0, bandwidth_Bps=None, min_rtt_s=None, srtt_s=None)
     assert unknown.choose(0, [none], 4_000_000) == "fp16"
+
+
+LOW_RANK = "fp32,fp16,qsgd:8,qsgd:4,powersgd:2"
+
+
+def _rank_one_update(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(7)
+    u, v = torch.randn(200, 1, generator=gen), torch.randn(1, 100, generator=gen)
+    return {"w": params["w"] + 0.01 * (u @ v), "b": params["b"] + 0.01 * torch.randn(100, generator=gen)}
+
+
+def test_update_0_is_chosen_on_itself() -> None:
+    """The first update's level waits for the update (`defers`): its start round runs on it, so
+    the choice has measured q figures (interim) where at the first push it had only the priors
+    (PowerSGD's worst case) and sent the 8-bit level. The next start round is update 1's."""
+    slow = LinkState(time_s=0.0, bandwidth_Bps=1.2e6, min_rtt_s=0.02, srtt_s=0.02)
+    params = tensors(0)
+    new = _rank_one_update(params)
+    blind = DownlinkController("netsense", ladder=LOW_RANK)
+    blind.measure(PROGRESS_START_VERSION, params, {k: t.clone() for k, t in params.items()})
+    assert blind.choose(PROGRESS_START_VERSION, [slow], 4_000_000) == "qsgd:8"  # on the priors
+    down = DownlinkController("netsense", ladder=LOW_RANK)
+    down.measure(PROGRESS_START_VERSION, params, {k: t.clone() for k, t in params.items()})
+    assert down.defers(PROGRESS_START_VERSION) and down.due(PROGRESS_START_VERSION)
+    down.defer(PROGRESS_START_VERSION)
+    assert not down.due(PROGRESS_START_VERSION)  # the step's other pushes do not choose again
+    assert down.choose_on_update(PROGRESS_START_VERSION, new, [slow], 4_000_000) == "powersgd:2"
+    assert down.policy.level is None  # type: ignore[attr-defined]  # provisional: update 1 is the law's afresh
+    progress = down.policy.progress  # type: ignore[attr-defined]
+    assert progress.values[4] > 0.5 and not progress.measured[4]  # measured on update 0, interim
+    assert down.measure(PROGRESS_START_VERSION + 1, new, new) == {}  # used up: nothing measured twice
+    later = {k: v + 0.01 * t for (k, v), t in zip(new.items(), tensors(3).values())}
+    assert sorted(down.measure(PROGRESS_START_VERSION + 2, later, new)) == [1, 2, 3, 4]  # update 1's round
+    assert progress.measured[4]
+    fast = LinkState(time_s=0.0, bandwidth_Bps=1e9, min_rtt_s=0.001, srtt_s=0.001)
+    assert down.choose(PROGRESS_START_VERSION + 1, [fast], 4_000_000) is not None
+    assert down._pending is not None and down._pending[0].reason.startswith("law")  # not "hold: ..."
+
+
+def test_only_a_fresh_netsense_downlink_defers() -> None:
+    params = tensors(0)
+    fixed = DownlinkController("fp16", ladder=LOW_RANK)
+    fixed.measure(PROGRESS_START_VERSION, params, params)
+    resumed = DownlinkController("netsense", ladder=LOW_RANK)
+    resumed.measure(1000, params, {k: t.clone() for k, t in params.items()})
+    assert not fixed.defers(PROGRESS_START_VERSION) and not resumed.defers(1000)
+
+
+def test_the_warm_up_at_init_is_in_the_policy_when_update_0_is_chosen() -> None:
+    """`prepare` at INIT warms the codecs up on the window thread; the choice of update 0 drains
+    it and has what it learnt (PowerSGD's wire ratio on the model's shapes) in the same turn of
+    the loop, not at the loop's next one."""
+    slow = LinkState(time_s=0.0, bandwidth_Bps=1.2e6, min_rtt_s=0.02, srtt_s=0.02)
+    params = tensors(0)
+    down = DownlinkController("netsense", ladder=LOW_RANK)
+
+    async def main() -> str | None:
+        down.prepare(params)
+        down.measure(PROGRESS_START_VERSION, params, {k: t.clone() for k, t in params.items()})
+        down.defer(PROGRESS_START_VERSION)
+        spec = down.choose_on_update(PROGRESS_START_VERSION, _rank_one_update(params), [slow], 4_000_000)
+        assert 4 in down.policy._ratios  # type: ignore[attr-defined]
+        assert down._window_queued == 0 and not down._unfinished
+        return spec
+
+    assert asyncio.run(main()) == "powersgd:2"
+    down.close()

@@ -165,3 +165,54 @@ def test_the_update_does_not_depend_on_which_worker_pushed_first(pipelined: bool
     for k in KEYS:
         assert torch.equal(first.params[k], second.params[k]), k
         assert torch.equal(first.params[k], plain.params[k]), k
+
+
+def test_a_deferred_downlink_choice_is_made_on_the_whole_update() -> None:
+    """A choice deferred to the update (`ParameterStore.defer_downlink`, the downlink's update 0)
+    keeps keyed pulls from applying keys ahead: the chooser is asked once, with every key's new
+    value, the update goes out at its answer, and it equals the whole step's (nothing ran ahead)."""
+    whole = _store("fp16")
+    whole.set_downlink("qsgd:8")
+    s = _store("fp16")
+    asked: list[dict[str, torch.Tensor]] = []
+
+    def chooser(params: dict[str, torch.Tensor]) -> str:
+        asked.append({k: v.clone() for k, v in params.items()})
+        return "qsgd:8"
+
+    s.defer_downlink(chooser)
+    torch.manual_seed(1)
+    assert s.want(list(KEYS), 0) == 0
+    g0, g1 = _grads(0, 0), _grads(0, 1)
+    _push(s, "w0", 0, g0, KEYS, 3)
+    _push(s, "w1", 0, g1, ("a",), 5)
+    assert s.applied_keys == 0 and not asked  # "a" is pushed by both, but waits for the whole update
+    assert _push(s, "w1", 0, g1, ("b", "c"), 5) is not None
+    assert len(asked) == 1 and set(asked[0]) == set(KEYS)
+    for k in KEYS:
+        assert torch.equal(asked[0][k], s.params[k])  # the new parameters: the update is them less the shadow
+    update = s.pull_keys(0, ["a", "b"])
+    assert update.version == 1 and {p.codec for p in update.tensors.values()} == {"qsgd:8"}
+    torch.manual_seed(1)
+    _push(whole, "w0", 0, g0, KEYS, 3)
+    _push(whole, "w1", 0, g1, KEYS, 5)
+    for k in KEYS:
+        assert torch.equal(s.shadow[k], whole.shadow[k])
+    # the next step pipelines again
+    assert s.want(["a"], 1) == 0
+    _push(s, "w0", 1, _grads(1, 0), ("a",), 3)
+    _push(s, "w1", 1, _grads(1, 1), ("a",), 5)
+    assert s.applied_keys == 1
+
+
+def test_a_chooser_that_fails_leaves_the_codec_and_the_step(caplog: pytest.LogCaptureFixture) -> None:
+    s = _store("fp16")
+
+    def broken(params: dict[str, torch.Tensor]) -> str:
+        raise RuntimeError("policy bug")
+
+    s.defer_downlink(broken)
+    _push(s, "w0", 0, _grads(0, 0), KEYS, 3)
+    assert _push(s, "w1", 0, _grads(0, 1), KEYS, 5) is not None
+    assert s.version == 1 and "deferred downlink choice failed" in caplog.text
+    assert {p.codec for k, p in s.pull(0).tensors.items() if k in KEYS} == {"fp16"}
