@@ -180,7 +180,13 @@ class DownlinkController:
         else:
             levels = self.policy.progress_candidates(0 if version < start + START_ROUNDS else version - start)
         if levels and shadow:
-            kept = {k: v.clone() for k, v in shadow.items()}
+            # A start round prices the update alone (the snapshot is the parameters, not the
+            # shadow): on update + residual, update 1's round charged the level update 0 went at
+            # (a lossy one since it is chosen on itself) with that update's residual, and credited
+            # the others with flushing it (the transformer's powersgd:4 0.52 where it was 0.66 on
+            # update 1 alone; its downlink left for qsgd:4 at update 6). Version 0: they are equal.
+            base = params if start <= version < start + START_ROUNDS and params.keys() == shadow.keys() else shadow
+            kept = {k: v.clone() for k, v in base.items()}
             self.prepare(kept, levels)
             self._snapshot = (version, levels, kept)
         return measured

@@ -316,3 +316,20 @@ def test_the_warm_up_at_init_is_in_the_policy_when_update_0_is_chosen() -> None:
 
     assert asyncio.run(main()) == "powersgd:2"
     down.close()
+
+
+def test_update_1_is_priced_on_itself_not_on_the_residual_update_0_left() -> None:
+    """The start rounds price the update alone: update 0 may go at a lossy level (it is chosen on
+    itself), and on update + residual the round charged that level's residual to every candidate.
+    Here update 1 is sparse (top-k keeps all of it) and the shadow lags by a dense residual."""
+    params0 = tensors(0)
+    down = DownlinkController("netsense", ladder=LADDER)
+    down.measure(PROGRESS_START_VERSION, params0, {k: t.clone() for k, t in params0.items()})
+    params1 = {k: v + 0.01 * t for (k, v), t in zip(params0.items(), tensors(1).values())}
+    shadow1 = {k: v + 0.01 * t for (k, v), t in zip(params1.items(), tensors(2).values())}  # lags by a dense residual
+    down.measure(PROGRESS_START_VERSION + 1, params1, shadow1)  # update 0's round; update 1's snapshot
+    params2 = {k: v.clone() for k, v in params1.items()}
+    for v in params2.values():
+        v.view(-1)[3] += 1.0  # update 1: one coordinate per key
+    measured = down.measure(PROGRESS_START_VERSION + 2, params2, shadow1)
+    assert measured[4] > 0.99  # topk:0.01 keeps the whole update; on update + residual it kept ~0.1
