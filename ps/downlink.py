@@ -229,7 +229,7 @@ class DownlinkController:
         netsense policy at a fresh start). Chosen at the first push, it had only the levels'
         priors (PowerSGD's worst case, 0.05) and went out at qsgd:8 on every run of the matrix's
         two models (0.14-0.37 s where the next updates took 0.03-0.10 s; docs/BENCHMARKS.md,
-        "Update 0 chosen on itself")."""
+        "Start-up: update 0 chosen on itself, the probe while connecting")."""
         snap = self._snapshot
         return version == PROGRESS_START_VERSION and snap is not None and snap[0] == version
 

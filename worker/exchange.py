@@ -192,8 +192,9 @@ class Exchange:
         where it costs no time of its own: rank 0's INIT is the sample when it seeded every shard
         (the whole model through the path), and any other rank sends its filler while the PS waits
         for that INIT. At step 0 it held each worker's first push 0.08-0.24 s on the matrix's
-        links (docs/BENCHMARKS.md, "Start-up: update 0 and the probe"). A rank that finds the PS
-        running sends its filler here as it did at step 0: its first push waits for it either way."""
+        links (docs/BENCHMARKS.md, "Start-up: update 0 chosen on itself, the probe while
+        connecting"). A rank that finds the PS running sends its filler here as it did at step 0:
+        its first push waits for it either way."""
         seeded = await asyncio.gather(*(self._connect_shard(i) for i in range(len(self.clients))))
         if probe_bytes > 0:
             if all(n > 0 for n, _ in seeded):  # the shards' INITs ran side by side, as a push's parts do
