@@ -87,11 +87,9 @@ class UpdateEncoder:
         if chooser is None:
             return
         try:
-            spec = chooser(params)
+            self.choose(chooser(params))
         except Exception:  # noqa: BLE001 - the chooser is a policy's; the update goes out regardless
             log.exception("the deferred downlink choice failed; the update keeps codec %s", self.current_spec)
-            return
-        self.choose(spec)
 
     # --- encoding -------------------------------------------------------------------------
 

@@ -216,3 +216,12 @@ def test_a_chooser_that_fails_leaves_the_codec_and_the_step(caplog: pytest.LogCa
     assert _push(s, "w1", 0, _grads(0, 1), KEYS, 5) is not None
     assert s.version == 1 and "deferred downlink choice failed" in caplog.text
     assert {p.codec for k, p in s.pull(0).tensors.items() if k in KEYS} == {"fp16"}
+
+
+def test_a_chooser_that_names_no_codec_leaves_the_codec_and_the_step(caplog: pytest.LogCaptureFixture) -> None:
+    s = _store("fp16")
+    s.defer_downlink(lambda params: "no-such-codec:3")
+    _push(s, "w0", 0, _grads(0, 0), KEYS, 3)
+    assert _push(s, "w1", 0, _grads(0, 1), KEYS, 5) is not None
+    assert s.version == 1 and "deferred downlink choice failed" in caplog.text
+    assert {p.codec for k, p in s.pull(0).tensors.items() if k in KEYS} == {"fp16"}
