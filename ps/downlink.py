@@ -253,14 +253,8 @@ class DownlinkController:
         update 0 went out at powersgd:1 on loopback to save 8 ms of a 0.2 s step. The choice is
         provisional (`Policy.provisional`): without it that level was held for five more updates."""
         self._measure_snapshot(version + 1, params)
-        unknown = self.loop.compute_s is None
-        if unknown and self._first_compute_s is not None:
-            self.loop.compute_s = self._first_compute_s  # for this choice only: the intervals start afresh
-        try:
-            spec = self._decide(version, links, payload_bytes)
-        finally:
-            if unknown:
-                self.loop.compute_s = None
+        first = self._first_compute_s if self.loop.compute_s is None else None  # this choice only
+        spec = self._decide(version, links, payload_bytes, compute_s=first)
         self.policy.provisional()
         return spec
 
@@ -370,7 +364,7 @@ class DownlinkController:
             return None
         return self._decide(version, links, payload_bytes)
 
-    def _decide(self, version: int, links: list[LinkState], payload_bytes: int) -> str:
+    def _decide(self, version: int, links: list[LinkState], payload_bytes: int, compute_s: float | None = None) -> str:
         self._chosen_for = version
         now = time.perf_counter()
         self._finish(force=True)  # the update before last: with the deliveries it had
@@ -383,7 +377,7 @@ class DownlinkController:
         # update 0 at the unknown-bandwidth level (fp16 on wide-mlp at 20 Mbit/s: 0.56 s where
         # qsgd:8 took 0.28; docs/BENCHMARKS.md, "Start-up of the downlink").
         link = self.slowest(links)
-        decision = self.loop.choose(link, payload_bytes=payload_bytes, step=version)
+        decision = self.loop.choose(link, payload_bytes=payload_bytes, step=version, compute_s=compute_s)
         self._pending = (decision, link, now)
         self.loop.count(decision.spec)
         return decision.spec

@@ -103,12 +103,12 @@ class PolicyLoop:
         one-off set-up, `netsense.ps.downlink`)."""
         self.compute_s = None
 
-    def choose(self, link: LinkState, *, payload_bytes: int, step: int) -> Decision:
-        """The policy's decision for `step`, weighed against the compute time so far (0 before any)."""
+    def choose(self, link: LinkState, *, payload_bytes: int, step: int, compute_s: float | None = None) -> Decision:
+        """The policy's decision for `step`, weighed against the compute time so far (0 before any),
+        or against `compute_s` when the caller has a better figure for this one decision."""
+        compute = compute_s if compute_s is not None else self.compute_s or 0.0
         return self.policy.choose(
-            ChooseRequest(
-                link=link, payload_bytes=payload_bytes, compute_s=self.compute_s or 0.0, step=step, pad_ok=self.pads
-            )
+            ChooseRequest(link=link, payload_bytes=payload_bytes, compute_s=compute, step=step, pad_ok=self.pads)
         )
 
     def count(self, spec: str) -> None:
