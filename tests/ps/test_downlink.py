@@ -252,6 +252,11 @@ def test_the_first_update_is_chosen_for_the_bandwidth_the_init_pulls_measured() 
 
 
 LOW_RANK = "fp32,fp16,qsgd:8,qsgd:4,powersgd:2"
+DENSE = 4 * (200 * 100 + 100)
+"""fp32 bytes of `tensors`: a choice on them is priced at their own size. At 4 MB a 60 ms stall of
+one candidate's timing (another test process on the cores) cost 50x that and flipped the level."""
+SLOW = LinkState(time_s=0.0, bandwidth_Bps=DENSE / 3.3, min_rtt_s=0.02, srtt_s=0.02)
+"""3.3 s per fp32 update."""
 
 
 def _rank_one_update(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -264,18 +269,18 @@ def test_update_0_is_chosen_on_itself() -> None:
     """The first update's level waits for the update (`defers`): its start round runs on it, so
     the choice has measured q figures (interim) where at the first push it had only the priors
     (PowerSGD's worst case) and sent the 8-bit level. The next start round is update 1's."""
-    slow = LinkState(time_s=0.0, bandwidth_Bps=1.2e6, min_rtt_s=0.02, srtt_s=0.02)
+    slow = SLOW
     params = tensors(0)
     new = _rank_one_update(params)
     blind = DownlinkController("netsense", ladder=LOW_RANK)
     blind.measure(PROGRESS_START_VERSION, params, {k: t.clone() for k, t in params.items()})
-    assert blind.choose(PROGRESS_START_VERSION, [slow], 4_000_000) == "qsgd:8"  # on the priors
+    assert blind.choose(PROGRESS_START_VERSION, [slow], DENSE) == "qsgd:8"  # on the priors
     down = DownlinkController("netsense", ladder=LOW_RANK)
     down.measure(PROGRESS_START_VERSION, params, {k: t.clone() for k, t in params.items()})
     assert down.defers(PROGRESS_START_VERSION) and down.due(PROGRESS_START_VERSION)
     down.defer(PROGRESS_START_VERSION)
     assert not down.due(PROGRESS_START_VERSION)  # the step's other pushes do not choose again
-    assert down.choose_on_update(PROGRESS_START_VERSION, new, [slow], 4_000_000) == "powersgd:2"
+    assert down.choose_on_update(PROGRESS_START_VERSION, new, [slow], DENSE) == "powersgd:2"
     assert down.policy.level is None  # type: ignore[attr-defined]  # provisional: update 1 is the law's afresh
     progress = down.policy.progress  # type: ignore[attr-defined]
     assert progress.values[4] > 0.5 and not progress.measured[4]  # measured on update 0, interim
@@ -284,7 +289,7 @@ def test_update_0_is_chosen_on_itself() -> None:
     assert sorted(down.measure(PROGRESS_START_VERSION + 2, later, new)) == [1, 2, 3, 4]  # update 1's round
     assert progress.measured[4]
     fast = LinkState(time_s=0.0, bandwidth_Bps=1e9, min_rtt_s=0.001, srtt_s=0.001)
-    assert down.choose(PROGRESS_START_VERSION + 1, [fast], 4_000_000) is not None
+    assert down.choose(PROGRESS_START_VERSION + 1, [fast], DENSE) is not None
     assert down._pending is not None and down._pending[0].reason.startswith("law")  # not "hold: ..."
 
 
@@ -301,7 +306,7 @@ def test_the_warm_up_at_init_is_in_the_policy_when_update_0_is_chosen() -> None:
     """`prepare` at INIT warms the codecs up on the window thread; the choice of update 0 drains
     it and has what it learnt (PowerSGD's wire ratio on the model's shapes) in the same turn of
     the loop, not at the loop's next one."""
-    slow = LinkState(time_s=0.0, bandwidth_Bps=1.2e6, min_rtt_s=0.02, srtt_s=0.02)
+    slow = SLOW
     params = tensors(0)
     down = DownlinkController("netsense", ladder=LOW_RANK)
 
@@ -309,7 +314,7 @@ def test_the_warm_up_at_init_is_in_the_policy_when_update_0_is_chosen() -> None:
         down.prepare(params)
         down.measure(PROGRESS_START_VERSION, params, {k: t.clone() for k, t in params.items()})
         down.defer(PROGRESS_START_VERSION)
-        spec = down.choose_on_update(PROGRESS_START_VERSION, _rank_one_update(params), [slow], 4_000_000)
+        spec = down.choose_on_update(PROGRESS_START_VERSION, _rank_one_update(params), [slow], DENSE)
         assert 4 in down.policy._ratios  # type: ignore[attr-defined]
         assert down._window_queued == 0 and not down._unfinished
         return spec
