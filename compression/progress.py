@@ -20,7 +20,7 @@ seeded with the codec's conservative prior) is `netsense.compression.policy.prog
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -107,7 +107,12 @@ def measure_progress(codec: Codec, tensors: Iterable[torch.Tensor], *, max_numel
 
 
 def measure_level(
-    codec: Codec, tensors: Iterable[torch.Tensor], *, max_numel: int = DEFAULT_SAMPLE_NUMEL, whole_keys: bool | None = None
+    codec: Codec,
+    tensors: Iterable[torch.Tensor],
+    *,
+    max_numel: int = DEFAULT_SAMPLE_NUMEL,
+    whole_keys: bool | None = None,
+    weights: Sequence[torch.Tensor] | None = None,
 ) -> LevelSample | None:
     """q of `codec` on `tensors`, and its encode and decode time on them; None for no elements.
 
@@ -125,17 +130,25 @@ def measure_level(
     round `progress_every` steps ago, is no warm start. A fresh basis prices a candidate somewhat
     below what the level sent gets from its warm start (rank 4 on wide-mlp's downlink, updates
     0-40: 0.34-0.70 against 0.49-0.72), the side that compresses less (`scripts/candidate_q.py`).
+
+    `weights` (one per tensor, of its shape, >= 0) takes both energies in a diagonal metric,
+    sum_i w_i x_i^2: the downlink's on an Adam job (`netsense.ps.optim.adam_metric`).
     """
     low_rank = isinstance(codec, PowerSGD)
     whole = low_rank if whole_keys is None else whole_keys
     fresh_basis = whole and low_rank
+    tensors = list(tensors)
+    if weights is not None and [w.shape for w in weights] != [t.shape for t in tensors]:
+        raise ValueError("measure_level: one weight tensor per tensor, of its shape")
     items = subsample(tensors, 1 << 62 if whole else max_numel)
     if not items:
         return None
+    # The same shapes give the same positions (`subsample`), so each weight lines up with its item.
+    metric = subsample(weights, 1 << 62 if whole else max_numel) if weights is not None else [None] * len(items)
     clock = codec_clock()
     energy = error = encode_s = decode_s = 0.0
     numel = 0
-    for x in items:
+    for x, w in zip(items, metric, strict=True):
         if fresh_basis:
             codec.reset()
         t0 = clock()
@@ -146,7 +159,12 @@ def measure_level(
         encode_s, decode_s, numel = encode_s + t1 - t0, decode_s + t2 - t1, numel + x.numel()
         diff = (x - decoded.float()).reshape(-1)
         flat = x.reshape(-1)
-        energy += float(torch.dot(flat, flat))
-        error += float(torch.dot(diff, diff))
+        if w is None:
+            energy += float(torch.dot(flat, flat))
+            error += float(torch.dot(diff, diff))
+        else:
+            w = w.reshape(-1)
+            energy += float(torch.dot(flat * w, flat))
+            error += float(torch.dot(diff * w, diff))
     q = progress_from_error(energy, error, unbiased=codec.unbiased)
     return LevelSample(q, encode_s, decode_s, 4 * numel)

@@ -173,3 +173,25 @@ def test_low_rank_levels_are_measured_on_whole_keys_from_a_fresh_basis() -> None
         assert whole.dense_bytes == 4 * sum(k.numel() for k in keys)
         assert flattered.progress > whole.progress + 0.05, spec
         assert whole.progress == pytest.approx(fresh(spec), abs=0.02) and again.progress == pytest.approx(fresh(spec), abs=0.02)
+
+
+def test_measure_level_weighs_both_energies_by_the_metric() -> None:
+    """In a diagonal metric (`weights`) an error on a heavy coordinate costs more, and a share of
+    the energy there is worth more: q = 1 - sum w e^2 / sum w x^2, subsampled at the same positions."""
+    from netsense.compression.progress import measure_level
+
+    x = torch.tensor([2.0, 1.0, 0.0, 0.0])  # top-1 keeps the 2 and drops the 1
+    plain = measure_level(make_codec("topk:0.25"), [x])
+    heavy = measure_level(make_codec("topk:0.25"), [x], weights=[torch.tensor([1.0, 4.0, 1.0, 1.0])])
+    assert plain is not None and heavy is not None
+    assert plain.progress == pytest.approx(1 - 1 / 5) and heavy.progress == pytest.approx(1 - 4 / 8)
+    gen = torch.Generator().manual_seed(3)
+    big = torch.randn(300_000, generator=gen).abs()  # subsampled: the weights must follow the same positions
+    flat = measure_level(make_codec("topk:0.5"), [big], max_numel=1 << 12)
+    ones = measure_level(make_codec("topk:0.5"), [big], max_numel=1 << 12, weights=[torch.ones_like(big)])
+    on_small = measure_level(make_codec("topk:0.5"), [big], max_numel=1 << 12, weights=[1.0 / big])
+    assert flat is not None and ones is not None and on_small is not None
+    assert ones.progress == pytest.approx(flat.progress)
+    assert on_small.progress is not None and flat.progress is not None and on_small.progress < flat.progress - 0.1
+    with pytest.raises(ValueError, match="one weight tensor per tensor"):
+        measure_level(make_codec("topk:0.5"), [x], weights=[torch.ones(3)])
