@@ -98,9 +98,9 @@ class DownlinkController:
         """Per key, the PS optimizer's diagonal metric of a parameter change, read when a round
         measures (the server's store: `ParameterStore.update_metric`; None: the plain metric).
         An Adam job's rounds weigh a level's error by sqrt(v_hat) + eps, the curvature Adam
-        assumes: in the plain metric one update priced powersgd:4 at 0.53-0.59 on the row
-        transformer and 0.51-0.63 on an Adam MLP, and their downlinks sent qsgd:4 at twice the
-        bytes (docs/POLICIES.md, "The downlink's metric")."""
+        assumes: in the plain metric one update priced powersgd:4 at 0.55-0.58 on a row
+        transformer whose level trials say 0.77 (0.62-0.65 in the metric), and its downlink sent
+        qsgd:4 on 30-144 of 200 updates (docs/POLICIES.md, "The downlink's metric")."""
 
     @property
     def policy(self) -> Policy:
