@@ -31,8 +31,10 @@ from netsense.transport.emulation.traces import MahimahiTrace, StepRate, load_tr
 TRACES = Path(__file__).resolve().parents[1] / "examples" / "traces"
 
 
-def _rec(ttt: float | None, acc: float = 0.9, status: str = "ok", **kw: Any) -> dict[str, Any]:
-    figures = {"time_to_target_s": ttt, "final_accuracy": acc} if status == "ok" else None
+def _rec(ttt: float | None, acc: float = 0.9, status: str = "ok", step_at_target: int | None | str = "absent", **kw: Any) -> dict[str, Any]:
+    figures: dict[str, Any] | None = {"time_to_target_s": ttt, "final_accuracy": acc} if status == "ok" else None
+    if figures is not None and step_at_target != "absent":
+        figures["step_at_target"] = step_at_target
     return {"status": status, "figures": figures, **kw}
 
 
@@ -58,6 +60,15 @@ def test_a_seed_that_missed_the_target_counts_as_infinite_and_a_failed_one_not_a
     assert (failed.runs, failed.failed, failed.median_s) == (1, 1, 10.0)
     assert format_cell(failed) == "10.0 / 0.900 [1 failed]"
     assert format_cell(summarize([_rec(None, status="failed")])) == "failed (1)"
+
+
+def test_the_cell_shows_the_median_step_the_target_was_read_at() -> None:
+    """Over the seeds that reached it: time over step tells the step's speed from the progress
+    per step. Records without the figure (older results.json) keep the old cell."""
+    s = summarize([_rec(12.0, step_at_target=130), _rec(10.0, step_at_target=120), _rec(None, 0.8, step_at_target=None)])
+    assert s.median_step == 125 and format_cell(s) == "12.0 (10.0-n/r) @ 125 / 0.900"
+    assert format_cell(summarize([_rec(7.5, step_at_target=90)])) == "7.5 @ 90 / 0.900"
+    assert summarize([_rec(12.0)]).median_step is None
 
 
 def test_time_ratio_handles_targets_not_reached() -> None:

@@ -25,6 +25,7 @@ from netsense.bench.results import (
     markdown_table,
     policy_figures,
     speedup,
+    step_at_target,
     step_compute,
     step_records,
     time_to_target,
@@ -61,6 +62,8 @@ def test_time_to_target_is_the_first_eval_at_or_above_it() -> None:
     assert time_to_target(curve, 0.8) == 2.0
     assert time_to_target(curve, 0.9) == 4.0
     assert time_to_target(curve, 0.99) is None
+    assert step_at_target(curve, 0.8) == 20 and step_at_target(curve, 0.9) == 40
+    assert step_at_target(curve, 0.99) is None
 
 
 def test_transfer_and_ideal_step_use_the_true_rate_over_time() -> None:

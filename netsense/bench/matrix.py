@@ -348,7 +348,7 @@ def _last_error(log: Path) -> str | None:
     return (errors or lines or [None])[-1]
 
 
-KEEP = ("time_to_target_s", "final_accuracy", "samples_per_s", "steps", "wall_s", "bytes_up", "bytes_down",
+KEEP = ("time_to_target_s", "step_at_target", "final_accuracy", "samples_per_s", "steps", "wall_s", "bytes_up", "bytes_down",
         "mean_step_s", "ideal_step_s", "stopped_at_max_time", "levels", "levels_down")  # fmt: skip
 """The figures of a run the matrix keeps (the eval curve and timeline stay in the run's own results.json)."""
 

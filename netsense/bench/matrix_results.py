@@ -50,6 +50,9 @@ class CellSummary:
     max_s: float
     final_accuracy: float | None
     """Median final accuracy over `runs`."""
+    median_step: float | None = None
+    """Median step of the first eval at the target over the seeds that reached it (None: none
+    did, or their records predate the figure)."""
 
 
 def summarize(records: Sequence[Mapping[str, Any]]) -> CellSummary:
@@ -57,6 +60,7 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> CellSummary:
     ok = [r["figures"] for r in records if r.get("status") == "ok" and r.get("figures")]
     times = [math.inf if f.get("time_to_target_s") is None else float(f["time_to_target_s"]) for f in ok]
     accs = [float(f["final_accuracy"]) for f in ok if f.get("final_accuracy") is not None]
+    steps = [int(f["step_at_target"]) for f in ok if f.get("step_at_target") is not None]
     nan = math.nan
     return CellSummary(
         runs=len(ok),
@@ -66,6 +70,7 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> CellSummary:
         min_s=min(times) if times else nan,
         max_s=max(times) if times else nan,
         final_accuracy=statistics.median(accs) if accs else None,
+        median_step=statistics.median(steps) if steps else None,
     )
 
 
@@ -129,12 +134,14 @@ def _t(x: float) -> str:
 
 
 def format_cell(s: CellSummary) -> str:
-    """``median (min-max) / final acc``; n/r = not reached; failed seeds counted at the end."""
+    """``median (min-max) @ step / final acc``; n/r = not reached; failed seeds counted at the end."""
     if s.runs == 0:
         return f"failed ({s.failed})" if s.failed else ""
     text = _t(s.median_s)
     if s.runs > 1:
         text += f" ({_t(s.min_s)}-{_t(s.max_s)})"
+    if s.median_step is not None:
+        text += f" @ {s.median_step:g}"
     if s.final_accuracy is not None:
         text += f" / {s.final_accuracy:.3f}"
     if s.failed:
@@ -174,8 +181,9 @@ def markdown_matrix(results: Mapping[str, Any]) -> str:
     targets = ", ".join(f"{m} {t}" for m, t in results.get("targets", {}).items())
     lines += [
         "",
-        f"Each policy cell: median time to target in s (min-max over {len(seeds)} seed(s) {seeds}) / median final "
-        "accuracy; n/r = target not reached. Ratios: netsense's median time / the other's (< 1: netsense faster, "
+        f"Each policy cell: median time to target in s (min-max over {len(seeds)} seed(s) {seeds}) @ the median "
+        "step it was read at (over the seeds that reached it) / median final accuracy; n/r = target not reached. "
+        "Ratios: netsense's median time / the other's (< 1: netsense faster, "
         f"in bold when <= 1); best fixed = the fastest of none, fp16, fixed:*. Targets: {targets}.",
     ]
     calibrated = results.get("calibration") or {}

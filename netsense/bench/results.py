@@ -77,6 +77,16 @@ def time_to_target(curve: Sequence[tuple[float, int, float]], target: float) -> 
     return None
 
 
+def step_at_target(curve: Sequence[tuple[float, int, float]], target: float) -> int | None:
+    """Step of the first eval with accuracy >= `target` (the one `time_to_target` times); None if
+    none reached it. Time over step splits a policy's time to target into its step's speed and
+    its progress per step (two policies at the same levels cross at about the same step)."""
+    for _, step, acc in curve:
+        if acc >= target:
+            return int(step)
+    return None
+
+
 # --- the link's true rate ------------------------------------------------------------------------
 
 
@@ -233,6 +243,7 @@ def policy_figures(
     return {
         "samples_per_s": n * global_batch / wall if wall > 0 else 0.0,
         "time_to_target_s": time_to_target(curve, target),
+        "step_at_target": step_at_target(curve, target),
         "final_accuracy": curve[-1][2] if curve else 0.0,
         "bytes_up": sum(int(steps[r][last]["bytes_up"]) for r in ranks) if records else 0,
         "bytes_down": sum(int(steps[r][last]["bytes_down"]) for r in ranks) if records else 0,
