@@ -132,7 +132,7 @@ def measure_level(
     0-40: 0.34-0.70 against 0.49-0.72), the side that compresses less (`scripts/candidate_q.py`).
 
     `weights` (one per tensor, of its shape, >= 0) takes both energies in a diagonal metric,
-    sum_i w_i x_i^2 (`scripts/downlink_metric.py`: an Adam job's sqrt(v_hat) + eps).
+    sum_i w_i x_i^2: the downlink's on an Adam job (`netsense.ps.optim.adam_metric`).
     """
     low_rank = isinstance(codec, PowerSGD)
     whole = low_rank if whole_keys is None else whole_keys

@@ -94,6 +94,14 @@ class DownlinkController:
         self._unfinished: dict[Future[Any], tuple[Any, ...]] = {}  # handed over, not yet reported (`_finished`)
         self._first_params_at: float | None = None  # loop time the last version-0 PARAMS (the workers' first pull) was acked
         self._first_compute_s: float | None = None  # from then to the first push: update 0's compute time (`defer`)
+        self.metric: Callable[[], dict[str, torch.Tensor] | None] | None = None
+        """Per key, the PS optimizer's diagonal metric of a parameter change, read when a round
+        measures (the server's store: `ParameterStore.update_metric`; None: the plain metric).
+        An Adam job's rounds weigh a level's error by sqrt(v_hat) + eps, the curvature Adam
+        assumes: in the plain metric one update priced powersgd:4 at 0.55-0.58 on a row
+        transformer whose level trials say 0.77 (0.62-0.65 in the metric), and an Adam MLP's
+        downlink sent qsgd:4 on 123-161 of 200 updates where 54-95 in the metric took 0.59-1.0x
+        the time to its target (docs/POLICIES.md, "The downlink's metric")."""
 
     @property
     def policy(self) -> Policy:
@@ -198,9 +206,10 @@ class DownlinkController:
         if snap is None or snap[0] + 1 != version or snap[2].keys() != params.keys():
             return {}
         update = [params[k] - snap[2][k] for k in params]  # new tensors: the thread may keep them
+        weights = self._weights(params)
         was = snap[1]
         if snap[0] >= PROGRESS_START_VERSION + START_ROUNDS:
-            return self._round(lambda observer: self.loop.measure(was, update, observer)) or {}
+            return self._round(lambda observer: self.loop.measure(was, update, observer, weights)) or {}
         # The start rounds: here, so that the choice of this update has them (on the thread a round
         # reached the policy an update later). The warm-up made the codecs' first calls on the
         # thread; its work is waited for, never two threads on one codec. Two blocks of the loop per
@@ -208,7 +217,16 @@ class DownlinkController:
         # are interim (`START_ROUNDS`).
         self._drain()
         interim = snap[0] == PROGRESS_START_VERSION and START_ROUNDS > 1
-        return self.loop.measure(was, update, InterimRound(self.policy) if interim else None)
+        return self.loop.measure(was, update, InterimRound(self.policy) if interim else None, weights)
+
+    def _weights(self, params: dict[str, torch.Tensor]) -> list[torch.Tensor] | None:
+        """The metric's weights of `params`' keys, in their order (`metric`; new tensors, which the
+        window thread may keep); None for the plain metric or when they do not fit the keys."""
+        metric = self.metric() if self.metric is not None else None
+        if metric is None or metric.keys() != params.keys():
+            return None
+        weights = [metric[k] for k in params]
+        return weights if all(w.shape == params[k].shape for w, k in zip(weights, params)) else None
 
     def prepare(self, shadow: dict[str, torch.Tensor], levels: list[int] | None = None) -> None:
         """Warm up the candidate codecs of the first round (`levels`, default the policy's round at

@@ -114,6 +114,26 @@ class OptimizerSettings:
             group.update(saved)
 
 
+def adam_metric(optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """Per key, sqrt(v_hat) + eps: the diagonal curvature an Adam or AdamW step assumes (it moves
+    coordinate i by m_i over that), new tensors. What a parameter error e costs, and what an update
+    u is worth, in the loss Adam models: sum_i (sqrt(v_hat_i) + eps) e_i^2 (docs/POLICIES.md, "The
+    downlink's metric"). None for another optimizer or while a key has no second moment yet."""
+    if not isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
+        return None
+    eps = float(optimizer.param_groups[0]["eps"])
+    beta2 = float(optimizer.param_groups[0]["betas"][1])
+    out = {}
+    for key, param in params.items():
+        state = optimizer.state.get(param, {})
+        v, step = state.get("exp_avg_sq"), state.get("step")
+        if v is None or step is None or float(step) < 1:
+            return None
+        correction = 1.0 - beta2 ** float(step)
+        out[key] = (v / correction).sqrt_().add_(eps) if correction > 0 else torch.full_like(v, eps)
+    return out
+
+
 def _torch_names(hyper: Mapping[str, float], group: Mapping[str, Any]) -> dict[str, Any]:
     """Wire names as torch.optim's param group spells them (``beta1``/``beta2`` -> ``betas``)."""
     out: dict[str, Any] = {k: v for k, v in hyper.items() if k not in ("beta1", "beta2")}

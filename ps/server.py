@@ -130,6 +130,8 @@ class PSServer:
             else None
         )
         """The downlink policy loop; None when the downlink codec is fixed and unlogged."""
+        if self.downlink is not None:
+            self.downlink.metric = self.store.update_metric  # an Adam job's rounds weigh errors by it
         self.sessions: dict[str, WorkerSession] = {}
         self._changed = asyncio.Condition()
         self._step_started_at: float | None = None

@@ -1,6 +1,6 @@
 """What the downlink's candidate rounds price a level at on one update, in the plain metric and in
-an Adam job's own (sqrt(v_hat) + eps per coordinate, `adam_metric`; docs/BENCHMARKS.md, "The
-downlink's metric, tried and not kept"). Not a test: one process runs the task's own optimizer
+an Adam job's own (`netsense.ps.optim.adam_metric`: sqrt(v_hat) + eps per coordinate;
+docs/POLICIES.md, "The downlink's metric"). Not a test: one process runs the task's own optimizer
 uncompressed (the level trials' `TrialRun`, the task's batch) and at each of `--updates` measures
 every candidate on that update alone, as a start round does (`measure_level`: whole keys for
 PowerSGD, fresh basis).
@@ -17,26 +17,10 @@ import torch
 from netsense.compression import make_codec
 from netsense.compression.progress import measure_level
 from netsense.models import load_task
-from netsense.ps.optim import OptimizerSettings
+from netsense.ps.optim import OptimizerSettings, adam_metric
 from netsense.worker.trials import TaskSampler, TrialRun
 
 CANDIDATES = ("powersgd:4", "powersgd:2", "powersgd:1", "qsgd:4")
-
-
-def adam_metric(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> list[torch.Tensor] | None:
-    """Per parameter, sqrt(v_hat) + eps: the diagonal curvature an Adam / AdamW step assumes (it
-    moves coordinate i by m_i over that). None for another optimizer or before the first step."""
-    if not isinstance(optimizer, torch.optim.Adam):  # AdamW subclasses Adam
-        return None
-    eps, beta2 = float(optimizer.param_groups[0]["eps"]), float(optimizer.param_groups[0]["betas"][1])
-    out = []
-    for param in params:
-        state = optimizer.state.get(param, {})
-        v, step = state.get("exp_avg_sq"), state.get("step")
-        if v is None or step is None or float(step) < 1:
-            return None
-        out.append((v / (1.0 - beta2 ** float(step))).sqrt_().add_(eps))
-    return out
 
 
 def q(spec: str, update: list[torch.Tensor], weights: list[torch.Tensor] | None) -> float:
@@ -56,7 +40,8 @@ def run(model: str, updates: list[int], seed: int) -> None:
         if step not in updates:
             continue
         update = [p.detach() - b for p, b in zip(trial.params, before)]
-        weights = adam_metric(trial.optimizer, trial.params)
+        metric = adam_metric(trial.optimizer, {str(i): p for i, p in enumerate(trial.params)})
+        weights = list(metric.values()) if metric is not None else None
         cells = [f"{spec} {q(spec, update, None):.2f}" + (f" / {q(spec, update, weights):.2f}" if weights else "") for spec in CANDIDATES]
         print(f"{model} update {step} ({settings.name}; plain / metric): " + " | ".join(cells), flush=True)
 

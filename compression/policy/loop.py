@@ -136,15 +136,19 @@ class PolicyLoop:
             self._codec(level, tensors, observer or self.policy)
 
     def measure(
-        self, levels: list[int], tensors: list[torch.Tensor], observer: RoundObserver | None = None
+        self,
+        levels: list[int],
+        tensors: list[torch.Tensor],
+        observer: RoundObserver | None = None,
+        weights: list[torch.Tensor] | None = None,
     ) -> dict[int, float]:
-        """Measure q and the codec times of each of `levels` on `tensors` and feed them to
-        `observer` (default: the policy; warming a codec up first if it is new); returns the q
-        measured per level."""
+        """Measure q and the codec times of each of `levels` on `tensors` (q in the metric
+        `weights`, per tensor: `measure_level`) and feed them to `observer` (default: the policy;
+        warming a codec up first if it is new); returns the q measured per level."""
         obs = observer or self.policy
         measured = {}
         for level in levels:
-            q = measure_into(obs, level, self._codec(level, tensors, obs), tensors)
+            q = measure_into(obs, level, self._codec(level, tensors, obs), tensors, weights)
             if q is not None:
                 measured[level] = q
         return measured

@@ -5,7 +5,7 @@ hand-off of one candidate measurement (its q and what the codec cost) to the pol
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import torch
@@ -31,11 +31,17 @@ class LevelObserver(Protocol):
     def observe_progress(self, *, level: int, progress: float) -> None: ...
 
 
-def measure_into(observer: LevelObserver, level: int, codec: Codec, tensors: Iterable[torch.Tensor]) -> float | None:
-    """Measure ladder level `level` (`codec`) on `tensors` and report its sender cost and q to the
-    policy; returns the q (None when not measurable). The uplink's and the downlink's candidate
-    rounds both do exactly this."""
-    sample = measure_level(codec, tensors)
+def measure_into(
+    observer: LevelObserver,
+    level: int,
+    codec: Codec,
+    tensors: Iterable[torch.Tensor],
+    weights: Sequence[torch.Tensor] | None = None,
+) -> float | None:
+    """Measure ladder level `level` (`codec`) on `tensors` (in the metric `weights`, default the
+    plain one: `measure_level`) and report its sender cost and q to the policy; returns the q (None
+    when not measurable). The uplink's and the downlink's candidate rounds both do exactly this."""
+    sample = measure_level(codec, tensors, weights=weights)
     if sample is None:
         return None
     observer.observe_costs(

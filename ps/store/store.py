@@ -23,7 +23,7 @@ from netsense.compression import Payload
 from netsense.errors import ProtocolError
 from netsense.transport.wire import Params, Push, TensorInfo
 
-from ..optim import OptimizerSettings
+from ..optim import OptimizerSettings, adam_metric
 from . import state as checkpoint_state
 from .core import Mode, StepApplied, StoreCore
 from .encode import Chooser, UpdateEncoder
@@ -97,6 +97,13 @@ class ParameterStore:
     @property
     def optimizer_settings(self) -> OptimizerSettings | None:
         return self._core.optimizer_settings
+
+    def update_metric(self) -> dict[str, torch.Tensor] | None:
+        """Per key, the optimizer's diagonal metric of a parameter change (`adam_metric`: Adam's
+        sqrt(v_hat) + eps; None for SGD, whose metric is the plain one): the downlink's candidate
+        rounds weigh a level's error by it (ps/downlink.py). New tensors."""
+        optimizer = self._core.optimizer
+        return None if optimizer is None else adam_metric(optimizer, self._core.params)
 
     @property
     def live(self) -> set[str]:
