@@ -129,8 +129,7 @@ def adam_metric(optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Ten
         v, step = state.get("exp_avg_sq"), state.get("step")
         if v is None or step is None or float(step) < 1:
             return None
-        correction = 1.0 - beta2 ** float(step)
-        out[key] = (v / correction).sqrt_().add_(eps) if correction > 0 else torch.full_like(v, eps)
+        out[key] = (v / (1.0 - beta2 ** float(step))).sqrt_().add_(eps)  # beta2 < 1, step >= 1: no 0
     return out
 
 

@@ -69,22 +69,23 @@ def eval_curve(clock: Mapping[int, float], evals: Iterable[Mapping[str, Any]]) -
     return sorted(points, key=lambda p: p[1])
 
 
+def first_at_target(curve: Sequence[tuple[float, int, float]], target: float) -> tuple[float, int, float] | None:
+    """The first eval (time, step, accuracy) with accuracy >= `target`; None if none reached it."""
+    return next((point for point in curve if point[2] >= target), None)
+
+
 def time_to_target(curve: Sequence[tuple[float, int, float]], target: float) -> float | None:
     """Training time of the first eval with accuracy >= `target`; None if none reached it."""
-    for t, _, acc in curve:
-        if acc >= target:
-            return t
-    return None
+    first = first_at_target(curve, target)
+    return None if first is None else first[0]
 
 
 def step_at_target(curve: Sequence[tuple[float, int, float]], target: float) -> int | None:
     """Step of the first eval with accuracy >= `target` (the one `time_to_target` times); None if
     none reached it. Time over step splits a policy's time to target into its step's speed and
     its progress per step (two policies at the same levels cross at about the same step)."""
-    for _, step, acc in curve:
-        if acc >= target:
-            return int(step)
-    return None
+    first = first_at_target(curve, target)
+    return None if first is None else int(first[1])
 
 
 # --- the link's true rate ------------------------------------------------------------------------
