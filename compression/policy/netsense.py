@@ -72,7 +72,9 @@ class NetsensePolicy(Policy):
         """The measured step's relative jitter: the floor of a move's band (`LevelHold.target`)."""
         self._compute_s: float | None = None  # Tc of the last decision, for its step's measured time
         self._decisions = 0
-        self._predicted_wire_s: float | None = None  # of the last decision with a known bandwidth
+        self._predicted_wire_s: tuple[float, float] | None = None
+        """The last decision's wire time at 1 / B, and at max(1 / B, c) as the law predicts it (None
+        while the bandwidth is unknown): the first judges a slow send, the second a probe's cost."""
         self._last_send_slow = False  # the last send took much longer than predicted
         self._min_rtt_s = 0.0
         self._round: tuple[int, float] | None = None  # step and link time of the latest candidate round
@@ -221,11 +223,13 @@ class NetsensePolicy(Policy):
     def observe(self, report: SendReport) -> None:
         """Adds an application bandwidth sample (bytes over comm time less one min RTT)."""
         level, bytes_sent, comm_s = report.level, report.bytes_sent, report.comm_s
-        predicted, self._predicted_wire_s = self._predicted_wire_s, None
+        predicted_wire, self._predicted_wire_s = self._predicted_wire_s, None
+        predicted = None if predicted_wire is None else predicted_wire[0]
         if self._compute_s is not None:
             self.jitter.observe(self._compute_s + comm_s)
             self.hold.jitter = self.jitter.value
         self._last_send_slow = predicted is not None and comm_s > 1.5 * predicted + 0.005
+        self.probes.sent(None if predicted_wire is None else comm_s - predicted_wire[1])
         self.bandwidth.add_app_sample(
             bytes_sent=bytes_sent, comm_s=comm_s, min_rtt_s=self._min_rtt_s, app_limited=bool(report.app_limited)
         )
@@ -380,7 +384,8 @@ class NetsensePolicy(Policy):
 
     def _sent(self, decision: Decision, bw: float, rtt: float) -> Decision:
         """Remember the wire time predicted for this decision (codec time excluded, as `comm_s`)."""
-        self._predicted_wire_s = (decision.predicted_bytes + decision.pad_bytes) / bw + rtt
+        wire = decision.predicted_bytes + decision.pad_bytes
+        self._predicted_wire_s = wire / bw + rtt, wire * max(1.0 / bw, decision.per_byte_s or 0.0) + rtt
         return decision
 
     def _qs(self) -> list[float]:

@@ -6,12 +6,15 @@ since an app-limited sample only bounds what the path carries: the committed lev
 filler where the sender can pad (`probe_pad`), a lighter level elsewhere; an *exploration* sends a heavier
 level that loses no measurable progress while the transport's per-byte cost is unknown, since that
 fit needs sends of two sizes. A probe also waits until `probe_share` of the time since the last
-one covers its predicted extra time, so a dear probe on a steady link costs a bounded share.
+one covers its predicted extra time and what the last one cost beyond its prediction, so a dear
+probe on a steady link costs a bounded share.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 
 from .bandwidth import BandwidthEstimate
 from .costs import TransportCost
@@ -20,6 +23,10 @@ from .ladder import Ladder, Level
 from .law import LevelHold
 from .link import LinkState
 from .netsense_settings import NetsensePolicySettings
+
+HELD_SENDS = 5
+"""Sends at the committed level whose median overrun (measured less predicted wire time) is what a
+probe's own overrun is judged against (`Probes.owed_s`)."""
 
 PROBE_RISE = 2.0
 """A probe is sized to stay a trusted bandwidth sample up to this many times the current estimate
@@ -52,6 +59,8 @@ class Probes:
         self._probed = False  # the last decision was a probe: the next one judges what it found
         self.probed_at: float | None = None
         """Link time of the last probe (the first decision's before any): `probe_share`'s clock."""
+        self._probe_overrun: float | None = None  # the last probe's measured less predicted wire time
+        self._held_overruns: deque[float] = deque(maxlen=HELD_SENDS)  # the same, sends at the committed level
 
     def next_move(
         self,
@@ -79,6 +88,7 @@ class Probes:
                 self.hold.since_probe = 0
                 self.moved_at = self.probed_at = link.time_s
                 self._probed = True
+                self._probe_overrun = None  # paid: this probe's own comes with its send
                 return probe
         explore = self._explore_level(link, reason, q)
         self.exploring = explore
@@ -107,20 +117,48 @@ class Probes:
             extra = probe_s - held_s
         return move if self._paid(request.link, extra) else None
 
+    def sent(self, overrun_s: float | None) -> None:
+        """The last decision's send took `overrun_s` longer on the wire than predicted (None: no
+        prediction). A probe's is kept for `owed_s`, a send at the committed level's for the
+        baseline; an exploration's is neither."""
+        if overrun_s is None or not math.isfinite(overrun_s):
+            return
+        if self._probed:
+            self._probe_overrun = overrun_s
+        elif self.exploring is None:
+            self._held_overruns.append(overrun_s)
+
+    def owed_s(self) -> float:
+        """What the last probe cost beyond its predicted extra time: its overrun less the median
+        overrun of the latest `HELD_SENDS` sends at the committed level (most of them after it,
+        when a probe is next due: a drop that slowed the probe slowed them too, and is not the
+        probe's). A probe priced at the estimate runs into the link's slow phase, or a queue its
+        own bytes build, unseen by the prediction: on an Adam MLP (not in the repo) at the steps
+        link a qsgd:8 probe predicted at ~0.07 s more took 0.51 s where the held sends took
+        0.04 s (docs/BENCHMARKS.md, "The downlink's metric")."""
+        if self._probe_overrun is None:
+            return 0.0
+        held = statistics.median(self._held_overruns) if self._held_overruns else 0.0
+        return max(0.0, self._probe_overrun - held)
+
     def _paid(self, link: LinkState, extra_s: float) -> bool:
-        """Whether a probe predicted to cost `extra_s` more than a step at the committed level fits
-        `probe_share` of the time since the last probe, or the back-off's longest wait
-        (`probe_interval_s` x `probe_backoff_max`) passed: a rise is seen within that bound, as
-        on a steady link before. Cheap probes keep the cadence; dear ones (a 490 kB qsgd:8 probe
-        where powersgd:2 sends 32 kB) come as rarely as their cost asks, also in the seconds after
-        a change of level, where the cadence alone probes after `probe_interval_s`."""
+        """Whether a probe predicted to cost `extra_s` more than a step at the committed level, plus
+        what the last probe cost beyond its own prediction (`owed_s`), fits `probe_share` of the
+        time since the last probe, or the back-off's longest wait (`probe_interval_s` x
+        `probe_backoff_max`) passed: a rise is seen within that bound, as on a steady link before.
+        Cheap probes keep the cadence; dear ones (a 490 kB qsgd:8 probe where powersgd:2 sends
+        32 kB) come as rarely as their cost asks, also in the seconds after a change of level,
+        where the cadence alone probes after `probe_interval_s`. Without `owed_s` the share was
+        planned, not kept: the transformer's probes (not in the repo) took 2-9 % of its time to
+        target at a 3 % share (docs/BENCHMARKS.md, "The downlink's metric")."""
         s = self.settings
-        if s.probe_share <= 0 or extra_s <= 0:
+        cost = max(0.0, extra_s) + self.owed_s()
+        if s.probe_share <= 0 or cost <= 0:
             return True
         assert self.probed_at is not None  # `next_move` sets it at the first decision
         since = link.time_s - self.probed_at
         longest = s.probe_interval_s * s.probe_backoff_max
-        return since * s.probe_share >= extra_s or (longest > 0 and since >= longest)
+        return since * s.probe_share >= cost or (longest > 0 and since >= longest)
 
     def _back_off(self, reason: str) -> None:
         """Judge the probe sent last decision by this decision's law (`reason`, its probe's sample
