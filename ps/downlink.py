@@ -51,14 +51,6 @@ takes 0.05. The first round's figures are interim (they stand only until the sec
 model's first update is of low rank, and priced on it alone (an EWMA's start, held for 50 updates)
 digits-cnn's downlink sent powersgd:1 and needed 95 steps where it needed 80 (docs/BENCHMARKS.md,
 "The downlink's first round"; "The downlink's start rounds")."""
-EARLY_ROUNDS = (4, 8, 16, 32)
-"""Updates (from `PROGRESS_START_VERSION`) of candidate rounds between the start rounds and the
-`progress_every` schedule, each asked within the policy's budget, whose figures replace the levels'
-estimates (`restart`) rather than fold into them. A fresh model's first updates are of low rank and
-the start rounds price PowerSGD on them near lossless; without these rounds that price stood for 50
-updates: on charlm in Adam's metric powersgd:2 / 1 at 0.97 / 0.94 (its level trials: 0.72 / 0.66),
-sent on up to 44 of the first 50 updates, where the round at update 50 said 0.71 / 0.67
-(docs/BENCHMARKS.md, "The downlink's early rounds")."""
 WINDOW_QUEUE = 4
 """Window steps that may wait for the window thread; beyond that the loop waits for the newest one
 (the thread fell behind: better a slow loop than unbounded copies of the parameters)."""
@@ -193,8 +185,6 @@ class DownlinkController:
         start = PROGRESS_START_VERSION
         if version < start:
             levels = []
-        elif version - start in EARLY_ROUNDS:
-            levels = self.policy.progress_candidates(version - start, off_schedule=True)
         else:
             levels = self.policy.progress_candidates(0 if version < start + START_ROUNDS else version - start)
         if levels and shadow:
@@ -219,9 +209,7 @@ class DownlinkController:
         weights = self._weights(params)
         was = snap[1]
         if snap[0] >= PROGRESS_START_VERSION + START_ROUNDS:
-            early = snap[0] - PROGRESS_START_VERSION in EARLY_ROUNDS
-            report = MarkedRound(self.policy, restart=True) if early else self.policy
-            return self._round(lambda observer: self.loop.measure(was, update, observer, weights), report=report) or {}
+            return self._round(lambda observer: self.loop.measure(was, update, observer, weights)) or {}
         # The start rounds: here, so that the choice of this update has them (on the thread a round
         # reached the policy an update later). The warm-up made the codecs' first calls on the
         # thread; its work is waited for, never two threads on one codec. Two blocks of the loop per
@@ -229,7 +217,7 @@ class DownlinkController:
         # are interim (`START_ROUNDS`).
         self._drain()
         interim = snap[0] == PROGRESS_START_VERSION and START_ROUNDS > 1
-        return self.loop.measure(was, update, MarkedRound(self.policy, interim=True) if interim else None, weights)
+        return self.loop.measure(was, update, InterimRound(self.policy) if interim else None, weights)
 
     def _weights(self, params: dict[str, torch.Tensor]) -> list[torch.Tensor] | None:
         """The metric's weights of `params`' keys, in their order (`metric`; new tensors, which the
@@ -288,23 +276,21 @@ class DownlinkController:
         self.policy.provisional()
         return spec
 
-    def _round(self, work: Callable[[RoundObserver], T], *, report: RoundObserver | None = None) -> T | None:
+    def _round(self, work: Callable[[RoundObserver], T]) -> T | None:
         """A candidate round's `work` (a warm-up or a measurement; its argument is what it reports
-        to: `report`, default the policy). On a running loop it runs on the window thread,
-        reporting to a `RoundRecord` that is replayed into `report` on the loop when it is done,
-        and None is returned: on the loop a
+        to). On a running loop it runs on the window thread, reporting to a `RoundRecord` that is
+        replayed into the policy on the loop when it is done, and None is returned: on the loop a
         round held every worker's push for 0.05-0.1 s at versions 2 and 3, and two such pushes in
         a row read as a *slowed* path (deepmlp's uplink estimate fell 13x and it sent top-k 0.1 %
         for ~20 steps: docs/BENCHMARKS.md, "Rounds before the choice, and off the PS's loop"). Its
         codec timings are read on `codec_clock` (thread CPU time), which leaves out the GIL waits
         the busy loop imposes there (2-4x a codec's work in wall time: docs/POLICIES.md, "Measured
         costs"). Without a running loop it runs here, reporting to the policy."""
-        target = self.policy if report is None else report
         loop = _running_loop()
         if loop is None:
-            return work(target)
+            return work(self.policy)
         record = RoundRecord()
-        self._submit(loop, lambda: work(record), lambda _: record.replay(target), what="candidate round")
+        self._submit(loop, lambda: work(record), lambda _: record.replay(self.policy), what="candidate round")
         return None
 
     def _feed_window(self, tensors: list[torch.Tensor]) -> None:
@@ -483,14 +469,12 @@ class DownlinkController:
         self.loop.close()
 
 
-class MarkedRound:
-    """Reports a candidate round to `policy` with its q figures marked (`Policy.observe_progress`):
-    `interim` ones replace a level's prior and are replaced by its next figure, `restart` ones
-    replace its estimate."""
+class InterimRound:
+    """Reports a candidate round to `policy` with its q figures marked interim
+    (`Policy.observe_progress`): they replace a level's prior and are replaced by its next figure."""
 
-    def __init__(self, policy: Policy, *, interim: bool = False, restart: bool = False) -> None:
+    def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self.marks = {"interim": interim, "restart": restart}
 
     def observe_costs(self, **kwargs: Any) -> None:
         self.policy.observe_costs(**kwargs)
@@ -499,7 +483,7 @@ class MarkedRound:
         self.policy.observe_ratio(**kwargs)
 
     def observe_progress(self, *, level: int, progress: float) -> None:
-        self.policy.observe_progress(level=level, progress=progress, **self.marks)
+        self.policy.observe_progress(level=level, progress=progress, interim=True)
 
 
 def _feed_probe(probe: WindowProbe, tensors: list[torch.Tensor]) -> WindowResult | None:

@@ -50,23 +50,20 @@ class Policy(ABC):
         keeps that exact); None lets the push finish. Default: None (the level stands)."""
         return None
 
-    def observe_progress(self, *, level: int, progress: float, interim: bool = False, restart: bool = False) -> None:
+    def observe_progress(self, *, level: int, progress: float, interim: bool = False) -> None:
         """A measured progress efficiency q of ladder level `level` (docs/POLICIES.md): from the
         level just sent, or from a candidate measured on a gradient sample. `interim`: a figure
         that stands in for the level's prior only until its first ordinary one (the downlink's
-        round on a fresh model's first update, `netsense.ps.downlink`); `restart`: a figure that
-        replaces the level's estimate rather than folding into it (the downlink's early rounds,
-        while the updates change fastest). Default: ignored."""
+        round on a fresh model's first update, `netsense.ps.downlink`). Default: ignored."""
 
     def provisional(self) -> None:
         """The decision just taken was made on figures the next will have better (the downlink's
         update 0: no compute time yet, q from that one update): the next is made afresh, no
         hysteresis holding this one. Default: nothing (no policy state to release)."""
 
-    def progress_candidates(self, step: int, *, off_schedule: bool = False) -> list[int]:
+    def progress_candidates(self, step: int) -> list[int]:
         """Ladder levels whose q the caller should measure on this step's gradient (cheaply, off the
-        critical path) and report with `observe_progress`; `off_schedule`: the caller asks at a step
-        of its own (the downlink's early rounds), not only on the policy's schedule. Default: none."""
+        critical path) and report with `observe_progress`. Default: none."""
         return []
 
     def progress_window(self, step: int) -> tuple[list[int], int]:

@@ -182,16 +182,16 @@ class GravacPolicy(Policy):
         if ok and gradient_norm > 0 and input_norm >= 0:
             self.inflation = input_norm / gradient_norm
 
-    def observe_progress(self, *, level: int, progress: float, interim: bool = False, restart: bool = False) -> None:
+    def observe_progress(self, *, level: int, progress: float, interim: bool = False) -> None:
         """q of `level` on g + r; its square root times ||g + r|| / ||g|| (`inflation`) is the
-        level's compression gain, as theirs (an `interim` or `restart` figure counts as any other:
-        their gains are a window of samples already)."""
+        level's compression gain, as theirs (an `interim` figure counts as any other: their
+        gains are a window of samples already)."""
         if not (isinstance(progress, (int, float)) and math.isfinite(progress) and progress >= 0):
             return  # no evidence of a gain (the encoder zeroes non-finite keys)
         if isinstance(level, int) and 0 < level < len(self.ladder):
             self.gains[level].add(math.sqrt(min(1.0, float(progress))) * self.inflation)
 
-    def progress_candidates(self, step: int, *, off_schedule: bool = False) -> list[int]:
+    def progress_candidates(self, step: int) -> list[int]:
         """The first factor every step (their min-CF compressor), and the factor under evaluation."""
         return [1] if self.current == 1 else [1, self.current]
 

@@ -52,8 +52,8 @@ class RoundRecord:
     def observe_ratio(self, **kwargs: Any) -> None:
         self.calls.append(("observe_ratio", kwargs))
 
-    def replay(self, policy: RoundObserver) -> None:
-        """Make the recorded calls on `policy` (or what reports to one), in order."""
+    def replay(self, policy: Policy) -> None:
+        """Make the recorded calls on `policy`, in order."""
         for name, kwargs in self.calls:
             getattr(policy, name)(**kwargs)
 

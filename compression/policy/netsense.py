@@ -270,12 +270,11 @@ class NetsensePolicy(Policy):
         """Folds a timing of `level` into its measured costs (median of the last `cost_window`)."""
         self.costs.observe(level, dense_bytes=dense_bytes, encode_s=encode_s, decode_s=decode_s)
 
-    def observe_progress(self, *, level: int, progress: float, interim: bool = False, restart: bool = False) -> None:
+    def observe_progress(self, *, level: int, progress: float, interim: bool = False) -> None:
         """Folds a measured q of `level` into its EWMA (the first measurement replaces the prior);
-        an `interim` one only replaces the prior, and the next replaces it in turn; a `restart` one
-        replaces the estimate (`ProgressEstimate.update`)."""
+        an `interim` one only replaces the prior, and the next replaces it in turn."""
         if 0 <= level < len(self.ladder) and math.isfinite(progress):
-            self.progress.update(level, progress, interim=interim, restart=restart)
+            self.progress.update(level, progress, interim=interim)
 
     def observe_window(self, result: WindowResult) -> None:
         """Folds a progress window's q_W into each level's q (it replaces one-step figures for good)
@@ -327,13 +326,12 @@ class NetsensePolicy(Policy):
         sample = {i: self._payload_bytes if sees_whole_keys(self.ladder[i].spec) else 4 * WINDOW_SAMPLE_NUMEL for i in levels}
         return 1.5 * self.settings.progress_window * sum(self.costs.level(i).codec_s(sample[i]) for i in levels)
 
-    def progress_candidates(self, step: int, *, off_schedule: bool = False) -> list[int]:
+    def progress_candidates(self, step: int) -> list[int]:
         """Every lossy level, every `progress_every` steps (from step 0) within `progress_budget` of
         the time: priors are worst-case bounds, so a level is judged on its measured q before long,
-        whether used or not. Asked again for the same step, it answers the same. `off_schedule`:
-        at any step, within the budget alone (the downlink's early rounds)."""
+        whether used or not. Asked again for the same step, it answers the same."""
         s = self.settings
-        if not s.progress_aware or s.progress_every <= 0 or (step % s.progress_every and not off_schedule):
+        if not s.progress_aware or s.progress_every <= 0 or step % s.progress_every:
             return []
         levels = [i for i, lv in enumerate(self.ladder) if not lv.lossless]
         last = self._round

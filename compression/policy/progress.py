@@ -83,23 +83,16 @@ class ProgressEstimate:
         self.values[level] = min(1.0, max(self.floor, q))
         self.measured[level] = self.pinned[level] = True
 
-    def update(self, level: int, q: float, *, interim: bool = False, restart: bool = False) -> None:
+    def update(self, level: int, q: float, *, interim: bool = False) -> None:
         """Fold in one one-step measurement of level `level` (the first replaces the prior outright);
         ignored once the level has a windowed q: one step's error overprices error feedback (it
         still feeds `one_step`, which tells when that windowed q went stale). An `interim` figure
         replaces only the prior and leaves the level unmeasured, so that its next figure replaces
-        it in turn (it is no sample of the stream: a fresh model's first update, of low rank). A
-        `restart` figure replaces the level's estimate and its one-step EWMA: the average of a
-        stream that changes faster than the EWMA forgets lags it (the downlink's early rounds)."""
+        it in turn (it is no sample of the stream: a fresh model's first update, of low rank)."""
         q1 = min(1.0, max(self.floor, q))
         if interim:
             if not self.measured[level]:
                 self.values[level] = q1
-            return
-        if restart:
-            self.one_step[level] = q1
-            if not self.windowed[level] and not self.interim[level] and not self.pinned[level]:
-                self.values[level], self.measured[level] = q1, True
             return
         old = self.one_step[level]
         self.one_step[level] = q1 if old is None else self._ewma(old, q1)

@@ -44,7 +44,7 @@ class Alternate(Policy):
     def observe(self, report: SendReport) -> None:
         self.reports.append(report)
 
-    def progress_candidates(self, step: int, *, off_schedule: bool = False) -> list[int]:
+    def progress_candidates(self, step: int) -> list[int]:
         return [self.level_of("qsgd:4", 1)[0] or 0] if step == 0 else []
 
     def observe_progress(self, *, level: int, progress: float) -> None:
