@@ -117,6 +117,10 @@ class WindowResult:
     interim: bool = False
     """An early look (`WindowProbe.interim` measured steps): fewer re-sends credited than W, so it
     prices error feedback lower than the window will; it stands in for priors until then."""
+    first: bool = False
+    """From the run's first window (`PolicyLoop.window_due`: it starts with the run): a fresh
+    model's first steps, whose gradients are of lower rank than later ones, so its figures stand
+    only until the next full window's (`ProgressEstimate.update_window`)."""
 
 
 class WindowProbe:

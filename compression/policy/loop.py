@@ -10,6 +10,7 @@ the connections and clocks and hand it plain values.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -92,6 +93,7 @@ class PolicyLoop:
         """The progress window under way, None between windows."""
         self._cumulative = direction == "down"  # the downlink feeds parameters, not gradients
         self._windows = 0  # progress windows started
+        self._first_window: WindowProbe | None = None  # the run's first (its results are `first`)
 
     def time_compute(self, sample_s: float) -> None:
         """Fold one compute-time sample into the EWMA."""
@@ -167,6 +169,8 @@ class PolicyLoop:
             self.window = WindowProbe(
                 specs, window=steps, cumulative=self._cumulative, warm=warm, precondition=self.precondition
             )
+            if self._windows == 0:
+                self._first_window = self.window
             self._windows += 1
         return True
 
@@ -185,6 +189,8 @@ class PolicyLoop:
         if result is not None:
             if not result.interim and self.window is probe:
                 self.window = None
+            if probe is self._first_window:
+                result = replace(result, first=True)
             self.policy.observe_window(result)
         return result
 

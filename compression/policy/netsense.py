@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 
 
 DRIFT_BUDGET_FACTOR = 4.0
-"""A window due because a contender's windowed q went stale (`window_drift`) may take this many times
+"""A window due because a contender's windowed q went stale (`window_drift`), or is still the run's
+first window's (`ProgressEstimate.start`: a fresh model's steps), may take this many times
 `progress_budget`: stale figures are worse than the CPU (charlm at 5 % windows every 50 steps cost
 ~7 s of a 50 s run; at 1 % one stale window held for 200 steps)."""
 
@@ -281,7 +282,7 @@ class NetsensePolicy(Policy):
         and its noise scale into the estimate (`ProgressEstimate.noise`)."""
         for level, q in result.progress.items():
             if 0 <= level < len(self.ladder) and math.isfinite(q):
-                self.progress.update_window(level, q, interim=result.interim)
+                self.progress.update_window(level, q, interim=result.interim, first=result.first)
         if not result.interim and math.isfinite(result.noise.signal) and math.isfinite(result.noise.noise):
             self.progress.update_noise(result.noise)
 
@@ -297,8 +298,8 @@ class NetsensePolicy(Policy):
         whatever they measure), every lossy level before the law has predicted. The first window
         at the first step asked (priors are worst cases: until it ends, PowerSGD is priced 0.05),
         later ones on the candidate rounds' schedule (`progress_every`), when the time since the last window is at least the
-        window's predicted cost (1.5 W codec calls per level on its sample: whole keys for low-rank levels) over `progress_budget`;
-        W is `progress_window`."""
+        window's predicted cost (1.5 W codec calls per level on its sample: whole keys for low-rank levels) over `progress_budget`
+        (`DRIFT_BUDGET_FACTOR` times that for a stale figure or the first window's); W is `progress_window`."""
         s = self.settings
         if not s.progress_aware or s.progress_window < 2 or s.progress_every <= 0:
             return [], 0
@@ -313,7 +314,8 @@ class NetsensePolicy(Policy):
         if not levels:
             return [], 0
         if self._window_at is not None and s.progress_budget > 0:
-            stale = s.window_drift > 0 and any(self.progress.drift(i) > s.window_drift for i in levels)
+            drifted = s.window_drift > 0 and any(self.progress.drift(i) > s.window_drift for i in levels)
+            stale = drifted or any(self.progress.start[i] for i in levels)  # a fresh model's figures
             budget = s.progress_budget * (DRIFT_BUDGET_FACTOR if stale else 1.0)
             if (self._now_s - self._window_at) * budget < self.window_cost(levels):
                 return [], 0

@@ -72,6 +72,9 @@ class ProgressEstimate:
         """The gradient noise scale of the latest progress window (signal and noise EWMAs)."""
         self.pinned = [False] * len(ladder)
         """Whether each level's q is a calibrated figure (`pin`): then no run-time estimate moves it."""
+        self.start = [False] * len(ladder)
+        """Whether each level's windowed q is the run's first window's (`WindowResult.first`): the
+        next full window replaces it instead of folding into it."""
         self.one_step: list[float | None] = [None] * len(ladder)
         """EWMA of each level's one-step figures, kept after a window priced it (`drift`)."""
         self._at_window: list[float | None] = [None] * len(ladder)  # `one_step` when the last full window ended
@@ -99,9 +102,12 @@ class ProgressEstimate:
         if not self.windowed[level] and not self.interim[level] and not self.pinned[level]:
             self._fold(level, q)
 
-    def update_window(self, level: int, q: float, *, interim: bool = False) -> None:
+    def update_window(self, level: int, q: float, *, interim: bool = False, first: bool = False) -> None:
         """Fold in a windowed q_W of `level`; the first replaces whatever one-step figure it had.
-        An interim q_W (fewer steps credited) stands in only until the level's first full one."""
+        An interim q_W (fewer steps credited) stands in only until the level's first full one. A
+        figure of the run's first window (`first`) is replaced by the next full one: averaged with
+        it, a fresh model's start held the transformer's (not in the repo) powersgd:2 at 0.86 where
+        its second window said 0.72 (docs/POLICIES.md, "Windowed progress", the first window)."""
         if self.pinned[level]:
             return
         if interim:
@@ -109,9 +115,10 @@ class ProgressEstimate:
                 self.values[level] = min(1.0, max(self.floor, q))
                 self.measured[level] = self.interim[level] = True
             return
-        if not self.windowed[level]:
-            self.measured[level] = False
+        if not self.windowed[level] or self.start[level]:
+            self.measured[level] = False  # `_fold` replaces the figure
         self.windowed[level] = True
+        self.start[level] = first
         self._at_window[level] = self.one_step[level]
         self._fold(level, q)
 
