@@ -1,5 +1,5 @@
 """The policy's side of the progress windows: schedule, pricing that outlasts one step's figures,
-the loop that feeds them, and wire ratios measured on the run's shapes."""
+the loop that feeds them, the run's first window, and wire ratios measured on the run's shapes."""
 
 from __future__ import annotations
 
@@ -150,7 +150,7 @@ def test_a_window_is_due_sooner_when_a_contenders_one_step_error_moved() -> None
 
     p2 = LADDER.find("powersgd:2")
 
-    def run(one_step_later: float, elapsed: float, **settings: object) -> list[int]:
+    def run(one_step_later: float, elapsed: float, first: bool = False, **settings: object) -> list[int]:
         p = policy(progress_budget=0.01, **settings)
         for i, lv in enumerate(LADDER):
             if not lv.lossless:
@@ -160,7 +160,8 @@ def test_a_window_is_due_sooner_when_a_contenders_one_step_error_moved() -> None
         assert p2 in levels
         for _ in range(3):
             p.observe_progress(level=p2, progress=0.67)
-        p.observe_window(result({i: 0.99 if i == p2 else 0.3 for i in levels}))  # powersgd:2 the best
+        priced = {i: 0.99 if i == p2 else 0.3 for i in levels}  # powersgd:2 the best
+        p.observe_window(WindowResult(priced, NoiseScale(signal=1.0, noise=30.0), steps=16, first=first))
         for _ in range(10):
             p.observe_progress(level=p2, progress=one_step_later)
         choose(p, 2.5e6, 50, elapsed)
@@ -180,3 +181,41 @@ def test_a_window_is_due_sooner_when_a_contenders_one_step_error_moved() -> None
     assert p2 in run(0.95, between)  # either way
     assert run(0.25, between, window_drift=0) == []  # off
     assert p2 in run(0.67, 2 * cost / 0.01)  # the budget's own pace, drift or not
+    assert p2 in run(0.67, between, first=True)  # the run's first window's figures: as stale
+
+
+def test_the_first_windows_figure_is_replaced_by_the_next_full_one() -> None:
+    """The transformer (not in the repo): its first window priced powersgd:2 at 0.92, its second
+    at 0.72; folded, the estimate said 0.86. Replaced, it says 0.72, and later windows fold."""
+    p2 = LADDER.find("powersgd:2")
+
+    def window(q: float, *, first: bool = False, interim: bool = False) -> WindowResult:
+        return WindowResult({p2: q}, NoiseScale(1.0, 30.0), steps=4 if interim else 16, interim=interim, first=first)
+
+    p = policy()
+    p.observe_window(window(0.5, first=True, interim=True))
+    p.observe_window(window(0.92, first=True))
+    assert abs(p.progress[p2] - 0.92) < 1e-9 and p.progress.start[p2]
+    p.observe_window(window(0.4, interim=True))  # the next window's early look: no full figure
+    assert abs(p.progress[p2] - 0.92) < 1e-9
+    p.observe_window(window(0.72))
+    assert abs(p.progress[p2] - 0.72) < 1e-9 and not p.progress.start[p2] and p.progress.measured[p2]
+    p.observe_window(window(0.6))
+    assert abs(p.progress[p2] - (0.3 * 0.6 + 0.7 * 0.72)) < 1e-9
+
+
+def test_the_loop_marks_the_first_windows_results_only() -> None:
+    p = policy(progress_every=1, progress_budget=0.0)
+    loop = PolicyLoop(p, direction="up")
+    gen = torch.Generator().manual_seed(2)
+    marks, step = [], 0
+    for _ in range(2):
+        got = None
+        while got is None or got.interim:
+            assert loop.window_due(step)
+            got = loop.feed_window([torch.randn(s, generator=gen) for s in SHAPES])
+            step += 1
+            if got is not None:
+                marks.append((got.interim, got.first))
+    assert marks == [(True, True), (False, True), (True, False), (False, False)]
+    assert not any(p.progress.start)
