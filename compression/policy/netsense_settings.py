@@ -53,8 +53,9 @@ class NetsensePolicySettings:
     probe_share: float = 0.03
     """Largest share of the time upward probes may cost: a probe due by the cadence waits until the
     seconds since the last probe, times this share, cover its predicted extra time over a step at
-    the committed level and what the last probe cost beyond its prediction (`Probes.owed_s`), or until `probe_interval_s` x `probe_backoff_max` seconds passed (the
-    back-off's longest wait, which bounds when a rise is seen; 0: no share). The clock
+    the committed level and what the last probe cost beyond its prediction (`Probes.owed_s`), or
+    until `probe_interval_s` x `probe_backoff_max` seconds passed (the back-off's longest wait,
+    which bounds when a rise is seen; 0: no share). The clock
     runs from the last probe, not the last change of level: on the tanh MLP at 20 Mbit/s (a model
     not in the repo) the level moved between two near-equal PowerSGD ranks every few seconds, each
     move restarted the short cadence, and probes costing 0.2 s (uplink) and 0.4 s (downlink) came

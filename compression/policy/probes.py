@@ -60,6 +60,7 @@ class Probes:
         self.probed_at: float | None = None
         """Link time of the last probe (the first decision's before any): `probe_share`'s clock."""
         self._probe_overrun: float | None = None  # the last probe's measured less predicted wire time
+        self._probe_unsent = False  # a probe was chosen and its send is not yet reported (`sent`)
         self._held_overruns: deque[float] = deque(maxlen=HELD_SENDS)  # the same, sends at the committed level
 
     def next_move(
@@ -89,6 +90,7 @@ class Probes:
                 self.moved_at = self.probed_at = link.time_s
                 self._probed = True
                 self._probe_overrun = None  # paid: this probe's own comes with its send
+                self._probe_unsent = True
                 return probe
         explore = self._explore_level(link, reason, q)
         self.exploring = explore
@@ -120,10 +122,11 @@ class Probes:
     def sent(self, overrun_s: float | None) -> None:
         """The last decision's send took `overrun_s` longer on the wire than predicted (None: no
         prediction). A probe's is kept for `owed_s`, a send at the committed level's for the
-        baseline; an exploration's is neither."""
+        baseline; an exploration's is neither. Only the first send after a probe is the probe's."""
+        probe, self._probe_unsent = self._probe_unsent, False
         if overrun_s is None or not math.isfinite(overrun_s):
             return
-        if self._probed:
+        if probe:
             self._probe_overrun = overrun_s
         elif self.exploring is None:
             self._held_overruns.append(overrun_s)

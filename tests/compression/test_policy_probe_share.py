@@ -122,9 +122,9 @@ def test_an_overrun_every_send_shares_is_not_the_probe_s() -> None:
     p = policy(**settings)
     for held in (0.0, 0.0, 0.0):
         p.probes.sent(held)
-    p.probes._probed = True  # the decision just sent was a probe
+    p.probes._probe_unsent = True  # the decision just sent was a probe
     p.probes.sent(0.4)
-    p.probes._probed = False
+    p.probes.sent(0.0)  # the next send is no probe's
     assert p.probes.owed_s() == pytest.approx(0.4)
     for held in (0.35, 0.4, 0.45):  # the sends after it as slow: median of the last five is 0.35
         p.probes.sent(held)
