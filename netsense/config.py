@@ -107,6 +107,12 @@ def _spec(build: typing.Callable[[str], Any], what: str) -> Rule:
     return Rule(f"a {what} spec", check)
 
 
+def _datagram_or_off(value: Any) -> str | None:
+    if value is None or value == 0 or in_range(1200, 65507).problem(value) is None:
+        return None
+    return f"must be 0 or in 1200..65507, got {value!r}"
+
+
 def _staleness(value: Any) -> str | None:
     if value is None or (_number(value) and value >= 0):
         return None
@@ -135,6 +141,7 @@ RULES: dict[str, Rule] = {
     "server.handshake_timeout_s": in_range(0, open_lo=True),
     "server.staleness": Rule(">= 0 or unset", _staleness),
     "transport.max_datagram_size": in_range(1200, 65507),
+    "transport.local_max_datagram_size": Rule("0 or in 1200..65507", _datagram_or_off),
     "transport.max_data": in_range(1),
     "transport.max_stream_data": in_range(1),
     "transport.idle_timeout_s": in_range(0, open_lo=True),

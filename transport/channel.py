@@ -24,6 +24,7 @@ from aioquic.quic.events import ConnectionTerminated, QuicEvent, StreamDataRecei
 
 from netsense.errors import PeerError, PeerTimeout, ProtocolError, RequestAbandoned
 
+from .localpeer import for_peer
 from .sensing.aioquic_private import connection_of, drop_connect_waiter, stream_send_state, use_monotonic_clock
 from .wire import Error, Limits, Message, decode_message, encode_chunks
 
@@ -271,6 +272,11 @@ async def open_connection(
         made.append(protocol(*args, **kwargs))
         return made[-1]
 
+    try:  # the address aioquic's `connect` will use, for the datagram size (transport/localpeer.py)
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+        configuration = for_peer(configuration, str(infos[0][4][0]))
+    except (OSError, IndexError):
+        pass  # `connect` reports an unresolvable host itself
     connected = False
     try:
         async with connect(host, port, configuration=configuration, create_protocol=create) as conn:

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from aioquic.asyncio import serve
 from aioquic.asyncio.server import QuicServer
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import StreamDataReceived
@@ -23,11 +22,13 @@ from aioquic.quic.events import StreamDataReceived
 from netsense.errors import NetSenseError, ProtocolError
 
 from .channel import MessageProtocol, tune_socket
+from .localpeer import peer_picker
 from .logsafe import LogLimiter, printable, suppressed_note
 from .messages import Error, Limits, Message
 from .sensing.aioquic_private import (
     bound_port,
     is_closing,
+    serve_per_peer,
     raise_receive_window,
     raise_stream_window,
     received_stream_bytes,
@@ -182,7 +183,7 @@ async def start_server(
             max_stream_data=min(configuration.max_stream_data, preauth_window_bytes),
         )
     protocol = type("BoundServerConnection", (ServerConnection,), attrs)
-    server = await serve(host, port, configuration=configuration, create_protocol=protocol)
+    server = await serve_per_peer(host, port, configuration, peer_picker(configuration), protocol)
     tune_socket(transport_of(server), socket_buffer_bytes)
     return Listener(server, accepted)
 

@@ -23,6 +23,7 @@ from cryptography.x509.oid import NameOID
 from netsense.errors import ConfigError
 
 from .auth import write_secret
+from .localpeer import PeerQuicConfiguration
 from .sensing.congestion import SENSING_CC  # importing registers the sensing controllers with aioquic
 from .wire import ALPN
 
@@ -59,6 +60,10 @@ class TransportSettings:
 
     max_datagram_size: int = 1200
     """UDP payload per packet; path MTU - 28 for IPv4 (aioquic has no PMTU discovery)."""
+    local_max_datagram_size: int = LOOPBACK_MAX_DATAGRAM_SIZE
+    """UDP payload per packet to a peer on this host (loopback or one of its own addresses), where
+    it is larger than `max_datagram_size`: such traffic never leaves the host, and aioquic's CPU is
+    per packet. 0: `max_datagram_size` for every peer (e.g. a WAN emulated on `lo`)."""
     max_data: int = 64 * 1024 * 1024
     """Connection flow-control window (aioquic's 1 MiB default throttles tensors)."""
     max_stream_data: int = 64 * 1024 * 1024
@@ -76,6 +81,10 @@ class TransportSettings:
     def __post_init__(self) -> None:
         if not self.idle_timeout_s > 0:  # also refuses NaN
             raise ConfigError(f"transport.idle_timeout_s must be > 0 seconds, got {self.idle_timeout_s}")
+        if self.local_max_datagram_size and not 1200 <= self.local_max_datagram_size <= 65507:
+            raise ConfigError(
+                f"transport.local_max_datagram_size must be 0 or in 1200..65507, got {self.local_max_datagram_size}"
+            )
 
 
 def _name(cn: str) -> x509.Name:
@@ -146,10 +155,11 @@ def make_dev_certs(out: str | Path, hosts: list[str] | None = None, days: int = 
 
 
 def _base_config(settings: TransportSettings, *, is_client: bool) -> QuicConfiguration:
-    return QuicConfiguration(
+    return PeerQuicConfiguration(
         is_client=is_client,
         alpn_protocols=[ALPN],
         max_datagram_size=settings.max_datagram_size,
+        local_max_datagram_size=settings.local_max_datagram_size,
         max_data=settings.max_data,
         max_stream_data=settings.max_stream_data,
         idle_timeout=settings.idle_timeout_s,

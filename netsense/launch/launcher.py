@@ -160,6 +160,9 @@ class Launcher:
         if config.transport.max_datagram_size == TransportSettings.max_datagram_size:
             # Everything runs on loopback: the WAN-safe 1200-byte default would waste most of the CPU.
             config = override(config, transport__max_datagram_size=LOOPBACK_MAX_DATAGRAM_SIZE)
+        elif self.link or self.trace:
+            # A size set for an emulated link is the link's packet: the emulator's port is on this host.
+            config = override(config, transport__local_max_datagram_size=0)
         if not config.security.insecure:
             certs = ensure_certs(config.security.certs_dir, create=True)  # checked in `check()`
             config = override(config, security__certs_dir=str(certs.ca.parent))

@@ -145,7 +145,8 @@ async def probe_link(
     spec: DuplexSpec | str, seconds: float, transport: TransportSettings | None = None
 ) -> ProbeResult:
     """Measure an emulated link: sink, emulator and sender on loopback, in this process."""
-    transport = transport or TransportSettings()
+    # The emulator stands for a path: its packets are `max_datagram_size`, though its port is local.
+    transport = replace(transport or TransportSettings(), local_max_datagram_size=0)
     sink = ProbeSink()
     # aioquic reads the CA file at handshake time: the folder lives until the transfer is over
     with tempfile.TemporaryDirectory(prefix="netsense-probe-") as d:

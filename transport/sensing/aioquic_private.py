@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from aioquic.asyncio.protocol import QuicConnectionProtocol
     from aioquic.asyncio.server import QuicServer
     from aioquic.quic.congestion.base import QuicCongestionControl
+    from aioquic.quic.configuration import QuicConfiguration
     from aioquic.quic.connection import QuicConnection
 
 TESTED_AIOQUIC_VERSION = "1.7.2"
@@ -58,7 +59,7 @@ PRIVATE_PATHS: tuple[str, ...] = (
 
 PROTOCOL_PRIVATE_PATHS: tuple[str, ...] = ("_quic", "_loop", "_transport", "_connected_waiter")
 """Private attributes of aioquic's asyncio `QuicConnectionProtocol` read here."""
-SERVER_PRIVATE_PATHS: tuple[str, ...] = ("_transport",)
+SERVER_PRIVATE_PATHS: tuple[str, ...] = ("_transport", "_configuration")
 """Private attributes of aioquic's asyncio `QuicServer` read here."""
 
 
@@ -237,6 +238,27 @@ def transport_of(endpoint: QuicConnectionProtocol | QuicServer) -> Any:
 def bound_port(endpoint: QuicConnectionProtocol | QuicServer) -> int:
     """The local UDP port of a connected protocol or a serving server (what port 0 became)."""
     return int(transport_of(endpoint).get_extra_info("sockname")[1])
+
+
+async def serve_per_peer(
+    host: str, port: int, configuration: QuicConfiguration, pick: Callable[[str], QuicConfiguration], create_protocol: Any
+) -> QuicServer:
+    """aioquic's `serve`, but each new connection gets `pick(peer address)`'s configuration
+    (transport/localpeer.py: a peer on this host gets larger datagrams). aioquic builds a
+    server's connections from its private `_configuration`; this sets it before every datagram
+    (a cached lookup), so only a datagram that opens a connection makes it matter."""
+    from aioquic.asyncio.server import QuicServer
+
+    class _PerPeerServer(QuicServer):
+        def datagram_received(self, data: bytes | str, addr: Any) -> None:
+            self._configuration = pick(addr[0])
+            super().datagram_received(data, addr)
+
+    loop = asyncio.get_running_loop()
+    _, server = await loop.create_datagram_endpoint(
+        lambda: _PerPeerServer(configuration=configuration, create_protocol=create_protocol), local_addr=(host, port)
+    )
+    return server
 
 
 class _MonotonicLoop:
