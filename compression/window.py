@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -117,6 +118,10 @@ class WindowResult:
     interim: bool = False
     """An early look (`WindowProbe.interim` measured steps): fewer re-sends credited than W, so it
     prices error feedback lower than the window will; it stands in for priors until then."""
+    cpu_s: float = 0.0
+    """Thread CPU seconds the window's feeds took so far (what it cost, for its budget)."""
+    level_steps: int = 0
+    """Error-feedback steps behind `cpu_s`: feeds so far times levels."""
     first: bool = False
     """From the run's first window (`PolicyLoop.window_due`: it starts with the run): a fresh
     model's first steps, whose gradients are of lower rank than later ones, so its figures stand
@@ -165,6 +170,8 @@ class WindowProbe:
         self._error_sq: dict[int, list[torch.Tensor]] = {}  # per level: sum of (sent - g)^2 over measured steps
         self.fed = 0
         """Gradient steps taken in (the base of a cumulative stream not counted)."""
+        self.cpu_s = 0.0
+        """Thread CPU seconds of every feed so far, the base's and restarted ones' too."""
 
     @property
     def done(self) -> bool:
@@ -180,11 +187,14 @@ class WindowProbe:
         threads = torch.get_num_threads()
         if threads > 1:
             torch.set_num_threads(1)
+        t0 = time.thread_time()
         try:
-            return self._feed(tensors)
+            result = self._feed(tensors)
         finally:
+            self.cpu_s += time.thread_time() - t0
             if threads > 1:
                 torch.set_num_threads(threads)
+        return None if result is None else replace(result, cpu_s=self.cpu_s)
 
     def _feed(self, tensors: Sequence[torch.Tensor]) -> WindowResult | None:
         kinds = {level in self._whole for level in self.specs} or {False}
@@ -270,7 +280,7 @@ class WindowProbe:
                 progress[level] = q
         stream = self._feeds[False] if self._feeds[False].sum else self._feeds[True]
         noise = noise_scale(stream.sum_energy(), stream.energy_sum, steps)
-        return WindowResult(progress, noise, steps, interim=steps < self.window)
+        return WindowResult(progress, noise, steps, interim=steps < self.window, level_steps=self.fed * len(self.specs))
 
     def _restart(self) -> None:
         self._codecs.clear()

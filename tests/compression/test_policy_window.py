@@ -3,6 +3,8 @@ the loop that feeds them, the run's first window, and wire ratios measured on th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 import netsense.compression  # noqa: F401  (registers the codecs the ladder names)
@@ -94,6 +96,41 @@ def test_windows_are_asked_for_the_levels_that_could_win_within_the_budget() -> 
     choose(p, 1.25e9, 100, 1000.01)
     assert p.progress_window(100) == ([], 0)  # 10 ms after the last: over the budget
     assert policy(progress_window=0).progress_window(0) == ([], 0)  # off
+
+
+def test_a_window_is_charged_what_the_last_one_cost() -> None:
+    """The budget holds a window's measured CPU time, not its codec time alone: a window whose
+    steps cost 10x the prediction puts the next one 10x further off."""
+    p = policy(progress_budget=0.01, window_drift=0.0)
+    lossy = [i for i, lv in enumerate(LADDER) if not lv.lossless]
+    for i in lossy:
+        p.observe_costs(level=i, dense_bytes=S, encode_s=0.003, decode_s=0.001)
+    predicted = p.window_cost(lossy)
+    assert predicted > 0
+    per_step = 10 * predicted / (1.5 * 16 * len(lossy))
+    p.observe_window(replace(result({Q4: 0.9}), cpu_s=per_step * 24 * len(lossy), level_steps=24 * len(lossy)))
+    assert abs(p.window_cost(lossy) - 10 * predicted) < 1e-9 * predicted
+    assert abs(p.window_cost(lossy[:1]) - 10 * predicted / len(lossy)) < 1e-9 * predicted
+    choose(p, 1.25e7, 0, 0.0)
+    assert p.progress_window(0)[0]  # the first window: at once
+    choose(p, 1.25e7, 50, 0.5 * p.window_cost(lossy[:1]) / 0.01)
+    assert p.progress_window(50) == ([], 0)  # under the gap of even a one-level window: not yet
+    choose(p, 1.25e7, 100, 1.01 * p.window_cost(lossy) / 0.01)
+    assert p.progress_window(100)[0]  # past the gap of the widest window: due
+
+
+def test_a_window_result_carries_its_cpu_time() -> None:
+    p = policy(progress_every=1)
+    loop = PolicyLoop(p, direction="up")
+    gen = torch.Generator().manual_seed(2)
+    result, step = None, 0
+    while result is None or result.interim:
+        assert loop.window_due(step)
+        result = loop.feed_window([torch.randn(s, generator=gen) for s in SHAPES])
+        step += 1
+    lossy = [i for i, lv in enumerate(LADDER) if not lv.lossless]
+    assert result.level_steps == 16 * len(lossy) and result.cpu_s > 0
+    assert abs(p.window_cost([Q4]) - 1.5 * 16 * result.cpu_s / result.level_steps) < 1e-12
 
 
 def test_the_loop_runs_a_window_on_the_stream_and_feeds_the_policy() -> None:
