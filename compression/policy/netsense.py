@@ -300,8 +300,8 @@ class NetsensePolicy(Policy):
         the last decision's best cost C* (at q = 1 they would be accepted; the others cannot be,
         whatever they measure), every lossy level before the law has predicted. The first window
         at the first step asked (priors are worst cases: until it ends, PowerSGD is priced 0.05),
-        later ones on the candidate rounds' schedule (`progress_every`), when the time since the last window is at least the
-        window's predicted cost (1.5 W codec calls per level on its sample: whole keys for low-rank levels) over `progress_budget`
+        later ones on the candidate rounds' schedule (`progress_every`), when the time since the
+        last window is at least the window's cost (`window_cost`) over `progress_budget`
         (`DRIFT_BUDGET_FACTOR` times that for a stale figure or the first window's); W is `progress_window`."""
         s = self.settings
         if not s.progress_aware or s.progress_window < 2 or s.progress_every <= 0:

@@ -111,7 +111,8 @@ class NetsensePolicySettings:
     """Largest share of the time candidate rounds may take: a round due by `progress_every` waits
     (to the next multiple) until the time since the last one is at least its predicted cost (every
     lossy level's measured codec time on the sample) over this share (0: no limit). Unshaped, a
-    round took 15-30 ms on a 15-18 ms step: every 50 steps that was ~5 % of the run."""
+    round took 15-30 ms on a 15-18 ms step: every 50 steps that was ~5 % of the run. A progress
+    window is held to it too, at what the last window cost (`NetsensePolicy.window_cost`)."""
     progress_window: int = 16
     """W of the progress windows (`netsense.compression.window`): every `progress_every` steps,
     within `progress_budget`, every lossy level runs error feedback on a fixed 2^14-element
