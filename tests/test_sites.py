@@ -157,6 +157,8 @@ def test_relays_go_at_sites_of_several_workers_in_a_job_of_several_sites() -> No
     args = relay_args(adaptive, config_path="c.json", upstream=["h:1"], host="h", job_id="j", decision_log="d.jsonl")
     assert [args[args.index(f) + 1] for f in ("--upstream-policy", "--decision-log")] == ["dc2", "d.jsonl"]
     assert "--upstream-codec" not in args
+    # Under an adaptive job the relay adapts the WAN push; its workers push it fp16 (same host).
+    assert adaptive.site_policy == "fp16" and all(p.site_policy is None for p in plans)
 
 
 def test_relays_halve_the_wan_bytes_of_two_sites_of_two_workers() -> None:

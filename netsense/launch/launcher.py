@@ -219,6 +219,7 @@ class Launcher:
 
         relays = self._start_relays(cfg_path, upstream)
         relay_of = {r: ",".join(f"{self._host(x['site'])}:{p}" for p in x["ports"]) for x in self.relays for r in x["ranks"]}
+        site_policy = {r: p.site_policy for p in plan_relays(self.config) for r in p.ranks if p.site_policy}
         events: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
         workers = []
         for rank in range(n):
@@ -231,6 +232,7 @@ class Launcher:
                     "--world-size", str(n), "--worker-id", f"worker-{rank}", "--events",
                     "--server-name", "127.0.0.1", "--decision-log", self._up_log(rank),
                     *site_args, *self._metrics_args(servers + rank), *self.worker_args,
+                    *(["--policy", site_policy[rank]] if rank in site_policy else []),
                 ),
                 here,
             )  # fmt: skip

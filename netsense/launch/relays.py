@@ -37,6 +37,20 @@ class RelayPlan:
     def worker_id(self) -> str:
         return f"relay-{self.site}"
 
+    @property
+    def site_policy(self) -> str | None:
+        """The uplink policy of the site's workers, to the relay: `RELAYED_WORKER_POLICY` under an
+        adaptive job (the relay adapts the push that crosses the WAN), None (the job's) otherwise."""
+        return RELAYED_WORKER_POLICY if self.upstream_policy is not None else None
+
+
+RELAYED_WORKER_POLICY = "fp16"
+"""What a relayed worker of an adaptive job pushes to its relay. `launch` puts a site's workers and
+relay on one host, so that hop never crosses the WAN: compressing it lossily would only add a
+second compression's error under the relay's (and its CPU). On 2 sites x 2 workers it took
+digits-cnn from 57-60 to 43-44 ms a step and reached wide-mlp's target 10-20 steps sooner
+(docs/BENCHMARKS.md, "Relayed workers push fp16")."""
+
 
 def relayed_sites(config: JobConfig) -> list[Site]:
     """The sites that get a relay: those of >= 2 workers when there are >= 2 sites, the job is
