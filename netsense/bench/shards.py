@@ -152,7 +152,7 @@ def _worker(spec: dict[str, Any]) -> None:
     torch.set_num_threads(1)
     numel = int(spec["mb"] * 1e6 / 4 / spec["keys"])
     model = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(numel)) for _ in range(spec["keys"])])
-    transport = TransportSettings(max_datagram_size=spec["mds"])
+    transport = TransportSettings(max_datagram_size=spec["mds"], local_max_datagram_size=0)  # the size asked, on loopback too
     connect = [ConnectSettings("127.0.0.1", port, insecure=True, transport=transport) for port in spec["ps"]]
     grads = [torch.randn(numel) * 1e-3 for _ in range(spec["keys"])]
     push, step_s = [], []

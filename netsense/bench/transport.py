@@ -189,7 +189,8 @@ async def measure(mb: float, repeats: int, settings: TransportSettings) -> dict[
 def run(args: argparse.Namespace) -> int:
     if args.mb <= 0 or args.repeats < 1:
         raise ConfigError(f"--mb must be > 0 and --repeats >= 1, got {args.mb} and {args.repeats}")
-    settings = TransportSettings(max_datagram_size=args.max_datagram_size)
+    # Both ends run on loopback at the datagram size asked: no larger size for peers on this host.
+    settings = TransportSettings(max_datagram_size=args.max_datagram_size, local_max_datagram_size=0)
     result = run_loop(measure(args.mb, args.repeats, settings))
     for name, r in result["stacks"].items():
         cpu = f"  {r['cpu_s_per_MB'] * 1e3:6.2f} CPU ms/MB" if name != "tcp" else ""

@@ -106,7 +106,7 @@ def add_staleness_flag(p: argparse.ArgumentParser) -> None:
 
 
 def add_transport_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-datagram-size", type=int, help="QUIC packet payload bytes (path MTU - 28; large on loopback)")
+    p.add_argument("--max-datagram-size", type=int, help="QUIC packet payload bytes, for every peer (path MTU - 28; large on loopback)")
     p.add_argument("--barrier-timeout", type=float, help="seconds the PS waits for a slow worker before dropping it from a step")
     p.add_argument(
         "--idle-timeout", type=float, metavar="S",
@@ -154,6 +154,7 @@ FLAG_FIELDS: tuple[tuple[str, str], ...] = (
     ("barrier_timeout", "server.barrier_timeout_s"),
     ("staleness", "server.staleness"),
     ("max_datagram_size", "transport.max_datagram_size"),
+    ("max_datagram_size", "transport.local_max_datagram_size"),  # the size asked, for peers on this host too
     ("idle_timeout", "transport.idle_timeout_s"),
     ("certs", "security.certs_dir"),
     ("insecure", "security.insecure"),

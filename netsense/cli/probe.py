@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--seconds must be > 0, got {args.seconds}")
     transport = TransportSettings()
     if args.max_datagram_size:
-        transport = TransportSettings(max_datagram_size=args.max_datagram_size)
+        transport = TransportSettings(max_datagram_size=args.max_datagram_size, local_max_datagram_size=0)  # a PS on this host too
     if args.ps:
         doc = {"ps": args.ps, **_probe_ps(args, transport).to_dict()}
     else:

@@ -99,3 +99,19 @@ async def test_a_peer_elsewhere_keeps_the_configured_size(tmp_path: object, monk
     """What a peer across a network gets, on loopback: the predicate says "not this host"."""
     monkeypatch.setattr(localpeer, "on_this_host", lambda host: False)
     assert await _sizes(tmp_path, TransportSettings()) == (1200, 1200)
+
+
+@pytest.mark.parametrize("command", ["ps", "worker", "relay"])
+def test_the_datagram_size_flag_holds_for_peers_on_this_host_too(command: str) -> None:
+    """`--max-datagram-size N` is the size asked for every peer; a config file's `max_datagram_size`
+    (a WAN's MTU) leaves this host's peers at the local size."""
+    from netsense.cli import build_parser
+    from netsense.cli.flags import resolve_config
+
+    extra = ["--ps", "127.0.0.1:1", "--site", "a", "--site-workers", "2"] if command == "relay" else []
+    transport = resolve_config(build_parser().parse_args([command, *extra, "--max-datagram-size", "1400"])).transport
+    assert transport.max_datagram_size == 1400 and transport.local_max_datagram_size == 1400
+    cfg = client_configuration(transport, ca=None, server_name="x", insecure=True)
+    assert for_peer(cfg, "127.0.0.1") is cfg
+    default = resolve_config(build_parser().parse_args([command, *extra])).transport
+    assert default.local_max_datagram_size == LOOPBACK_MAX_DATAGRAM_SIZE
