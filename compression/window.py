@@ -121,7 +121,7 @@ class WindowResult:
     cpu_s: float = 0.0
     """Thread CPU seconds the window's feeds took so far (what it cost, for its budget)."""
     level_steps: int = 0
-    """Error-feedback steps behind `cpu_s`: feeds so far times levels."""
+    """Error-feedback steps behind `cpu_s` (`WindowProbe.level_steps`)."""
     first: bool = False
     """From the run's first window (`PolicyLoop.window_due`: it starts with the run): a fresh
     model's first steps, whose gradients are of lower rank than later ones, so its figures stand
@@ -172,6 +172,8 @@ class WindowProbe:
         """Gradient steps taken in (the base of a cumulative stream not counted)."""
         self.cpu_s = 0.0
         """Thread CPU seconds of every feed so far, the base's and restarted ones' too."""
+        self.level_steps = 0
+        """Error-feedback steps run so far, over the same feeds as `cpu_s` (a restart keeps both)."""
 
     @property
     def done(self) -> bool:
@@ -228,6 +230,7 @@ class WindowProbe:
                 self._residual[level] = [torch.zeros_like(x) for x in samples[level in self._whole]]
         if self.fed == self.warm:
             self._start = {lv: [r.clone() for r in rs] for lv, rs in self._residual.items()}
+        self.level_steps += len(self.specs)
         for level in list(self.specs):
             self._step_level(level, samples[level in self._whole], measuring)
         for whole, sample in samples.items():
@@ -280,7 +283,7 @@ class WindowProbe:
                 progress[level] = q
         stream = self._feeds[False] if self._feeds[False].sum else self._feeds[True]
         noise = noise_scale(stream.sum_energy(), stream.energy_sum, steps)
-        return WindowResult(progress, noise, steps, interim=steps < self.window, level_steps=self.fed * len(self.specs))
+        return WindowResult(progress, noise, steps, interim=steps < self.window, level_steps=self.level_steps)
 
     def _restart(self) -> None:
         self._codecs.clear()

@@ -28,10 +28,10 @@ from .messages import Error, Limits, Message
 from .sensing.aioquic_private import (
     bound_port,
     is_closing,
-    serve_per_peer,
     raise_receive_window,
     raise_stream_window,
     received_stream_bytes,
+    serve_per_peer,
     transport_of,
 )
 

@@ -133,6 +133,24 @@ def test_a_window_result_carries_its_cpu_time() -> None:
     assert abs(p.window_cost([Q4]) - 1.5 * 16 * result.cpu_s / result.level_steps) < 1e-12
 
 
+def test_a_restart_keeps_the_windows_cost_and_its_steps_together() -> None:
+    """A restart (here a non-finite gradient) resets the window, not what it has cost: the CPU time
+    and the error-feedback steps behind it both run on, so their ratio stays a per-step cost."""
+    from netsense.compression.window import WindowProbe
+
+    probe = WindowProbe({Q4: "qsgd:4"}, window=4, warm=0)
+    gen = torch.Generator().manual_seed(3)
+    probe.feed([torch.randn(s, generator=gen) for s in SHAPES])
+    bad = [torch.randn(s, generator=gen) for s in SHAPES]
+    bad[0][0, 0] = float("nan")
+    probe.feed(bad)
+    assert probe.fed == 0 and probe.level_steps == 1  # the restart's feed ran no step
+    result = None
+    while result is None or result.interim:
+        result = probe.feed([torch.randn(s, generator=gen) for s in SHAPES])
+    assert probe.fed == 4 and result.level_steps == 5 and result.cpu_s == probe.cpu_s > 0
+
+
 def test_the_loop_runs_a_window_on_the_stream_and_feeds_the_policy() -> None:
     p = policy(progress_every=1)
     loop = PolicyLoop(p, direction="up")
