@@ -24,6 +24,7 @@ from aioquic.quic.events import ConnectionTerminated, QuicEvent, StreamDataRecei
 
 from netsense.errors import PeerError, PeerTimeout, ProtocolError, RequestAbandoned
 
+from .gso import SegmentingTransport
 from .localpeer import for_peer
 from .sensing.aioquic_private import connection_of, drop_connect_waiter, stream_send_state, use_monotonic_clock
 from .wire import Error, Limits, Message, decode_message, encode_chunks
@@ -106,10 +107,23 @@ class MessageProtocol(QuicConnectionProtocol):
         self._refused: set[int] = set()
         self.bytes_in = 0
         self.bytes_out = 0
+        self.segmenting: SegmentingTransport | None = None
+        """The transport aioquic sends through: a transmit's datagrams leave as GSO runs
+        (transport/gso.py; `transport.udp_gso`)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
+        enabled = getattr(self._connection.configuration, "udp_gso", True)
+        self.segmenting = SegmentingTransport(transport, enabled=enabled)
+        super().connection_made(self.segmenting)  # type: ignore[arg-type]  # a DatagramTransport's face
         tune_socket(transport, self.socket_buffer_bytes)
+
+    def transmit(self) -> None:
+        segmenting = self.segmenting
+        if segmenting is None:
+            super().transmit()
+            return
+        with segmenting.batch():
+            super().transmit()
 
     @property
     def quic(self) -> Any:

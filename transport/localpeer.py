@@ -20,9 +20,11 @@ from aioquic.quic.configuration import QuicConfiguration
 
 @dataclass
 class PeerQuicConfiguration(QuicConfiguration):
-    """aioquic's configuration plus the datagram size for peers on this host (0: no other size)."""
+    """aioquic's configuration plus what NetSense's endpoints add: the datagram size for peers on
+    this host (0: no other size) and whether sends use UDP segmentation offload."""
 
     local_max_datagram_size: int = 0
+    udp_gso: bool = True
 
 
 @functools.lru_cache(maxsize=1024)

@@ -74,6 +74,10 @@ class TransportSettings:
     for longer than this and should not count as dead."""
     socket_buffer_bytes: int = 8 * 1024 * 1024
     """SO_RCVBUF/SO_SNDBUF; every loss seen on loopback was a receive-buffer overflow."""
+    udp_gso: bool = True
+    """Send each transmit's runs of equal-size datagrams in one syscall (UDP segmentation offload,
+    Linux); the receiver sees the same datagrams. Falls back by itself where the kernel or device
+    refuses; off: one `sendto` a datagram."""
     congestion_control: str = SENSING_CC
     """aioquic congestion-control algorithm name; the default (Reno with delivery-rate sensing)
     is what the network signal and the adaptive policies read."""
@@ -160,6 +164,7 @@ def _base_config(settings: TransportSettings, *, is_client: bool) -> QuicConfigu
         alpn_protocols=[ALPN],
         max_datagram_size=settings.max_datagram_size,
         local_max_datagram_size=settings.local_max_datagram_size,
+        udp_gso=settings.udp_gso,
         max_data=settings.max_data,
         max_stream_data=settings.max_stream_data,
         idle_timeout=settings.idle_timeout_s,
