@@ -38,9 +38,11 @@ import torch
 from netsense.errors import CompressionError
 
 from .base import Codec, make_codec
+from .dense import HalfCast
 from .limits import all_finite
 from .lowrank import PowerSGD
 from .progress import subsample
+from .quantize import BUCKET, QSGD
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,42 @@ quarter of a one-step candidate round's sample (top-k 0.1% still keeps 16 entrie
 def sees_whole_keys(spec: str) -> bool:
     """Whether a window runs `spec` on whole keys rather than on the subsample (low-rank codecs)."""
     return isinstance(make_codec(spec), PowerSGD)
+
+
+def packs(spec: str) -> bool:
+    """Whether a window runs `spec` on the subsample's keys packed into one tensor, one codec call
+    a step: codecs that act element by element (16-bit casts) or per `BUCKET` elements from a
+    key's start (QSGD), so that with each key's slot starting on a bucket they send what one call
+    per key would. Per-key calls cost 3-17x the codec's own time on a 16k-element subsample of 6-8
+    keys (docs/BENCHMARKS.md, "Window steps in one codec call"). Top-k picks per key, not packed."""
+    return isinstance(make_codec(spec), (HalfCast, QSGD))
+
+
+class _Packing:
+    """Where each key of a subsample sits in one flat tensor: slots start on a `BUCKET` boundary,
+    the gaps are zeros (a QSGD bucket's scale, its max magnitude, never sees another key)."""
+
+    def __init__(self, sample: Sequence[torch.Tensor]) -> None:
+        self.shapes = [x.shape for x in sample]
+        self.spans: list[tuple[int, int]] = []
+        at = 0
+        for x in sample:
+            self.spans.append((at, x.numel()))
+            at += -(-x.numel() // BUCKET) * BUCKET
+        self.mask = torch.zeros(at)
+        """1 on the keys' elements, 0 on the gaps: a residual is kept on the keys only."""
+        for start, n in self.spans:
+            self.mask[start : start + n] = 1.0
+
+    def pack(self, sample: Sequence[torch.Tensor]) -> torch.Tensor:
+        flat = torch.zeros_like(self.mask)
+        for (start, n), x in zip(self.spans, sample):
+            flat[start : start + n] = x.reshape(-1)
+        return flat
+
+    def unpack(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Each key's view of `flat`."""
+        return [flat[start : start + n].view(shape) for (start, n), shape in zip(self.spans, self.shapes)]
 
 
 @dataclass(frozen=True)
@@ -163,6 +201,8 @@ class WindowProbe:
         # noisy matrix's energy than the same fit to the matrix (4 of 6 rows: nearly all), so on
         # a subsample PowerSGD's q_W came out 0.96 where the whole keys gave 0.73.
         self._whole = {level for level, spec in self.specs.items() if sees_whole_keys(spec)}
+        self._packed = {level for level, spec in self.specs.items() if packs(spec)}
+        self._packing: _Packing | None = None  # the subsample's layout, for the packed levels
         self._feeds = {False: _Stream(), True: _Stream()}  # keyed by "whole keys"
         self._codecs: dict[int, list[Codec]] = {}
         self._residual: dict[int, list[torch.Tensor]] = {}
@@ -224,15 +264,21 @@ class WindowProbe:
         if not all(samples.values()):
             return None
         measuring = self.fed >= self.warm
+        packed: list[torch.Tensor] = []
+        if self._packed & self.specs.keys():
+            if self._packing is None:
+                self._packing = _Packing(samples[False])
+            packed = [self._packing.pack(samples[False])]
         for level in self.specs:
             if level not in self._codecs:
-                self._codecs[level] = [make_codec(self.specs[level]) for _ in samples[level in self._whole]]
-                self._residual[level] = [torch.zeros_like(x) for x in samples[level in self._whole]]
+                inputs = packed if level in self._packed else samples[level in self._whole]
+                self._codecs[level] = [make_codec(self.specs[level]) for _ in inputs]
+                self._residual[level] = [torch.zeros_like(x) for x in inputs]
         if self.fed == self.warm:
             self._start = {lv: [r.clone() for r in rs] for lv, rs in self._residual.items()}
         self.level_steps += len(self.specs)
         for level in list(self.specs):
-            self._step_level(level, samples[level in self._whole], measuring)
+            self._step_level(level, packed if level in self._packed else samples[level in self._whole], measuring)
         for whole, sample in samples.items():
             self._feeds[whole].add(sample, measuring=measuring, squares=self.precondition)
         self.fed += 1
@@ -257,6 +303,8 @@ class WindowProbe:
                     raise CompressionError(f"{codec.spec} decoded NaN or inf")
                 if squares:
                     self._error_sq[level][i].add_((sent - x).square())
+                if level in self._packed and self._packing is not None:
+                    left.mul_(self._packing.mask)  # the gaps carry nothing over
                 residual[i] = left
         except (CompressionError, ValueError, RuntimeError) as exc:
             log.warning("progress window: level %d (%s) dropped: %s", level, self.specs[level], exc)
@@ -271,8 +319,11 @@ class WindowProbe:
             if start is None:
                 continue
             whole = level in self._whole
+            error_sq = self._error_sq.get(level, [])
+            if level in self._packed and self._packing is not None:
+                residual, start, error_sq = (self._per_key(x) for x in (residual, start, error_sq))
             weights: list[torch.Tensor | None] = (
-                [adam_weight(v, e / steps) for v, e in zip(moments[whole], self._error_sq[level])]
+                [adam_weight(v, e / steps) for v, e in zip(moments[whole], error_sq)]
                 if self.precondition
                 else [None] * len(residual)
             )
@@ -285,7 +336,13 @@ class WindowProbe:
         noise = noise_scale(stream.sum_energy(), stream.energy_sum, steps)
         return WindowResult(progress, noise, steps, interim=steps < self.window, level_steps=self.level_steps)
 
+    def _per_key(self, packed: list[torch.Tensor]) -> list[torch.Tensor]:
+        """A packed level's tensors (one, or none) as per-key views."""
+        assert self._packing is not None
+        return [x for flat in packed for x in self._packing.unpack(flat)]
+
     def _restart(self) -> None:
+        self._packing = None
         self._codecs.clear()
         self._residual.clear()
         self._start.clear()

@@ -305,3 +305,42 @@ def test_preconditioned_a_lossless_level_stays_at_one_and_a_zero_coordinate_coun
         g[:100] = 0.0  # never a gradient there (a frozen row): neither v nor s, weight 0, not inf
         result = probe.feed([g])
     assert result is not None and result.progress[1] == pytest.approx(1.0, abs=1e-5)
+
+
+def _keys(gen: torch.Generator, scale: float = 1.0) -> list[torch.Tensor]:
+    """Keys whose sizes are not multiples of a QSGD bucket (gaps in the packed layout)."""
+    return [torch.randn(100, generator=gen) * scale, torch.randn(30, 37, generator=gen), torch.randn(5, generator=gen)]
+
+
+def test_packed_levels_price_what_one_call_per_key_prices() -> None:
+    """fp16 is element-wise: packed or per key, the window's residuals and q are the same."""
+    gen = torch.Generator().manual_seed(11)
+    steps = [_keys(gen) for _ in range(12)]
+    results = []
+    for packed in (True, False):
+        probe = WindowProbe({1: "fp16", 2: "topk:0.1+fp16"}, window=8)
+        if not packed:
+            probe._packed.clear()
+        result = None
+        for g in steps:
+            result = probe.feed(g) or result
+        assert result is not None and not result.interim
+        assert len(probe._codecs[1]) == (1 if packed else 3) and len(probe._codecs[2]) == 3  # top-k picks per key
+        residual = probe._per_key(probe._residual[1]) if packed else probe._residual[1]
+        results.append((result.progress, [r.clone() for r in residual]))
+    (q_packed, r_packed), (q_keys, r_keys) = results
+    assert q_packed == q_keys
+    assert all(torch.equal(a, b) for a, b in zip(r_packed, r_keys))
+
+
+def test_a_packed_qsgd_bucket_never_spans_two_keys() -> None:
+    """A tiny key beside a huge one keeps its own bucket scale: its error stays below its own step."""
+    gen = torch.Generator().manual_seed(12)
+    probe = WindowProbe({1: "qsgd:4"}, window=4, warm=0)
+    small = torch.randn(100, generator=gen) * 1e-3
+    for _ in range(3):
+        probe.feed([small, torch.randn(30, 37, generator=gen) * 1e3, torch.randn(5, generator=gen)])
+    residual = probe._per_key(probe._residual[1])
+    assert residual[0].abs().max() <= 2 * small.abs().max() / 15 * 1.01  # one step of the small key's own scale
+    gaps = probe._residual[1][0][probe._packing.mask == 0]
+    assert gaps.numel() > 0 and not gaps.any()  # the gaps carry nothing over
