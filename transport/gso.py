@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 UDP_SEGMENT = getattr(socket, "UDP_SEGMENT", 103)
 """The socket option (linux/udp.h): a send's segment size."""
 MAX_SEGMENTS = 64
-"""Datagrams a send may carry (UDP_MAX_SEGMENTS: 64 before Linux 6.x, 128 since)."""
+"""Datagrams a send may carry (UDP_MAX_SEGMENTS: 64 on older kernels, 128 on newer; 64 suits both)."""
 MAX_BYTES = 65000
 """Bytes a send may carry: one IP packet's worth (65535 less headers), rounded down."""
 UNSUPPORTED = frozenset({errno.EIO, errno.EINVAL, errno.ENOPROTOOPT, errno.EOPNOTSUPP})
