@@ -65,6 +65,20 @@ def packs(spec: str) -> bool:
     return isinstance(make_codec(spec), (HalfCast, QSGD))
 
 
+WINDOW_SEED = 0x5EED
+"""Seed of a window's own rounding noise (`_window_codec`)."""
+
+
+def _window_codec(spec: str, device: torch.device) -> Codec:
+    """A window's codec for `spec`; a QSGD one draws its rounding noise from a generator of its
+    own, so a window prices the same stream the same way whatever else draws from torch's default
+    generator meanwhile (the PS's window thread beside its loop's encodes, the rounds)."""
+    codec = make_codec(spec)
+    if isinstance(codec, QSGD):
+        codec.generator = torch.Generator(device=device).manual_seed(WINDOW_SEED)
+    return codec
+
+
 class _Packing:
     """Where each key of a subsample sits in one flat tensor: slots start on a `BUCKET` boundary,
     the gaps are zeros (a QSGD bucket's scale, its max magnitude, never sees another key)."""
@@ -76,7 +90,7 @@ class _Packing:
         for x in sample:
             self.spans.append((at, x.numel()))
             at += -(-x.numel() // BUCKET) * BUCKET
-        self.mask = torch.zeros(at)
+        self.mask = torch.zeros(at, device=sample[0].device if sample else "cpu")
         """1 on the keys' elements, 0 on the gaps: a residual is kept on the keys only."""
         for start, n in self.spans:
             self.mask[start : start + n] = 1.0
@@ -272,7 +286,7 @@ class WindowProbe:
         for level in self.specs:
             if level not in self._codecs:
                 inputs = packed if level in self._packed else samples[level in self._whole]
-                self._codecs[level] = [make_codec(self.specs[level]) for _ in inputs]
+                self._codecs[level] = [_window_codec(self.specs[level], x.device) for x in inputs]
                 self._residual[level] = [torch.zeros_like(x) for x in inputs]
         if self.fed == self.warm:
             self._start = {lv: [r.clone() for r in rs] for lv, rs in self._residual.items()}

@@ -344,3 +344,21 @@ def test_a_packed_qsgd_bucket_never_spans_two_keys() -> None:
     assert residual[0].abs().max() <= 2 * small.abs().max() / 15 * 1.01  # one step of the small key's own scale
     gaps = probe._residual[1][0][probe._packing.mask == 0]
     assert gaps.numel() > 0 and not gaps.any()  # the gaps carry nothing over
+
+
+def test_a_window_prices_a_stream_the_same_whatever_else_draws_random_numbers() -> None:
+    """QSGD's rounding noise comes from the window's own generator: the PS's window thread runs
+    beside encodes that draw from torch's default one, in no fixed order."""
+    gen = torch.Generator().manual_seed(13)
+    steps = [_keys(gen) for _ in range(14)]
+    results = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        probe = WindowProbe({1: "qsgd:4", 2: "qsgd:8"}, window=8)
+        result = None
+        for g in steps:
+            torch.rand(seed * 7)  # other work drawing from the default generator
+            result = probe.feed(g) or result
+        assert result is not None and not result.interim
+        results.append(result.progress)
+    assert results[0] == results[1]
