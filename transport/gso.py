@@ -92,11 +92,6 @@ class SegmentingTransport:
         self.segmented_datagrams = 0
         """Datagrams those sends carried."""
 
-    @property
-    def wrapped(self) -> Any:
-        """The transport underneath."""
-        return self._inner
-
     def sendto(self, data: bytes, addr: Any = None) -> None:
         if self._queue is None:
             self._inner.sendto(data, addr)

@@ -49,7 +49,7 @@ class _Sink(asyncio.DatagramProtocol):
         self.got.append(data)
 
 
-async def _send_through(datagrams: list[bytes], *, broken: bool = False, monkeypatch: Any = None) -> tuple[list[bytes], SegmentingTransport]:
+async def _send_through(datagrams: list[bytes]) -> tuple[list[bytes], SegmentingTransport]:
     """Send `datagrams` in one batch through a SegmentingTransport on loopback; what arrived."""
     loop = asyncio.get_running_loop()
     sink_tr, sink = await loop.create_datagram_endpoint(_Sink, local_addr=("127.0.0.1", 0))
