@@ -43,6 +43,7 @@ class PSCollector(Collector):
         yield _gauge("netsense_ps_live_workers", "Workers in the sync barrier.", len(store.live))
         yield _gauge("netsense_ps_max_staleness", "Async mode: largest staleness of an applied gradient (0 in sync mode).", store.max_staleness)
         yield _counter("netsense_ps_errors_sent", "ERROR replies sent to peers.", s.errors_sent)
+        yield _counter("netsense_ps_wan_first_held_seconds", "Seconds local pulls waited for other sites' replies.", s.release.held_s)
         up = CounterMetricFamily("netsense_ps_bytes_received", "Bytes received per worker.", labels=["worker"])
         down = CounterMetricFamily("netsense_ps_bytes_sent", "Bytes sent per worker.", labels=["worker"])
         rtt = GaugeMetricFamily("netsense_ps_srtt_seconds", "Smoothed RTT per worker connection.", labels=["worker"])

@@ -28,6 +28,7 @@ from netsense.transport.wire import Limits, Params, encode_message
 
 from . import checkpoint
 from .downlink import DownlinkController
+from .release import WanFirst
 from .session import WorkerSession
 from .store import ParameterStore, StepApplied
 from .store.guard import UpdateRefused
@@ -96,6 +97,9 @@ class ServerSettings:
     a worker at most s versions ahead of the slowest live one (SSP); pulls send full fp32 params,
     so the downlink codec and policy are not used. A worker blocked past `barrier_timeout_s`
     has the slowest workers dropped (they re-enter with their next push)."""
+    wan_first: bool = True
+    """At a PS told its site (`netsense ps --site`), answer the pulls of workers and relays at other
+    sites before those of its own (synchronous mode; docs/ARCHITECTURE.md, "WAN-first release")."""
 
     def __post_init__(self) -> None:
         if self.preauth_window_bytes < 4096:
@@ -112,7 +116,9 @@ class ServerSettings:
 class PSServer:
     """One parameter-server shard: a store, its connections and the barrier watchdog."""
 
-    def __init__(self, settings: ServerSettings, *, secret: bytes | None, limits: Limits = Limits()) -> None:
+    def __init__(
+        self, settings: ServerSettings, *, secret: bytes | None, limits: Limits = Limits(), site: str | None = None
+    ) -> None:
         self.settings = settings
         self.secret = secret
         self.limits = limits
@@ -133,6 +139,8 @@ class PSServer:
         if self.downlink is not None:
             self.downlink.metric = self.store.update_metric  # an Adam job's rounds weigh errors by it
         self.sessions: dict[str, WorkerSession] = {}
+        self.release = WanFirst(site, enabled=settings.wan_first and settings.staleness is None)
+        """Pulls of other sites first (`site`: this PS's, from ``--site``; None: no site, no hold)."""
         self._changed = asyncio.Condition()
         self._step_started_at: float | None = None
         self._blocked: tuple[int | None, float] = (None, 0.0)  # async: (slowest clock, since when) while a worker waits on it

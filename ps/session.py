@@ -47,6 +47,10 @@ class WorkerSession:
         """Whether `_admit` has run: the caps hold for admitted connections (a new one waits one
         loop iteration for its peer address)."""
         self.opened_at = time.monotonic()
+        self.site = ""
+        """The site its HELLO named ("" : not said): the PS answers other sites first (`WanFirst`)."""
+        self.pulling: int | None = None
+        """The version its pull waits for or is being answered with (None: no pull in progress)."""
         server.connections.add(self)
         loop = asyncio.get_event_loop()
         # aioquic creates the protocol before it feeds the first datagram, so the peer address
@@ -152,31 +156,40 @@ class WorkerSession:
                 await self.server.wake()  # keys applied ahead: pipelined pulls may go
             # The version this push made (async mode: the worker derives its staleness from it).
             return Ack(result.version if result is not None else store.version)
-        if isinstance(msg, Pull) and msg.keys:
-            return await self._pull_keys(msg)
         if isinstance(msg, Pull):
-            if not store.initialized or store.version < msg.wait_for:
-                self.server.check_refused(self.worker_id, msg.wait_for)
-                try:
-                    await self.server.wait_version(max(msg.wait_for, 0), self.worker_id)
-                except asyncio.TimeoutError:
-                    raise ProtocolError("timeout", f"version {msg.wait_for} not reached within the pull timeout") from None
-                self.server.check_refused(self.worker_id, msg.wait_for)
-            if store.asynchronous:
-                try:
-                    await self.server.wait_turn(self.worker_id)
-                except asyncio.TimeoutError:
-                    raise ProtocolError("timeout", f"more than {store.staleness} versions ahead for the whole pull timeout") from None
-            params = store.pull(msg.have_version)
-            pad = self.server.downlink.pad_for(params.version) if self.server.downlink is not None else 0
-            data = self.server.params_bytes(dataclasses.replace(params, pad=bytes(pad)) if pad else params)
-            if self.server.downlink is not None:
-                self.server.downlink.sent(self.conn.quic, store.version, len(data))
-            return data
+            self.pulling = msg.wait_for
+            try:
+                return await (self._pull_keys(msg) if msg.keys else self._pull(msg))
+            finally:
+                self.pulling = None
         if isinstance(msg, Bye):
             self._leave(f"bye: {msg.reason}")
             return Ack(store.version)
         raise ProtocolError("type", f"{type(msg).__name__.upper()} is not a request the PS accepts")
+
+    async def _pull(self, msg: Pull) -> bytes:
+        """The next update whole (or the full parameters), once its version is applied."""
+        store = self.server.store
+        assert self.worker_id is not None
+        if not store.initialized or store.version < msg.wait_for:
+            self.server.check_refused(self.worker_id, msg.wait_for)
+            try:
+                await self.server.wait_version(max(msg.wait_for, 0), self.worker_id)
+            except asyncio.TimeoutError:
+                raise ProtocolError("timeout", f"version {msg.wait_for} not reached within the pull timeout") from None
+            self.server.check_refused(self.worker_id, msg.wait_for)
+        if store.asynchronous:
+            try:
+                await self.server.wait_turn(self.worker_id)
+            except asyncio.TimeoutError:
+                raise ProtocolError("timeout", f"more than {store.staleness} versions ahead for the whole pull timeout") from None
+        await self.server.release.hold(self, self.server.sessions.values(), msg.wait_for)
+        params = store.pull(msg.have_version)
+        pad = self.server.downlink.pad_for(params.version) if self.server.downlink is not None else 0
+        data = self.server.params_bytes(dataclasses.replace(params, pad=bytes(pad)) if pad else params)
+        if self.server.downlink is not None:
+            self.server.downlink.sent(self.conn.quic, store.version, len(data))
+        return data
 
     async def _pull_keys(self, msg: Pull) -> bytes:
         """Pipelined pull: answer with `msg.keys` of the next update as soon as they are applied."""
@@ -195,6 +208,7 @@ class WorkerSession:
             except asyncio.TimeoutError:
                 raise ProtocolError("timeout", f"keys of version {msg.wait_for} not applied within the pull timeout") from None
             self.server.check_refused(self.worker_id, msg.wait_for)
+        await self.server.release.hold(self, self.server.sessions.values(), msg.wait_for)
         params = store.pull_keys(msg.have_version, msg.keys)
         # The fallback: every key, full, with the state keys; a keyed reply is never cached as it.
         whole = params.full and len(params.tensors) == len(store.params) + len(store.state_keys)
@@ -236,6 +250,7 @@ class WorkerSession:
             log.info("%s authenticated", self.peer)
             return self._welcome()
         self.worker_id = hello.worker_id
+        self.site = hello.site
         self.peer = f"worker {quoted(hello.worker_id)}"
         previous = self.server.sessions.get(hello.worker_id)
         if previous is not None and previous is not self:

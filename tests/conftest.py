@@ -52,9 +52,9 @@ class RunningPS:
         return self.net.run(_run())
 
 
-def start_ps(certs: CertPaths, settings: ServerSettings | None = None, insecure: bool = False) -> RunningPS:
+def start_ps(certs: CertPaths, settings: ServerSettings | None = None, insecure: bool = False, site: str | None = None) -> RunningPS:
     net = NetThread("test-ps")
-    server = PSServer(settings or ServerSettings(port=0), secret=None if insecure else load_secret(certs.secret))
+    server = PSServer(settings or ServerSettings(port=0), secret=None if insecure else load_secret(certs.secret), site=site)
 
     async def start() -> int:
         return await server.start(server_configuration(certs.cert, certs.key, TransportSettings()))

@@ -38,6 +38,7 @@ async def authenticate(
     role: str = "worker",
     job_id: str = "",
     resume: bool = False,
+    site: str = "",
 ) -> Welcome:
     """Prove `client_id` to the PS on `conn` and return its WELCOME.
 
@@ -58,7 +59,7 @@ async def authenticate(
         return expect_reply(reply, expect)
 
     nonce = new_nonce()
-    challenge = await request(Hello(client_id, rank, nonce, role=role, job_id=job_id, resume=resume), Challenge)
+    challenge = await request(Hello(client_id, rank, nonce, role=role, job_id=job_id, resume=resume, site=site), Challenge)
     mac = (
         bytes(32)
         if secret is None

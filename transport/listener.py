@@ -32,6 +32,7 @@ from .sensing.aioquic_private import (
     raise_stream_window,
     received_stream_bytes,
     serve_per_peer,
+    stream_unsent,
     transport_of,
 )
 
@@ -62,6 +63,7 @@ class ServerConnection(MessageProtocol):
         self._grow_streams = False  # after open_window: each new stream's window is raised too
         self._bad_log = LogLimiter(self.bad_message_log_interval_s)
         self.session: Any = self.handler_factory(self) if self.handler_factory else None
+        self._replies: set[int] = set()  # streams whose reply may still hold unsent bytes (`replying`)
         self._tasks: set[asyncio.Task[None]] = set()
         self.max_concurrent = 256
         if self.accepted is not None:
@@ -121,6 +123,15 @@ class ServerConnection(MessageProtocol):
             reply = Error("internal", f"{type(exc).__name__}: {exc}")
         if reply is not None and not is_closing(self._connection):
             self.send_message(stream_id, reply)
+            self._replies.add(stream_id)
+
+    def replying(self) -> bool:
+        """Whether a reply of ours still has bytes aioquic has not sent once (it is past this host
+        only when not; `ps/release.py` holds other peers' pulls on it)."""
+        for sid in list(self._replies):
+            if not stream_unsent(self._connection, sid):
+                self._replies.discard(sid)
+        return bool(self._replies)
 
     def stream_failed(self, stream_id: int, reason: str) -> None:
         """The peer withdrew a request (a push re-encoded mid-flight): it gets no answer, so our

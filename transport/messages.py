@@ -61,6 +61,9 @@ class Hello(Message):
     that holds another job's state refuses it (`error(job)`) unless `resume` is set."""
     resume: bool = False
     """Continue the job whose state the PS holds, whatever its id (docs/ARCHITECTURE.md, "Job identity")."""
+    site: str = ""
+    """The site this peer runs at (`SITE_RE`; empty: not said). A PS told its own site answers the
+    pulls of peers at other sites first (docs/ARCHITECTURE.md, "WAN-first release")."""
 
 
 HELLO_ROLES = ("worker", "probe")
@@ -122,6 +125,8 @@ class TensorInfo:
 STATE_DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
 """Dtypes a `TensorInfo` may name."""
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9_.\-:]{0,128}$")
+SITE_RE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
+"""A site name (`netsense launch --sites`, `--site`); use with `fullmatch`."""
 """Job ids: up to 128 characters of ``[A-Za-z0-9_.-:]`` (empty: unknown)."""
 
 

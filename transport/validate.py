@@ -16,8 +16,8 @@ from netsense.errors import ProtocolError
 
 from .hparams import MAX_GROUPS, check_group
 from .messages import (
-    HELLO_ROLES, JOB_ID_RE, MAX_PULL_KEYS, STATE_DTYPES, Ack, Auth, Bye, Challenge, Error, Hello, Init, Limits, Params, Probe,
-    Pull, Push, TensorInfo, Welcome,
+    HELLO_ROLES, JOB_ID_RE, MAX_PULL_KEYS, SITE_RE, STATE_DTYPES, Ack, Auth, Bye, Challenge, Error, Hello, Init, Limits, Params,
+    Probe, Pull, Push, TensorInfo, Welcome,
 )
 
 _KEY_RE = re.compile(r"^[A-Za-z0-9_.\-/#:]{1,200}$")
@@ -101,6 +101,13 @@ def _opt_map(body: dict[str, Any], name: str) -> dict[str, Any]:
     v = body.get(name, {})
     if not isinstance(v, dict) or len(v) > 32 or not all(isinstance(x, (int, float, str, bool)) for x in v.values()):
         raise _fail("malformed", f"field {name!r} must be a small map of scalars")
+    return v
+
+
+def _site(body: dict[str, Any]) -> str:
+    v = body.get("site", "")  # absent: a peer that does not say (or from before sites)
+    if not isinstance(v, str) or (v and not SITE_RE.fullmatch(v)):
+        raise _fail("malformed", f"field 'site' must be empty or 1-32 chars of [A-Za-z0-9_.-], got {v!r:.40}")
     return v
 
 
@@ -207,7 +214,7 @@ def _init(b: dict[str, Any], lim: Limits) -> Init:
 PARSERS: dict[str, Any] = {
     "hello": lambda b, lim: Hello(
         _str(b, "worker_id", 128), _int(b, "rank", 0, 1 << 20), _bin(b, "client_nonce", 32), _role(b),
-        _job_id(b), _bool(b, "resume") if "resume" in b else False,
+        _job_id(b), _bool(b, "resume") if "resume" in b else False, _site(b),
     ),
     "challenge": lambda b, lim: Challenge(_bin(b, "server_nonce", 32)),
     "auth": lambda b, lim: Auth(_bin(b, "mac", 32)),

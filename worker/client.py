@@ -37,6 +37,8 @@ class Identity:
     """The job (docs/ARCHITECTURE.md, "Job identity"); a PS holding another job's state refuses it."""
     resume: bool = False
     """Continue whatever job the PS holds, even under another id."""
+    site: str = ""
+    """The site this worker (or relay) runs at, sent in HELLO ("" : not said)."""
 
 
 @dataclass
@@ -137,7 +139,7 @@ class PSClient:
         self.welcome = await authenticate(
             self.conn, client_id=ident.worker_id, rank=ident.rank, secret=ident.secret,
             timeout_s=self.timeout, refused=f"PS {self.host}:{self.port} refused worker {ident.worker_id!r}",
-            job_id=ident.job_id, resume=ident.resume,
+            job_id=ident.job_id, resume=ident.resume, site=ident.site,
         )  # fmt: skip
         w = self.welcome
         if w.initialized and w.version > 0 and w.job_id:

@@ -61,6 +61,9 @@ class ConnectSettings:
     """The job this worker belongs to (docs/ARCHITECTURE.md, "Job identity"); sent in HELLO."""
     resume: bool = False
     """Continue the job the PS holds even if its id differs (``--resume``)."""
+    site: str = ""
+    """The site this process runs at (``--site``), sent in HELLO: a PS at another site answers its
+    pulls first (docs/ARCHITECTURE.md, "WAN-first release"). "": not said."""
 
 
 def make_client(settings: ConnectSettings, worker_id: str, rank: int) -> PSClient:
@@ -69,7 +72,7 @@ def make_client(settings: ConnectSettings, worker_id: str, rank: int) -> PSClien
         settings.host,
         settings.port,
         _client_config(settings),
-        Identity(worker_id, rank, _secret(settings), settings.job_id, settings.resume),
+        Identity(worker_id, rank, _secret(settings), settings.job_id, settings.resume, settings.site),
         socket_buffer_bytes=settings.transport.socket_buffer_bytes,
     )
 

@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     check_cert_dates(certs)
     secret = None if config.security.insecure else load_secret(certs.secret)
     quic_config = server_configuration(certs.cert, certs.key, config.transport)
-    server = PSServer(config.server, secret=secret)
+    server = PSServer(config.server, secret=secret, site=args.site)
     if state is not None:
         server.restore(state)
     metrics = (args.metrics_host, args.metrics_port) if args.metrics_port is not None else None

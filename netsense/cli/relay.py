@@ -30,6 +30,7 @@ from netsense.launch.outputs import check_output_file
 from netsense.relay import Relay, RelaySettings
 from netsense.transport.auth import load_secret
 from netsense.transport.loop import run as run_loop
+from netsense.transport.messages import SITE_RE
 from netsense.transport.tls import CertPaths, server_configuration
 from netsense.transport.wire import JOB_ID_RE
 from netsense.worker.connect import ConnectSettings
@@ -95,8 +96,8 @@ def settings_from_args(args: argparse.Namespace, config: JobConfig, certs: CertP
         raise ConfigError(f"--port {server.port} + {len(addresses)} shards runs past 65535")
     resolve_host("--host", server.host, server.port)
     site = "site" if args.site is None else args.site
-    if not site or len(site) > 64 or not all(c.isalnum() or c in "-_." for c in site):
-        raise ConfigError(f"--site must be 1-64 characters of [A-Za-z0-9_.-], got {site!r}")
+    if not SITE_RE.fullmatch(site):  # it travels in HELLO (`Hello.site`)
+        raise ConfigError(f"--site must be 1-32 characters of [A-Za-z0-9_.-], got {site!r}")
     for flag, value in (("--site-workers", args.site_workers), ("--upstream-world", args.upstream_world)):
         if value < 0:
             raise ConfigError(f"{flag} must be >= 0, got {value}")
@@ -118,14 +119,17 @@ def settings_from_args(args: argparse.Namespace, config: JobConfig, certs: CertP
         raise ConfigError("a relay aggregates synchronous steps: remove server.staleness (an asynchronous job needs no relay)")
     sec = config.security
     job = config.train.job_id or ""
+    told = args.site or ""  # HELLO says the site only when it was given
     upstream = []
     for host, port in addresses:
         if sec.insecure:
-            upstream.append(ConnectSettings(host, port, insecure=True, transport=config.transport, job_id=job, resume=config.train.resume))
+            upstream.append(ConnectSettings(
+                host, port, insecure=True, transport=config.transport, job_id=job, resume=config.train.resume, site=told
+            ))  # fmt: skip
         else:
             upstream.append(ConnectSettings(
                 host, port, ca=str(certs.ca), secret_file=str(certs.secret), server_name=args.server_name,
-                transport=config.transport, job_id=job, resume=config.train.resume,
+                transport=config.transport, job_id=job, resume=config.train.resume, site=told,
             ))  # fmt: skip
     return RelaySettings(
         upstream=tuple(upstream), site=site, server=server, site_workers=args.site_workers,

@@ -114,7 +114,9 @@ def run(args: argparse.Namespace) -> int:
         log.info("worker %s (rank %d) at site %s", worker_id, args.rank, args.site)
     job = resolve_job_id(config.model, config.train.seed, config.train.job_id, random_part=False)
     shards = [
-        dataclasses.replace(connect_settings(config, host, port, args.server_name), job_id=job, resume=config.train.resume)
+        dataclasses.replace(
+            connect_settings(config, host, port, args.server_name), job_id=job, resume=config.train.resume, site=args.site or ""
+        )
         for host, port in addresses
     ]
     with NetSenseOptimizer(

@@ -13,13 +13,13 @@ placement and the WAN arithmetic are tested without processes (docs/ARCHITECTURE
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from netsense.errors import ConfigError
+from netsense.transport.messages import SITE_RE
 
-NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
+NAME_RE = SITE_RE  # a site's name travels in HELLO (`Hello.site`)
 """A site name: letters, digits, ``_ . -``, at most 32 (it lands in flags, logs and file names)."""
 
 

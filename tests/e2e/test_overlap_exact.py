@@ -32,9 +32,10 @@ def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g)
 
 
-def _train(certs, shards: int, overlap: bool, codec: str) -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]:  # type: ignore[no-untyped-def]
-    """Two workers, `STEPS` steps on fresh PS shards; (the PS's parameters, each replica's)."""
-    servers = [start_ps(certs) for _ in range(shards)]
+def _train(certs, shards: int, overlap: bool, codec: str, sites: tuple[str, str] | None = None) -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]:  # type: ignore[no-untyped-def]
+    """Two workers, `STEPS` steps on fresh PS shards; (the PS's parameters, each replica's).
+    `sites`: shard i and worker i at sites[i] (WAN-first release on)."""
+    servers = [start_ps(certs, site=sites[i] if sites else None) for i in range(shards)]
     models = [_model(), _model()]
     opts: list[NetSenseOptimizer | None] = [None, None]
     errors: list[BaseException] = []
@@ -42,7 +43,7 @@ def _train(certs, shards: int, overlap: bool, codec: str) -> tuple[dict[str, tor
     def work(rank: int) -> None:
         try:
             opt = opts[rank] = NetSenseOptimizer(
-                models[rank], connect=[ps.connect_settings() for ps in servers], rank=rank, world_size=2,
+                models[rank], connect=[ps.connect_settings(site=sites[rank] if sites else "") for ps in servers], rank=rank, world_size=2,
                 worker_id=f"w{rank}", optimizer=OPTIMIZER, codec=codec, bucket_bytes=512,
                 overlap=overlap, overlap_bucket_bytes=512,
             )  # fmt: skip
@@ -60,11 +61,14 @@ def _train(certs, shards: int, overlap: bool, codec: str) -> tuple[dict[str, tor
             t.start()
         for t in threads:
             t.join(90)
+        seen = [ps.call(lambda ps=ps: {w: s.site for w, s in ps.server.sessions.items()}) for ps in servers]
         for o in opts:
             if o is not None:
                 o.close()
         assert not errors, errors
         assert all(ps.server.store.version == STEPS for ps in servers)
+        if sites:  # each PS knew where each worker is, so it answered the far one first
+            assert seen == [{"w0": sites[0], "w1": sites[1]}] * shards and all(ps.server.release.enabled for ps in servers)
         params = {k: v.clone() for ps in servers for k, v in ps.server.store.params.items()}
     finally:
         for ps in servers:
@@ -84,6 +88,17 @@ def test_full_duplex_equals_the_plain_step_bit_for_bit(certs, shards: int, codec
     duplex, duplex_replicas = _train(certs, shards, overlap=True, codec=codec)
     assert _mismatches(duplex, plain) == []
     for replica in plain_replicas + duplex_replicas:  # every replica holds the PS's parameters
+        assert _mismatches(replica, plain) == []
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "duplex"])
+def test_wan_first_release_keeps_the_step_exact(certs, overlap: bool) -> None:  # type: ignore[no-untyped-def]
+    """Two sites, a shard and a worker at each: the PS holds its own site's pulls (ps/release.py),
+    which changes when, never what, a worker gets."""
+    plain, _ = _train(certs, 2, overlap=False, codec="fp32")
+    sited, replicas = _train(certs, 2, overlap=overlap, codec="fp32", sites=("a", "b"))
+    assert _mismatches(sited, plain) == []
+    for replica in replicas:
         assert _mismatches(replica, plain) == []
 
 

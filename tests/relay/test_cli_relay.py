@@ -23,7 +23,7 @@ ROWS: list[tuple[list[str], str]] = [
     (["relay", "--ps", "127.0.0.1:1", "--port", "70000", "--insecure"], "--port must be in 0..65535"),
     (["relay", "--ps", "127.0.0.1:1,127.0.0.1:2", "--port", "65535", "--insecure"], "runs past 65535"),
     (["relay", "--ps", "127.0.0.1:1", "--host", "999.1.1.1", "--insecure"], "--host must be an IP address or host name"),
-    (["relay", "--ps", "127.0.0.1:1", "--site", "a b", "--insecure"], "--site must be 1-64 characters"),
+    (["relay", "--ps", "127.0.0.1:1", "--site", "a b", "--insecure"], "--site must be 1-32 characters"),
     (["relay", "--ps", "127.0.0.1:1", "--site-workers", "-1", "--insecure"], "--site-workers must be >= 0, got -1"),
     (["relay", "--ps", "127.0.0.1:1", "--upstream-world", "-2", "--insecure"], "--upstream-world must be >= 0, got -2"),
     (["relay", "--ps", "127.0.0.1:1", "--upstream-codec", "fp17", "--insecure"], "--upstream-codec is not a valid codec"),

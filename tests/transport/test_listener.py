@@ -7,13 +7,15 @@ import asyncio
 import ssl
 
 import pytest
+import torch
 from aioquic.quic.configuration import QuicConfiguration
 
 from quic_certs import self_signed
 from netsense.errors import PeerTimeout
 from netsense.transport.channel import open_connection
 from netsense.transport.listener import Listener, ServerConnection, start_server
-from netsense.transport.wire import Ack, Message
+from netsense.compression import make_codec
+from netsense.transport.wire import Ack, Message, Params
 
 
 class Waiting:
@@ -57,3 +59,34 @@ async def test_stop_cancels_and_awaits_the_requests_being_served() -> None:
             break
         await asyncio.sleep(0.05)
     assert not listener.accepted
+
+
+class Big:
+    """Answers any request with 4 MB of parameters: more than a fresh connection may send at once."""
+
+    def __init__(self, conn: ServerConnection) -> None:
+        pass
+
+    async def handle(self, msg: Message) -> Message:
+        return Params(1, True, {"w": make_codec("fp32").encode(torch.zeros(1 << 20))})
+
+
+async def test_replying_until_the_reply_has_left() -> None:
+    """`ServerConnection.replying` (ps/release.py waits on it): True while a reply has unsent bytes."""
+    cert, key = self_signed()
+    cfg = QuicConfiguration(is_client=False)
+    cfg.certificate, cfg.private_key = cert, key
+    listener = await start_server("127.0.0.1", 0, cfg, Big)
+    try:
+        async with open_connection("127.0.0.1", listener.port, QuicConfiguration(is_client=True, verify_mode=ssl.CERT_NONE)) as conn:
+            request = asyncio.ensure_future(conn.request(Ack(0), 30))
+            seen = []
+            while not request.done():
+                seen += [c.replying() for c in listener.accepted]
+                await asyncio.sleep(0.0005)
+            reply = request.result()
+            assert isinstance(reply, Params) and reply.tensors["w"].shape == (1 << 20,)
+            (server_conn,) = listener.accepted
+            assert True in seen and not server_conn.replying()  # sent whole, and forgotten
+    finally:
+        await listener.stop()

@@ -29,6 +29,7 @@ from netsense.transport.wire import (
 P = Payload("fp32", (2, 3), "float32", (bytes(24),))
 MESSAGES = [
     Hello("w0", 0, bytes(32)),
+    Hello("w1", 1, bytes(32), job_id="j", site="site-b.2"),
     Challenge(bytes(range(32))),
     Auth(bytes(32)),
     Welcome(3, True, 2),
@@ -58,7 +59,7 @@ def _payload(**over: object) -> dict[str, object]:
 @pytest.mark.parametrize(
     ("data", "code"),
     [
-        (encode_message(MESSAGES[5])[:-3], "malformed"),  # truncated
+        (encode_message(MESSAGES[6])[:-3], "malformed"),  # truncated
         (b"\xc1", "malformed"),  # msgpack's never-used byte
         (msgpack.packb([1, 2]), "malformed"),
         (msgpack.packb({"v": 3, "t": "ack", "version": 1}), "version"),
@@ -67,6 +68,9 @@ def _payload(**over: object) -> dict[str, object]:
         (_raw(t="nope"), "type"),
         (_raw(t="ack", version="x"), "malformed"),
         (_raw(t="hello", worker_id="w", rank=0, client_nonce=b"short"), "malformed"),
+        (_raw(t="hello", worker_id="w", rank=0, client_nonce=bytes(32), site="a b"), "malformed"),
+        (_raw(t="hello", worker_id="w", rank=0, client_nonce=bytes(32), site="x" * 33), "malformed"),
+        (_raw(t="hello", worker_id="w", rank=0, client_nonce=bytes(32), site=7), "malformed"),
         (_raw(t="push", step=0, samples=1, total_keys=1, grads={"a": _payload(d="int64")}), "dtype"),
         (_raw(t="push", step=0, samples=1, total_keys=1, grads={"a": _payload(s=[-1])}), "shape"),
         (_raw(t="push", step=0, samples=1, total_keys=1, grads={"a": _payload(s=[1 << 20, 1 << 20])}), "oversize"),
@@ -81,6 +85,11 @@ def test_malformed_messages_raise_protocol_error(data: bytes, code: str) -> None
         decode_message(data)
     assert info.value.code == code
     assert info.value.reason  # a clear reason, never empty
+
+
+def test_hello_without_a_site_is_the_bytes_of_a_peer_from_before_sites() -> None:
+    assert b"site" not in encode_message(Hello("w0", 0, bytes(32)))
+    assert decode_message(_raw(t="hello", worker_id="w", rank=0, client_nonce=bytes(32))).site == ""  # type: ignore[attr-defined]
 
 
 def test_oversize_message_refused_before_parsing() -> None:
