@@ -39,6 +39,10 @@ from .sensing.aioquic_private import (
 log = logging.getLogger(__name__)
 
 
+REPLIES_KEPT = 64
+"""Reply streams remembered for `ServerConnection.replying` before the sent ones are forgotten."""
+
+
 class ServerConnection(MessageProtocol):
     """Server side of one peer: decode, dispatch to the handler, answer on the same stream.
 
@@ -124,6 +128,8 @@ class ServerConnection(MessageProtocol):
         if reply is not None and not is_closing(self._connection):
             self.send_message(stream_id, reply)
             self._replies.add(stream_id)
+            if len(self._replies) > REPLIES_KEPT:  # nobody asks at a PS without a site: forget the sent ones
+                self.replying()
 
     def replying(self) -> bool:
         """Whether a reply of ours still has bytes aioquic has not sent once (it is past this host

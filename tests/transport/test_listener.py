@@ -13,7 +13,7 @@ from aioquic.quic.configuration import QuicConfiguration
 from quic_certs import self_signed
 from netsense.errors import PeerTimeout
 from netsense.transport.channel import open_connection
-from netsense.transport.listener import Listener, ServerConnection, start_server
+from netsense.transport.listener import REPLIES_KEPT, Listener, ServerConnection, start_server
 from netsense.compression import make_codec
 from netsense.transport.wire import Ack, Message, Params
 
@@ -88,5 +88,29 @@ async def test_replying_until_the_reply_has_left() -> None:
             assert isinstance(reply, Params) and reply.tensors["w"].shape == (1 << 20,)
             (server_conn,) = listener.accepted
             assert True in seen and not server_conn.replying()  # sent whole, and forgotten
+    finally:
+        await listener.stop()
+
+
+class Echo:
+    def __init__(self, conn: ServerConnection) -> None:
+        pass
+
+    async def handle(self, msg: Message) -> Message:
+        return Ack(0)
+
+
+async def test_sent_replies_are_forgotten() -> None:
+    """A PS without a site never asks `replying`: the streams it remembers stay bounded anyway."""
+    cert, key = self_signed()
+    cfg = QuicConfiguration(is_client=False)
+    cfg.certificate, cfg.private_key = cert, key
+    listener = await start_server("127.0.0.1", 0, cfg, Echo)
+    try:
+        async with open_connection("127.0.0.1", listener.port, QuicConfiguration(is_client=True, verify_mode=ssl.CERT_NONE)) as conn:
+            for _ in range(3 * REPLIES_KEPT):
+                await conn.request(Ack(0), 30)
+            (server_conn,) = listener.accepted
+            assert len(server_conn._replies) <= REPLIES_KEPT + 1
     finally:
         await listener.stop()
