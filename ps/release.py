@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 MAX_HOLD_S = 1.0
@@ -29,8 +29,8 @@ class Peer(Protocol):
 
     site: str
     """The site its HELLO named ("" : not said)."""
-    pulling: int | None
-    """The version its pull waits for or is being answered with (None: no pull)."""
+    pulling: Mapping[int, int]
+    """Its pulls waiting or being answered, by version (a missing version: none)."""
     conn: Any
     """Its connection; ``conn.replying()`` is True while a reply still has unsent bytes."""
 
@@ -51,7 +51,7 @@ class WanFirst:
     def remote_busy(self, peers: Iterable[Peer], version: int) -> bool:
         """Some peer at another site waits for `version` or still has reply bytes unsent."""
         return any(
-            p.site and p.site != self.site and (p.pulling == version or p.conn.replying()) for p in peers
+            p.site and p.site != self.site and (p.pulling.get(version, 0) > 0 or p.conn.replying()) for p in peers
         )
 
     async def hold(self, peer: Peer, peers: Iterable[Peer] | Any, version: int) -> float:

@@ -8,6 +8,7 @@ caches, checkpoints) is the `PSServer`'s, so a session only asks it to wait, wak
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import time
@@ -49,8 +50,8 @@ class WorkerSession:
         self.opened_at = time.monotonic()
         self.site = ""
         """The site its HELLO named ("" : not said): the PS answers other sites first (`WanFirst`)."""
-        self.pulling: int | None = None
-        """The version its pull waits for or is being answered with (None: no pull in progress)."""
+        self.pulling: collections.Counter[int] = collections.Counter()
+        """Its pulls waiting or being answered, by version (pipelined pulls: several at once)."""
         server.connections.add(self)
         loop = asyncio.get_event_loop()
         # aioquic creates the protocol before it feeds the first datagram, so the peer address
@@ -157,11 +158,13 @@ class WorkerSession:
             # The version this push made (async mode: the worker derives its staleness from it).
             return Ack(result.version if result is not None else store.version)
         if isinstance(msg, Pull):
-            self.pulling = msg.wait_for
+            self.pulling[msg.wait_for] += 1
             try:
                 return await (self._pull_keys(msg) if msg.keys else self._pull(msg))
             finally:
-                self.pulling = None
+                self.pulling[msg.wait_for] -= 1
+                if not self.pulling[msg.wait_for]:
+                    del self.pulling[msg.wait_for]
         if isinstance(msg, Bye):
             self._leave(f"bye: {msg.reason}")
             return Ack(store.version)

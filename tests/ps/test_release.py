@@ -24,17 +24,21 @@ class Conn:
 @dataclass
 class Peer:
     site: str
-    pulling: int | None = None
+    pulls: int | None = None  # the version of its one pull (None: none)
     conn: Conn = field(default_factory=Conn)
+
+    @property
+    def pulling(self) -> dict[int, int]:
+        return {} if self.pulls is None else {self.pulls: 1}
 
 
 async def test_a_local_pull_waits_until_the_far_peer_has_its_reply() -> None:
     wf = WanFirst("a")
-    here, far = Peer("a", pulling=5), Peer("b", pulling=5)
+    here, far = Peer("a", pulls=5), Peer("b", pulls=5)
 
     async def far_side() -> None:
         await asyncio.sleep(0.03)
-        far.pulling, far.conn.unsent = None, True  # answered: the reply is being sent
+        far.pulls, far.conn.unsent = None, True  # answered: the reply is being sent
         await asyncio.sleep(0.03)
         far.conn.unsent = False  # all of it has left
 
@@ -42,7 +46,7 @@ async def test_a_local_pull_waits_until_the_far_peer_has_its_reply() -> None:
     held = await wf.hold(here, [here, far], 5)
     await task
     assert held >= 0.055 and wf.holds == 1 and wf.held_s == held
-    assert far.pulling is None and not far.conn.unsent  # it waited for both phases
+    assert far.pulls is None and not far.conn.unsent  # it waited for both phases
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,13 @@
 """transport/listener.py's stop: every request still being served is cancelled and has finished
-when `Listener.stop` returns, and the listener forgets a connection once it terminated."""
+when `Listener.stop` returns, and the listener forgets a connection once it terminated; a
+connection's `replying` says whether a reply still has unsent bytes."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
+from collections.abc import AsyncIterator
 
 import pytest
 import torch
@@ -12,9 +15,9 @@ from aioquic.quic.configuration import QuicConfiguration
 
 from quic_certs import self_signed
 from netsense.errors import PeerTimeout
-from netsense.transport.channel import open_connection
-from netsense.transport.listener import REPLIES_KEPT, Listener, ServerConnection, start_server
+from netsense.transport.channel import ClientConnection, open_connection
 from netsense.compression import make_codec
+from netsense.transport.listener import REPLIES_KEPT, Listener, ServerConnection, start_server
 from netsense.transport.wire import Ack, Message, Params
 
 
@@ -61,56 +64,50 @@ async def test_stop_cancels_and_awaits_the_requests_being_served() -> None:
     assert not listener.accepted
 
 
-class Big:
-    """Answers any request with 4 MB of parameters: more than a fresh connection may send at once."""
 
-    def __init__(self, conn: ServerConnection) -> None:
-        pass
+class Answers:
+    """Answers every request with `reply`."""
+
+    def __init__(self, reply: Message) -> None:
+        self.reply = reply
 
     async def handle(self, msg: Message) -> Message:
-        return Params(1, True, {"w": make_codec("fp32").encode(torch.zeros(1 << 20))})
+        return self.reply
 
 
-async def test_replying_until_the_reply_has_left() -> None:
-    """`ServerConnection.replying` (ps/release.py waits on it): True while a reply has unsent bytes."""
+@contextlib.asynccontextmanager
+async def _answering(reply: Message) -> AsyncIterator[tuple[Listener, ClientConnection]]:
+    """A listener answering `reply` to everything, and a client connected to it."""
     cert, key = self_signed()
     cfg = QuicConfiguration(is_client=False)
     cfg.certificate, cfg.private_key = cert, key
-    listener = await start_server("127.0.0.1", 0, cfg, Big)
+    listener = await start_server("127.0.0.1", 0, cfg, lambda c: Answers(reply))
     try:
         async with open_connection("127.0.0.1", listener.port, QuicConfiguration(is_client=True, verify_mode=ssl.CERT_NONE)) as conn:
-            request = asyncio.ensure_future(conn.request(Ack(0), 30))
-            seen = []
-            while not request.done():
-                seen += [c.replying() for c in listener.accepted]
-                await asyncio.sleep(0.0005)
-            reply = request.result()
-            assert isinstance(reply, Params) and reply.tensors["w"].shape == (1 << 20,)
-            (server_conn,) = listener.accepted
-            assert True in seen and not server_conn.replying()  # sent whole, and forgotten
+            yield listener, conn
     finally:
         await listener.stop()
 
 
-class Echo:
-    def __init__(self, conn: ServerConnection) -> None:
-        pass
-
-    async def handle(self, msg: Message) -> Message:
-        return Ack(0)
+async def test_replying_until_the_reply_has_left() -> None:
+    """`ServerConnection.replying` (ps/release.py waits on it): True while a reply has unsent bytes.
+    4 MB of parameters: more than a fresh connection may send at once."""
+    async with _answering(Params(1, True, {"w": make_codec("fp32").encode(torch.zeros(1 << 20))})) as (listener, conn):
+        request = asyncio.ensure_future(conn.request(Ack(0), 30))
+        seen = []
+        while not request.done():
+            seen += [c.replying() for c in listener.accepted]
+            await asyncio.sleep(0.0005)
+        reply = request.result()
+        assert isinstance(reply, Params) and reply.tensors["w"].shape == (1 << 20,)
+        (server_conn,) = listener.accepted
+        assert True in seen and not server_conn.replying()  # sent whole, and forgotten
 
 
 async def test_sent_replies_are_forgotten() -> None:
     """A PS without a site never asks `replying`: the streams it remembers stay bounded anyway."""
-    cert, key = self_signed()
-    cfg = QuicConfiguration(is_client=False)
-    cfg.certificate, cfg.private_key = cert, key
-    listener = await start_server("127.0.0.1", 0, cfg, Echo)
-    try:
-        async with open_connection("127.0.0.1", listener.port, QuicConfiguration(is_client=True, verify_mode=ssl.CERT_NONE)) as conn:
-            for _ in range(3 * REPLIES_KEPT):
-                await conn.request(Ack(0), 30)
-            (server_conn,) = listener.accepted
-            assert len(server_conn._replies) <= REPLIES_KEPT + 1
-    finally:
-        await listener.stop()
+    async with _answering(Ack(0)) as (listener, conn):
+        for _ in range(3 * REPLIES_KEPT):
+            await conn.request(Ack(0), 30)
+        (server_conn,) = listener.accepted
+        assert len(server_conn._replies) <= REPLIES_KEPT + 1
