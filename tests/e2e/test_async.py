@@ -22,7 +22,7 @@ STALENESS = 2
 def async_lr(settings: dict[str, object], workers: int) -> dict[str, object]:
     """The task's sync learning rate over `workers`: each push applies alone, so a round of N pushes
     takes N steps (docs/ARCHITECTURE.md, "Async mode (SSP)"). At the sync rate with momentum 0.9 and
-    staleness 2 the run sits at the edge of stability: 0.69-0.97 after 120-200 steps with two busy
+    staleness 2 the run sits at the edge of stability: 0.69-0.98 after 120-200 steps with two busy
     loops beside (CI failed at 0.81); at rate / 2, 0.89-0.95 in 16 such runs."""
     lr = settings["lr"]
     assert isinstance(lr, float)
