@@ -22,8 +22,9 @@ def add_metrics_flag(p: argparse.ArgumentParser, port_help: str | None = None) -
 
 
 def add_site_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--site", metavar="NAME", help="the site this process runs at (a label: logged, in the "
-                   "ready event / summary; `netsense launch --sites` sets it for every child)")
+    p.add_argument("--site", metavar="NAME", help="the site this process runs at: logged, in the ready event / "
+                   "summary, and sent to the PS, which answers other sites' pulls before its own site's "
+                   "(WAN-first release); `netsense launch --sites` sets it for every child")
 
 
 def check_site(flag: str, name: str | None, config: JobConfig | None = None) -> None:
