@@ -25,14 +25,19 @@ POLL_S = 0.002
 
 
 class Peer(Protocol):
-    """What the release reads of one session."""
+    """What the release reads of one session (read-only, so a session's Counter fits)."""
 
-    site: str
-    """The site its HELLO named ("" : not said)."""
-    pulling: Mapping[int, int]
-    """Its pulls waiting or being answered, by version (a missing version: none)."""
-    conn: Any
-    """Its connection; ``conn.replying()`` is True while a reply still has unsent bytes."""
+    @property
+    def site(self) -> str:
+        """The site its HELLO named ("" : not said)."""
+
+    @property
+    def pulling(self) -> Mapping[int, int]:
+        """Its pulls waiting or being answered, by version (a missing version: none)."""
+
+    @property
+    def conn(self) -> Any:
+        """Its connection; ``conn.replying()`` is True while a reply still has unsent bytes."""
 
 
 class WanFirst:
@@ -54,7 +59,7 @@ class WanFirst:
             p.site and p.site != self.site and (p.pulling.get(version, 0) > 0 or p.conn.replying()) for p in peers
         )
 
-    async def hold(self, peer: Peer, peers: Iterable[Peer] | Any, version: int) -> float:
+    async def hold(self, peer: Peer, peers: Iterable[Peer], version: int) -> float:
         """Wait (at most `MAX_HOLD_S`) before answering local `peer`'s pull of `version`; returns
         the seconds held. `peers` is re-read each time (a dict's values view does)."""
         if not self.local(peer) or not self.remote_busy(peers, version):
