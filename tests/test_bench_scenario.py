@@ -459,3 +459,18 @@ def test_wan_figures_and_table_of_a_sites_row() -> None:
     table = wan_table(results)
     assert "| `netns:fp16` | s0 0.2, s1 0.3 |" in table and "`fp16`" not in table
     assert wan_table(_results(fp16=_figs())) == ""
+
+
+def test_relay_table_of_a_relayed_row() -> None:
+    """Each relay's phases per upstream shard, in ms; a relay without phases, and a row without
+    relays, add nothing."""
+    from netsense.bench.topology import relay_table
+
+    phases = {"steps": 60, "gather_s": 0.05, "push_s": 0.158, "update_s": 0.2, "install_s": 0.0005}
+    relays = [{"site": "s0", "phases": [phases, None]}, {"site": "s1", "phases": [{"steps": 1, "install_s": 0.001}]},
+              {"site": "s2"}]  # fmt: skip
+    table = relay_table(_results(**{"netns:fp16": {**_figs(), "relays": relays}, "fp16": _figs()}))
+    assert "| `netns:fp16` | s0 | 0 | 60 | 50.0 | 158.0 | 200.0 | 0.5 |" in table
+    assert "| `netns:fp16` | s1 | 0 | 1 | — | — | — | 1.0 |" in table and "| s0 | 1 |" not in table
+    assert relay_table(_results(fp16=_figs())) == ""
+

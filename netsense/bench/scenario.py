@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from netsense.bench.topology import NetnsLauncher, ScenarioLauncher, SitesLauncher, scenario_sites, site_workers, wan_figures, wan_table
+from netsense.bench.topology import NetnsLauncher, ScenarioLauncher, SitesLauncher, relay_table, scenario_sites, site_workers, wan_figures, wan_table
 from netsense.compression.policy.calibration import read_progress_table
 from netsense.compression.policy.decisionlog import read_decision_log
 from netsense.config import JobConfig, override, with_sites
@@ -333,7 +333,7 @@ def write_outputs(results: dict[str, Any], out: Path, *, plots: bool = True) -> 
     tmp = out / "results.json.tmp"
     tmp.write_text(json.dumps(results, indent=1, allow_nan=False) + "\n")
     tmp.replace(out / "results.json")
-    (out / "results.md").write_text(markdown_table(results) + wan_table(results) + "\n")
+    (out / "results.md").write_text(markdown_table(results) + wan_table(results) + relay_table(results) + "\n")
     if plots:
         plot_results(results, out)
 
@@ -433,7 +433,7 @@ def run(args: argparse.Namespace) -> int:
         write_outputs(results, out, plots=False)
     results["scenario"]["loadavg_end"] = _loadavg()
     write_outputs(results, out)
-    print(markdown_table(results) + wan_table(results))
+    print(markdown_table(results) + wan_table(results) + relay_table(results))
     if failed:
         print(f"failed, with their reasons under 'failed' in results.json: {', '.join(failed)}", file=sys.stderr)
     problems = validate_results(results)

@@ -135,3 +135,21 @@ def wan_table(results: dict[str, Any]) -> str:
         ratio = f"{f['mean_step_s'] / ideal:.2f}" if ideal > 0 else "—"
         lines.append(f"| `{name}` | {into} | {f['mean_step_s']:.3f} | {ideal:.3f} | {ratio} |")
     return "\n".join(lines)
+
+
+def relay_table(results: dict[str, Any]) -> str:
+    """The relayed rows: each relay's step phases per upstream shard, medians in ms
+    (`netsense.relay.phases`; "" when no relay reported them)."""
+    rows = []
+    for name, f in results["policies"].items():
+        for relay in f.get("relays", []):
+            for shard, m in enumerate(relay.get("phases") or []):
+                if m:
+                    cells = " | ".join(f"{1000 * m[k]:.1f}" if k in m else "—" for k in ("gather_s", "push_s", "update_s", "install_s"))
+                    rows.append(f"| `{name}` | {relay.get('site', '?')} | {shard} | {m.get('steps', 0)} | {cells} |")
+    if not rows:
+        return ""
+    return "\n".join(["", "", "Relays' step phases (medians, ms: the site's workers to its sum taken, the push upstream, "
+                      "the wait for the update, the update installed; netsense.relay.phases):", "",
+                      "| policy | site | shard | steps | gather | push | update | install |", "|---|---|---|---|---|---|---|---|", *rows])
+

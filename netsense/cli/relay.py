@@ -170,8 +170,11 @@ async def _serve(relay: Relay, quic_config, socket_buffer_bytes: int) -> int:  #
     failed = relay.failed
     await relay.close()
     levels = relay.levels
+    for shard in relay.shards:
+        log.info("relay %s, shard %d, step phases: %s", relay.settings.site, shard.shard, shard.phases.summary())
     print(json.dumps({"event": "stopped", "wan_bytes_sent": sent, "wan_bytes_received": received,
-                      "error": str(failed) if failed else None, **({"levels": levels} if levels else {})}),
+                      "error": str(failed) if failed else None, **({"levels": levels} if levels else {}),
+                      "phases": relay.phases()}),
           flush=True)  # fmt: skip
     sys.stdout.flush()
     return 1 if failed is not None else 0

@@ -359,7 +359,8 @@ class Launcher:
                 event = box.get()
                 if event.get("event") == "stopped":
                     info.update(wan_bytes_sent=event.get("wan_bytes_sent"), wan_bytes_received=event.get("wan_bytes_received"),
-                                error=event.get("error"), **({"levels": event["levels"]} if "levels" in event else {}))  # fmt: skip
+                                error=event.get("error"), **({"levels": event["levels"]} if "levels" in event else {}),
+                                **({"phases": event["phases"]} if "phases" in event else {}))  # fmt: skip
 
     def _metrics_args(self, index: int) -> list[str]:
         """Metrics flags of child `index` (shards first, then workers): base port + index, or 0 for 0."""

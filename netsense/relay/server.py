@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -29,10 +30,14 @@ from netsense.worker.connect import ConnectSettings
 from netsense.worker.hparams import scales_per_coordinate
 
 from .adaptive import AdaptiveUpstream
+from .phases import SitePhases
 from .site import Aggregate, SiteStore
 from .upstream import Upstream
 
 log = logging.getLogger(__name__)
+
+LOG_EVERY = 100
+"""Site steps between two log lines of a shard's step phases (`SitePhases.summary`)."""
 
 
 @dataclass(frozen=True)
@@ -94,10 +99,14 @@ class RelayServer(PSServer):
     """One local shard of the relay: the PS's shell over a `SiteStore`, and its upstream."""
 
     def __init__(self, settings: RelaySettings, upstream: Upstream, server: ServerSettings, *,
-                 secret: bytes | None, limits: Limits = Limits()) -> None:  # fmt: skip
+                 secret: bytes | None, limits: Limits = Limits(), shard: int = 0) -> None:  # fmt: skip
         super().__init__(server, secret=secret, limits=limits)
         self.relay = settings
         self.upstream = upstream
+        self.shard = shard
+        self.phases = SitePhases()
+        """Where this shard's site steps go (gather, push, update, install): logged every
+        `LOG_EVERY` steps and at the end (the ``stopped`` line of `netsense relay`)."""
         self.site = SiteStore(local_quorum=settings.site_workers, job_id=upstream.settings.job_id)
         self.store = self.site  # type: ignore[assignment]  # the sessions call the store's interface
         self.upstream.seed = self._seed
@@ -176,26 +185,40 @@ class RelayServer(PSServer):
             await self.upstream.client.init(self.site.full_params().tensors, init.optimizer, world, init.model)
 
     async def _forward(self, agg: Aggregate) -> None:
+        taken = time.perf_counter()
         try:
-            params = await self._push(agg)
+            params, stepped = await self._push(agg)
+            updated = time.perf_counter()
             if params is not None:
                 await self._install(params)
+            self._time(stepped and params is not None, taken, updated)
         except NetSenseError as exc:
             self._fail(exc)
         finally:
             self._stepping = None
         self._kick()
 
-    async def _push(self, agg: Aggregate) -> Params | None:
+    async def _push(self, agg: Aggregate) -> tuple[Params | None, bool]:
+        """The upstream's parameters after the site's step, and whether they are that step's
+        update (False: a resync after the upstream refused or dropped the step)."""
         try:
-            return await self.upstream.step(agg, len(self.site.params))
+            return await self.upstream.step(agg, len(self.site.params)), True
         except PeerError as exc:
             if exc.code == "stale":  # the upstream barrier moved on without this site: follow it
                 log.warning("upstream dropped the site's step %d (%s); resyncing", agg.step, exc.reason)
-                return await self.upstream.client.pull(-1, 0)
+                return await self.upstream.client.pull(-1, 0), False
             self.site.refuse_in_flight(agg.workers, f"the upstream PS refused the site's push ({exc.code}: {exc.reason})")
             await self.refused()
-            return await self.upstream.client.pull(-1, 0) if exc.code == "non-finite-update" else None
+            return (await self.upstream.client.pull(-1, 0) if exc.code == "non-finite-update" else None), False
+
+    def _time(self, stepped: bool, taken: float, updated: float) -> None:
+        """Record a site step's phases (a resync only restarts the gather clock)."""
+        if not stepped:
+            self.phases.resync()
+            return
+        self.phases.record(taken=taken, push_s=self.upstream.last_push_s, updated=updated, installed=time.perf_counter())
+        if self.phases.count % LOG_EVERY == 0:
+            log.info("relay %s, shard %d: %s", self.relay.site, self.shard, self.phases.summary())
 
     async def _install(self, params: Params) -> None:
         first = not self.site.initialized
@@ -246,7 +269,7 @@ class Relay:
             RelayServer(
                 settings, Upstream(up, settings.worker_id, codec=settings.upstream_codec, rank=settings.rank,
                                    adaptive=_adaptive(settings, i)),
-                replace(base, port=base.port + i if base.port else 0), secret=secret, limits=limits,
+                replace(base, port=base.port + i if base.port else 0), secret=secret, limits=limits, shard=i,
             )
             for i, up in enumerate(settings.upstream)
         ]  # fmt: skip
@@ -272,6 +295,10 @@ class Relay:
                 for spec, n in s.upstream.adaptive.levels.items():
                     total[spec] = total.get(spec, 0) + n
         return total
+
+    def phases(self) -> list[dict[str, float | int] | None]:
+        """Each upstream shard's step phases (`SitePhases.medians`), in shard order."""
+        return [s.phases.medians() for s in self.shards]
 
     def wan_bytes(self) -> tuple[int, int]:
         """(bytes sent, bytes received) on the upstream connections: the site's WAN traffic."""

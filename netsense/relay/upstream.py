@@ -51,6 +51,8 @@ class Upstream:
         """The job's uplink policy, when the site's push adapts to the WAN (then `codec` is unused)."""
         self.seed: Callable[[], Awaitable[None]] | None = None
         """Seeds an upstream that came back empty (set by the relay when its site holds rank 0)."""
+        self.last_push_s: float | None = None
+        """The last `step`'s push, first byte to last ack (None: retried after a reconnect, untimed)."""
 
     @property
     def welcome(self) -> Welcome | None:
@@ -94,6 +96,7 @@ class Upstream:
         progress = asyncio.ensure_future(asyncio.to_thread(adaptive.track_progress, decision)) if adaptive else None
         try:
             params, push_s = await self._send(agg, total_keys, buckets, pad)
+            self.last_push_s = push_s
             if adaptive is not None and payloads is not None and push_s is not None:
                 wire_s = time.perf_counter() - sent
                 adaptive.observe(payloads, push_s=push_s, encode_s=sent - started, wire_s=wire_s, step=agg.step, pad_bytes=pad)

@@ -57,6 +57,7 @@ def test_two_sites_of_two_workers_relay_and_train_as_without(tmp_path: Path, mon
         assert r["error"] is None, r
         assert STEPS * model < r["wan_bytes_sent"] < (STEPS + 2) * model * 1.1, (r, model)
         assert STEPS * model < r["wan_bytes_received"] < (STEPS + 2) * model * 1.1, (r, model)
+        assert [p["steps"] for p in r["phases"]] == [STEPS, STEPS], r  # each shard's site steps, timed
     # Without relays each worker moves its own model each way: the site's two, twice a relay's.
     assert direct["bytes_up"] > 1.5 * sum(r["wan_bytes_sent"] for r in relayed["relays"])
     assert not _procs_mentioning(str(tmp_path / "relays" / "run"))

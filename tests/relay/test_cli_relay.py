@@ -79,6 +79,8 @@ def test_relay_command_serves_a_site(certs: CertPaths, tmp_path: Path) -> None:
         assert proc.returncode == 0, err
         assert stopped["event"] == "stopped" and stopped["wan_bytes_sent"] > 0 and stopped["error"] is None
         assert sum(stopped["levels"].values()) == 3, stopped
+        (phases,) = stopped["phases"]  # one upstream shard: its 3 site steps timed
+        assert phases["steps"] == 3 and phases["push_s"] > 0, stopped
         lines = [json.loads(x) for x in log.read_text().splitlines()]
         assert [(x["step"], x["worker_id"], x["policy"]) for x in lines] == [(s, "relay-b", "netsense") for s in range(3)]
     finally:

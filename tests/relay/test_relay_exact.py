@@ -50,15 +50,26 @@ def test_relay_of_two_workers_is_bit_exact(certs: CertPaths, options: dict[str, 
         assert ps.call(lambda: ps.server.store.version) == STEPS
         got = params_of(ps)
         assert ps.call(lambda: sorted(ps.server.sessions)) == ["relay-a"]  # the PS saw one worker
+        phases = site.net.run(_phases(site))
     finally:
         site.stop()
         ps.stop()
+    # every site step timed: its push and the wait for its update; gather from the second on
+    assert phases["steps"] == STEPS and phases["push_s"] > 0 and phases["update_s"] >= 0, phases
+    assert phases["gather_s"] > 0 and phases["install_s"] >= 0, phases
     assert got.keys() == reference.keys()
     for key in reference:
         assert torch.equal(got[key], reference[key]), key
     for w in workers:
         for (name, p), key in zip(w.model.named_parameters(), reference):
             assert torch.equal(p.detach(), got[key]), name
+
+
+async def _phases(site: Any) -> dict[str, float | int]:
+    """The relay's step phases of its one upstream shard, read on its loop."""
+    (phases,) = site.relay.phases()
+    assert phases is not None
+    return phases
 
 
 def _slow_down(w: Worker) -> None:
