@@ -290,7 +290,8 @@ class WorkerSession:
     def _welcome(self) -> Welcome:
         store = self.server.store
         staleness = -1 if store.staleness is None else store.staleness
-        return Welcome(store.version, store.initialized, len(store.live), staleness, store.job_id if store.initialized else "")
+        job = store.job_id if store.initialized else ""
+        return Welcome(store.version, store.initialized, len(store.live), staleness, job, self.server.release.site or "")
 
     def on_bad_message(self, exc: ProtocolError) -> None:
         self.server.errors_sent += 1

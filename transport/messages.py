@@ -104,6 +104,10 @@ class Welcome(Message):
     the slowest (SSP), so pulls return full parameters at whatever version is current."""
     job_id: str = ""
     """The job whose state the PS holds (empty: none yet, or unknown)."""
+    site: str = ""
+    """The site the PS runs at (`SITE_RE`; empty: not said). A relay at the same site pushes this
+    shard only once its pushes to the other sites' shards are acked (docs/ARCHITECTURE.md,
+    "WAN pushes first")."""
 
 
 @dataclass(frozen=True)
@@ -125,9 +129,9 @@ class TensorInfo:
 STATE_DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
 """Dtypes a `TensorInfo` may name."""
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9_.\-:]{0,128}$")
+"""Job ids: up to 128 characters of ``[A-Za-z0-9_.-:]`` (empty: unknown)."""
 SITE_RE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 """A site name (`netsense launch --sites`, `--site`); use with `fullmatch`."""
-"""Job ids: up to 128 characters of ``[A-Za-z0-9_.-:]`` (empty: unknown)."""
 
 
 @dataclass(frozen=True)

@@ -221,7 +221,7 @@ PARSERS: dict[str, Any] = {
     "welcome": lambda b, lim: Welcome(
         _int(b, "version", 0), _bool(b, "initialized"), _int(b, "live_workers", 0),
         _int(b, "staleness", -1, 1 << 20) if "staleness" in b else -1,  # absent: a PS from before async mode
-        _job_id(b),
+        _job_id(b), _site(b),
     ),
     "init": _init,
     "push": _push,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -30,6 +31,7 @@ from netsense.worker.connect import ConnectSettings
 from netsense.worker.hparams import scales_per_coordinate
 
 from .adaptive import AdaptiveUpstream
+from .order import WanPushes, shard_role
 from .phases import SitePhases
 from .site import Aggregate, SiteStore
 from .upstream import Upstream
@@ -104,6 +106,8 @@ class RelayServer(PSServer):
         self.relay = settings
         self.upstream = upstream
         self.shard = shard
+        self.pushes: WanPushes | None = None
+        """Shared by the relay's shards when its pushes go to other sites first (`Relay.start`)."""
         self.phases = SitePhases()
         """Where this shard's site steps go (gather, push, update, install): logged every
         `LOG_EVERY` steps and at the end (the ``stopped`` line of `netsense relay`)."""
@@ -198,9 +202,18 @@ class RelayServer(PSServer):
             self._stepping = None
         self._kick()
 
+    @property
+    def role(self) -> str | None:
+        """Where this shard's PS is: ``local`` (this site), ``remote``, or None (unsaid)."""
+        welcome = self.upstream.welcome
+        return shard_role(self.upstream.settings.site, welcome.site if welcome is not None else "")
+
     async def _push(self, agg: Aggregate) -> tuple[Params | None, bool]:
         """The upstream's parameters after the site's step, and whether they are that step's
-        update (False: a resync after the upstream refused or dropped the step)."""
+        update (False: a resync after the upstream refused or dropped the step). The site's own
+        shard is pushed once the pushes to the other sites' shards are acked (`WanPushes`)."""
+        if self.pushes is not None and self.role == "local":
+            await self.pushes.hold(agg.step)
         try:
             return await self.upstream.step(agg, len(self.site.params)), True
         except PeerError as exc:
@@ -275,8 +288,19 @@ class Relay:
         ]  # fmt: skip
 
     async def start(self, configuration: QuicConfiguration, socket_buffer_bytes: int = 8 << 20) -> list[int]:
-        """Connect every upstream shard and listen; returns the local ports, in shard order."""
-        return [await s.start(configuration, socket_buffer_bytes) for s in self.shards]
+        """Connect every upstream shard and listen; returns the local ports, in shard order.
+        When shards sit both here and at other sites (their WELCOME's site against ``--site``),
+        this site's shards are pushed after the others' pushes are acked ("WAN pushes first")."""
+        ports = [await s.start(configuration, socket_buffer_bytes) for s in self.shards]
+        roles = [s.role for s in self.shards]
+        if self.settings.server.wan_first and "local" in roles and "remote" in roles:
+            pushes = WanPushes()
+            for s, role in zip(self.shards, roles):
+                s.pushes = pushes
+                if role == "remote":
+                    pushes.remote(s.shard)
+                    s.upstream.on_pushed = functools.partial(pushes.acked, s.shard)
+        return ports
 
     @property
     def ports(self) -> list[int]:

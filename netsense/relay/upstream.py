@@ -53,6 +53,8 @@ class Upstream:
         """Seeds an upstream that came back empty (set by the relay when its site holds rank 0)."""
         self.last_push_s: float | None = None
         """The last `step`'s push, first byte to last ack (None: retried after a reconnect, untimed)."""
+        self.on_pushed: Callable[[int], None] | None = None
+        """Called with the step once its pushes are acked, or failed (the relay's `WanPushes`)."""
 
     @property
     def welcome(self) -> Welcome | None:
@@ -151,7 +153,11 @@ class Upstream:
         pushes = [asyncio.ensure_future(client.push(step, samples, total_keys, b)) for b in buckets]
         filler = [asyncio.ensure_future(client.probe(pad))] if pad > 0 else []  # after the pushes, as a worker's
         try:
-            await asyncio.gather(*pushes, *filler)
+            try:
+                await asyncio.gather(*pushes, *filler)
+            finally:
+                if self.on_pushed is not None:
+                    self.on_pushed(step)
             push_s = time.perf_counter() - started
             return await pull, push_s
         finally:

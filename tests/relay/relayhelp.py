@@ -54,10 +54,10 @@ class PS:
         self.net.close()
 
 
-def start_ps(certs: CertPaths, **kw: Any) -> PS:
+def start_ps(certs: CertPaths, site: str | None = None, **kw: Any) -> PS:
     net = NetThread("relay-test-ps")
     kw.setdefault("port", 0)
-    server = PSServer(ServerSettings(**kw), secret=load_secret(certs.secret))
+    server = PSServer(ServerSettings(**kw), secret=load_secret(certs.secret), site=site)
 
     async def start() -> int:
         return await server.start(server_configuration(certs.cert, certs.key, TransportSettings()))

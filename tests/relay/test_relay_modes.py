@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import pytest
 import torch
 
 from netsense.relay import RelaySettings, start_relay
@@ -59,6 +61,43 @@ def test_sharded_upstream_is_bit_exact(certs: CertPaths) -> None:
         assert ref.keys() == mine.keys()
         for key in ref:
             assert torch.equal(mine[key], ref[key]), key
+
+
+@pytest.mark.parametrize("wan_first", [True, False], ids=["wan-pushes-first", "off"])
+def test_site_shard_is_pushed_after_the_wan_pushes_are_acked(certs: CertPaths, wan_first: bool) -> None:
+    """Shard 0 at the relay's site a, shard 1 at site b (each PS says its site in WELCOME): each
+    step's push to shard 0 reaches it only after shard 1 has taken (and acked) its push of the
+    step, although shard 1 is slowed to take 50 ms a push; `server.wan_first = False` pushes both
+    at once. Training is the same either way."""
+    shards = [start_ps(certs, site="a"), start_ps(certs, site="b")]
+    arrived: list[dict[int, float]] = [{}, {}]
+    for i, ps in enumerate(shards):
+        store, push = ps.server.store, ps.server.store.push
+
+        def timed(worker_id: str, msg: Any, push: Any = push, i: int = i) -> Any:
+            if i == 1:
+                time.sleep(0.05)  # a slow WAN push: acked 50 ms after it started
+            arrived[i].setdefault(msg.step, time.monotonic())
+            return push(worker_id, msg)
+
+        store.push = timed  # type: ignore[method-assign]
+    settings = RelaySettings(upstream=tuple(connect(certs, s.port, site="a") for s in shards), site="a",
+                             server=ServerSettings(port=0, wan_first=wan_first), site_workers=2)  # fmt: skip
+    site = start_relay(settings, cert=str(certs.cert), key=str(certs.key), secret=load_secret(certs.secret))
+    try:
+        assert [s.role for s in site.relay.shards] == ["local", "remote"]
+        here: Any = [connect(certs, p) for p in site.ports]
+        run_workers([Worker(r, 2, here, STEPS, digits(), spread=0) for r in range(2)])
+        assert all(s.call(lambda s=s: s.server.store.version) == STEPS for s in shards)
+    finally:
+        site.stop()
+        for s in shards:
+            s.stop()
+    lead = [arrived[0][k] - arrived[1][k] for k in range(STEPS)]
+    if wan_first:
+        assert min(lead) > 0, lead  # the site's shard took each step's push after the far one
+    else:
+        assert max(lead) < 0, lead  # both at once: the near push is in before the slowed far one
 
 
 def test_buffers_through_two_sites(certs: CertPaths) -> None:

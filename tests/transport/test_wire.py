@@ -30,6 +30,7 @@ P = Payload("fp32", (2, 3), "float32", (bytes(24),))
 MESSAGES = [
     Hello("w0", 0, bytes(32)),
     Hello("w1", 1, bytes(32), job_id="j", site="site-b.2"),
+    Welcome(3, True, 2, job_id="j", site="b"),
     Challenge(bytes(range(32))),
     Auth(bytes(32)),
     Welcome(3, True, 2),
@@ -71,6 +72,7 @@ def _payload(**over: object) -> dict[str, object]:
         (_raw(t="hello", worker_id="w", rank=0, client_nonce=bytes(32), site="a b"), "malformed"),
         (_raw(t="hello", worker_id="w", rank=0, client_nonce=bytes(32), site="x" * 33), "malformed"),
         (_raw(t="hello", worker_id="w", rank=0, client_nonce=bytes(32), site=7), "malformed"),
+        (_raw(t="welcome", version=0, initialized=True, live_workers=0, site="a/b"), "malformed"),
         (_raw(t="push", step=0, samples=1, total_keys=1, grads={"a": _payload(d="int64")}), "dtype"),
         (_raw(t="push", step=0, samples=1, total_keys=1, grads={"a": _payload(s=[-1])}), "shape"),
         (_raw(t="push", step=0, samples=1, total_keys=1, grads={"a": _payload(s=[1 << 20, 1 << 20])}), "oversize"),
@@ -89,6 +91,8 @@ def test_malformed_messages_raise_protocol_error(data: bytes, code: str) -> None
 
 def test_hello_without_a_site_is_the_bytes_of_a_peer_from_before_sites() -> None:
     assert b"site" not in encode_message(Hello("w0", 0, bytes(32)))
+    assert b"site" not in encode_message(Welcome(0, True, 0))  # nor a PS's that says none
+    assert decode_message(_raw(t="welcome", version=0, initialized=True, live_workers=0)).site == ""  # type: ignore[attr-defined]
     assert decode_message(_raw(t="hello", worker_id="w", rank=0, client_nonce=bytes(32))).site == ""  # type: ignore[attr-defined]
 
 

@@ -1,0 +1,66 @@
+"""WAN pushes first: a relay pushes its own site's shard only once its pushes of the same step to
+the shards at other sites are acked.
+
+With a shard and a relay at each of two sites, shard X's update to site Y crosses the WAN in the
+X -> Y direction, where relay X's push to shard Y runs too. Shard X can send that update once it
+holds both sites' pushes: relay Y's across the WAN and relay X's own over the LAN, which arrives
+first. So when relay Y's push is through before relay X's, shard X's update shares X -> Y with the
+rest of relay X's push, which then ends late, and shard Y's update to site X, which waits for that
+push, starts late: each step, one direction idles while the other carries both. Holding the
+site's own push until its WAN pushes are acked keeps each direction to its push, then its update
+(docs/ARCHITECTURE.md, "WAN pushes first"; measured in docs/BENCHMARKS.md).
+
+A shard counts as local or remote by the site its PS said in WELCOME against the relay's own
+(``--site``); shards that said none are neither held nor waited for. A hold never outlasts
+`MAX_HOLD_S`. Pure bookkeeping, polled from the relay's loop as `netsense.ps.release` polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+MAX_HOLD_S = 1.0
+"""Longest the site's own push waits: a WAN push that stalls must not stall the site's shard."""
+POLL_S = 0.002
+"""How often a held push looks again."""
+
+
+def shard_role(relay_site: str, ps_site: str) -> str | None:
+    """``local`` (the PS is at the relay's site), ``remote`` (at another), or None (either unsaid)."""
+    if not relay_site or not ps_site:
+        return None
+    return "local" if ps_site == relay_site else "remote"
+
+
+class WanPushes:
+    """The last step whose push each remote shard has had acked; what the local shards wait on."""
+
+    def __init__(self) -> None:
+        self._acked: dict[int, int] = {}
+        self.held_s = 0.0
+        """Seconds the local pushes waited in all (logged at the end)."""
+
+    def remote(self, shard: int) -> None:
+        """Shard `shard` is at another site: local pushes wait for its acks from now on."""
+        self._acked.setdefault(shard, -1)
+
+    def acked(self, shard: int, step: int) -> None:
+        """Shard `shard`'s push of `step` is acked, or will not be (it failed, or the site resynced)."""
+        if shard in self._acked:
+            self._acked[shard] = max(self._acked[shard], step)
+
+    def through(self, step: int) -> bool:
+        """Every remote shard's push of `step` (or a later one) is acked."""
+        return all(done >= step for done in self._acked.values())
+
+    async def hold(self, step: int) -> float:
+        """Wait, at most `MAX_HOLD_S`, until `through(step)`; returns the seconds waited."""
+        if self.through(step):
+            return 0.0
+        start = time.monotonic()
+        while not self.through(step) and time.monotonic() - start < MAX_HOLD_S:
+            await asyncio.sleep(POLL_S)
+        held = time.monotonic() - start
+        self.held_s += held
+        return held
