@@ -67,7 +67,7 @@ def test_sharded_upstream_is_bit_exact(certs: CertPaths) -> None:
 def test_site_shard_is_pushed_after_the_wan_pushes_are_acked(certs: CertPaths, wan_first: bool) -> None:
     """Shard 0 at the relay's site a, shard 1 at site b (each PS says its site in WELCOME): each
     step's push to shard 0 reaches it only after shard 1 has taken (and acked) its push of the
-    step, although shard 1 is slowed to take 50 ms a push; `server.wan_first = False` pushes both
+    step, although shard 1 is slowed to take 200 ms a push; `server.wan_first = False` pushes both
     at once. Training is the same either way."""
     shards = [start_ps(certs, site="a"), start_ps(certs, site="b")]
     arrived: list[dict[int, float]] = [{}, {}]
@@ -76,7 +76,7 @@ def test_site_shard_is_pushed_after_the_wan_pushes_are_acked(certs: CertPaths, w
 
         def timed(worker_id: str, msg: Any, push: Any = push, i: int = i) -> Any:
             if i == 1:
-                time.sleep(0.05)  # a slow WAN push: acked 50 ms after it started
+                time.sleep(0.2)  # a slow WAN push: acked 200 ms after it started
             arrived[i].setdefault(msg.step, time.monotonic())
             return push(worker_id, msg)
 
