@@ -100,7 +100,7 @@ class ServerSettings:
     wan_first: bool = True
     """At a PS told its site (`netsense ps --site`), answer the pulls of workers and relays at other
     sites before those of its own (synchronous mode; docs/ARCHITECTURE.md, "WAN-first release"); at
-    a relay, push the shards at other sites before its own site's ("WAN pushes first")."""
+    a relay or worker, push the shards at other sites before its own site's ("WAN pushes first")."""
 
     def __post_init__(self) -> None:
         if self.preauth_window_bytes < 4096:

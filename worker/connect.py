@@ -64,6 +64,9 @@ class ConnectSettings:
     site: str = ""
     """The site this process runs at (``--site``), sent in HELLO: a PS at another site answers its
     pulls first (docs/ARCHITECTURE.md, "WAN-first release"). "": not said."""
+    wan_first: bool = True
+    """Push the shards at other sites before this site's own (a worker's step, when the PSs say
+    their sites; docs/ARCHITECTURE.md, "WAN pushes first"); the job's ``server.wan_first``."""
 
 
 def make_client(settings: ConnectSettings, worker_id: str, rank: int) -> PSClient:

@@ -39,6 +39,7 @@ from .overlap import PUSH_WINDOW, BucketReply, merge_parts, push_and_pull
 from .redecide import PushSlot, Withdrawal, discard, fail, push_slot, replace, withdraw
 from .replica import Replica
 from .uplink import UplinkController
+from .wanpushes import WanPushes, shard_role
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class Exchange:
         world_size: int,
         optimizer: dict[str, object],
         overlap: bool,
+        wan_first: bool = True,
     ) -> None:
         self.replica = replica
         self.uplink = uplink
@@ -101,6 +103,12 @@ class Exchange:
         """The path is read at the end of each step, for the next `read_link` (a fixed policy, which
         only logs it), instead of by a crossing of its own."""
         self._link_after: LinkState | None = None  # that snapshot, taken once
+        self._wan_first = wan_first and all(x.wan_first for x in shards)
+        self._wan: WanPushes | None = None
+        """With shards both at this site and at others: the far pushes go first (`_start`)."""
+        self._roles: list[str | None] = [None] * len(shards)
+        self._acks: dict[int, list[int]] = {}
+        """Per far shard, pipelined: [step, buckets acked, buckets of the step (-1: not known yet)]."""
         self.start_probe: tuple[int, float, str] | None = None
         """The uplink's start-up probe taken while connecting (`_start`): bytes, seconds, and what
         they were (``init``: rank 0's INIT; ``probe``: filler); None when none was asked for."""
@@ -147,7 +155,7 @@ class Exchange:
         step, keys = self.replica.versions[shard], len(self.replica.shard_slots[shard])
         if self._pipelined(shard):
             return self.net.submit(self._push_bucket(shard, step, samples, bucket))
-        return self.net.submit(self.clients[shard].push(step, samples, keys, bucket))
+        return self.net.submit(self._push_after_wan(shard, step, lambda: self.clients[shard].push(step, samples, keys, bucket)))
 
     def redecide(self, decide: Decide) -> Withdrawal | None:
         """Put the step's slow push to `decide` (on the loop, so the progress it sees is what is
@@ -196,6 +204,7 @@ class Exchange:
         connecting"). A rank that finds the PS running sends its filler here as it did at step 0:
         its first push waits for it either way."""
         seeded = await asyncio.gather(*(self._connect_shard(i) for i in range(len(self.clients))))
+        self._order_pushes()
         if probe_bytes > 0:
             if all(n > 0 for n, _ in seeded):  # the shards' INITs ran side by side, as a push's parts do
                 self.start_probe = (sum(n for n, _ in seeded), max(t for _, t in seeded), "init")
@@ -311,7 +320,10 @@ class Exchange:
         pushes = [asyncio.wrap_future(f) for f in inflight]
         slots = [PushSlot(b) for b in buckets[len(inflight) :]]
         self._slots[shard] = (slots, len(inflight), buckets)
-        pushes += [asyncio.ensure_future(push_slot(client, slot, step, samples, keys)) for slot in slots]
+        pushes += [
+            asyncio.ensure_future(self._push_after_wan(shard, step, lambda slot=slot: push_slot(client, slot, step, samples, keys)))
+            for slot in slots
+        ]
         # After the pushes: aioquic serves its streams round robin, packet by packet, so the pushes
         # still reach the PS first and the barrier and the update run while the filler drains.
         filler = [asyncio.ensure_future(client.probe(pad))] if pad > 0 else []
@@ -324,10 +336,13 @@ class Exchange:
             acks = (await asyncio.gather(*pushes, *filler))[: len(pushes)]
             tally.push_s[shard] = time.perf_counter() - started  # first byte to the last push's (and filler's) ack
         except PeerError as exc:
+            self._far_pushed(shard, step)
             return await self._resync_stale(exc, [*filler, *pushes] if pull is None else [pull, *filler, *pushes], step, shard)
         except BaseException:
             discard([*filler, *pushes] if pull is None else [pull, *filler, *pushes])  # a dropped connection fails the pull too
             raise
+        finally:
+            self._far_pushed(shard, step)
         if pull is None:
             tally.staleness[shard] = max(0, max(acks) - 1 - step)  # the last ack names our update's version
             return await client.pull(-1, 0)
@@ -347,15 +362,19 @@ class Exchange:
         step, client = self.replica.versions[shard], self.clients[shard]
         replies = [asyncio.wrap_future(f) for f in inflight]
         replies += [asyncio.ensure_future(self._push_bucket(shard, step, samples, b)) for b in buckets[len(inflight) :]]
+        self._bucket_acked(shard, step, total=len(replies))
         filler = [asyncio.ensure_future(_acked_at(client.probe(pad)))] if pad > 0 else []
         try:
             done = await asyncio.gather(*replies)
             acked = await asyncio.gather(*filler)
         except PeerError as exc:
+            self._far_pushed(shard, step)
             return await self._resync_stale(exc, [*replies, *filler], step, shard)
         except BaseException:
             discard([*replies, *filler])
             raise
+        finally:
+            self._far_pushed(shard, step)
         tally.push_s[shard] = max([r.acked_at for r in done] + acked) - started
         pushed_state = [s.key for s in self.replica.shard_state(shard) if any(s.key in b for b in buckets)]
         keys = [s.key for s in self.replica.shard_slots[shard]] + pushed_state  # the buffers come back averaged
@@ -366,9 +385,57 @@ class Exchange:
         return merged
 
     async def _push_bucket(self, shard: int, step: int, samples: int, bucket: dict[str, Payload]) -> BucketReply:
-        """One bucket of a pipelined step: push it, pull its keys."""
+        """One bucket of a pipelined step: push it, pull its keys (this site's shard after the far
+        shards' pushes of the step are acked)."""
         keys, state = len(self.replica.shard_slots[shard]), {s.key for s in self.replica.shard_state(shard)}
-        return await push_and_pull(self.clients[shard], self._windows[shard], step, samples, keys, bucket, state)
+        await self._hold_local(shard, step)
+        acked = (lambda: self._bucket_acked(shard, step)) if self._roles[shard] == "remote" else None
+        return await push_and_pull(self.clients[shard], self._windows[shard], step, samples, keys, bucket, state, acked)
+
+    # --- WAN pushes first (worker/wanpushes.py) ---------------------------------------------
+
+    def _order_pushes(self) -> None:
+        """Once connected: which shards are at this site and which at others (their WELCOME's site
+        against ours); with both, pushes to this site's shards wait for the far ones' acks."""
+        self._roles = [
+            shard_role(s.site, c.welcome.site if c.welcome is not None else "") for s, c in zip(self.shards, self.clients)
+        ]
+        if self._wan_first and "local" in self._roles and "remote" in self._roles:
+            self._wan = WanPushes()
+            for shard, role in enumerate(self._roles):
+                if role == "remote":
+                    self._wan.remote(shard)
+
+    async def _hold_local(self, shard: int, step: int) -> None:
+        if self._wan is not None and self._roles[shard] == "local":
+            await self._wan.hold(step)
+
+    async def _push_after_wan(self, shard: int, step: int, push: Callable[[], Awaitable[int]]) -> int:
+        """`push()` once this site's shard may go (`_hold_local`); other shards' at once."""
+        await self._hold_local(shard, step)
+        return await push()
+
+    def _far_pushed(self, shard: int, step: int) -> None:
+        """Every push of `step` to far shard `shard` is acked, or failed (idempotent)."""
+        if self._wan is not None and self._roles[shard] == "remote":
+            self._wan.acked(shard, step)
+
+    def _bucket_acked(self, shard: int, step: int, total: int | None = None) -> None:
+        """Pipelined far shard: one more bucket of `step` acked (`total` None), or the step's
+        bucket count now known; all acked -> `_far_pushed`."""
+        if self._wan is None or self._roles[shard] != "remote":
+            return
+        seen = self._acks.get(shard)
+        if seen is not None and step < seen[0]:
+            return  # a late ack of an older step
+        if seen is None or seen[0] != step:
+            seen = self._acks[shard] = [step, 0, -1]
+        if total is None:
+            seen[1] += 1
+        else:
+            seen[2] = total
+        if seen[2] >= 0 and seen[1] >= seen[2]:
+            self._far_pushed(shard, step)
 
     async def _resync_stale(self, exc: PeerError, pending: Sequence[asyncio.Future[Any]], step: int, shard: int) -> Params:
         """A push or pull of `step` refused: cancel what is still in flight; if the barrier moved on

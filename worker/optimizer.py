@@ -162,6 +162,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         self._backward: BackwardPushes | None = None  # what this backward's hooks encoded and pushed
         self._next_samples: int | None = None
         self._param_slots = slots_by_param(self.slots)
+        redecides = type(self.uplink.policy).redecide is not Policy.redecide
         self._exchange = Exchange(
             shards,
             self._replica,
@@ -171,12 +172,15 @@ class NetSenseOptimizer(torch.optim.Optimizer):
             world_size=world_size,
             optimizer=optimizer or {},
             overlap=bool(overlap),
+            # A redecided push withdraws what is not sent whole: a held push to this site's shard
+            # would be re-encoded with the far ones', so such policies push every shard at once.
+            wan_first=not redecides,
         )
         self._exchange.link_after_step = isinstance(self.uplink.policy, FixedPolicy)  # it only logs the path
         if self._exchange.start_probe is not None:  # taken while connecting (`Exchange._start`)
             sent, seconds, what = self._exchange.start_probe
             self.uplink.observe_probe(bytes_sent=sent, comm_s=seconds, link=self._exchange.read_link(), source=what)
-        self._redecides = type(self.uplink.policy).redecide is not Policy.redecide
+        self._redecides = redecides
         """The policy may redecide a slow push (else waiting for it to be slow is a crossing for nothing)."""
         self.duplex_off: str | None = None
         """With ``overlap=None``: why the step stayed half duplex (None: it is full duplex, or overlap was given)."""

@@ -115,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
     job = resolve_job_id(config.model, config.train.seed, config.train.job_id, random_part=False)
     shards = [
         dataclasses.replace(
-            connect_settings(config, host, port, args.server_name), job_id=job, resume=config.train.resume, site=args.site or ""
+            connect_settings(config, host, port, args.server_name), job_id=job, resume=config.train.resume, site=args.site or "",
+            wan_first=config.server.wan_first,
         )
         for host, port in addresses
     ]

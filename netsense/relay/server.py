@@ -31,7 +31,7 @@ from netsense.worker.connect import ConnectSettings
 from netsense.worker.hparams import scales_per_coordinate
 
 from .adaptive import AdaptiveUpstream
-from .order import WanPushes, shard_role
+from netsense.worker.wanpushes import WanPushes, shard_role
 from .phases import SitePhases
 from .site import Aggregate, SiteStore
 from .upstream import Upstream

@@ -1,18 +1,18 @@
-"""WAN pushes first: a relay pushes its own site's shard only once its pushes of the same step to
-the shards at other sites are acked.
+"""WAN pushes first: a relay or worker pushes its own site's shard only once its pushes of the same
+step to the shards at other sites are acked.
 
-With a shard and a relay at each of two sites, shard X's update to site Y crosses the WAN in the
-X -> Y direction, where relay X's push to shard Y runs too. Shard X can send that update once it
-holds both sites' pushes: relay Y's across the WAN and relay X's own over the LAN, which arrives
-first. So when relay Y's push is through before relay X's, shard X's update shares X -> Y with the
-rest of relay X's push, which then ends late, and shard Y's update to site X, which waits for that
-push, starts late: each step, one direction idles while the other carries both. Holding the
-site's own push until its WAN pushes are acked keeps each direction to its push, then its update
-(docs/ARCHITECTURE.md, "WAN pushes first"; measured in docs/BENCHMARKS.md).
+With a shard and a relay (or worker) at each of two sites, shard X's update to site Y crosses the
+WAN in the X -> Y direction, where site X's push to shard Y runs too. Shard X can send that update
+once it holds both sites' pushes: site Y's across the WAN and site X's own over the LAN, which
+arrives first. So when site Y's push is through before site X's, shard X's update shares X -> Y
+with the rest of site X's push, which then ends late, and shard Y's update to site X, which waits
+for that push, starts late: each step, one direction idles while the other carries both. Holding
+the site's own push until its WAN pushes are acked keeps each direction to its push, then its
+update (docs/ARCHITECTURE.md, "WAN pushes first"; measured in docs/BENCHMARKS.md).
 
-A shard counts as local or remote by the site its PS said in WELCOME against the relay's own
+A shard counts as local or remote by the site its PS said in WELCOME against the pusher's own
 (``--site``); shards that said none are neither held nor waited for. A hold never outlasts
-`MAX_HOLD_S`. Pure bookkeeping, polled from the relay's loop as `netsense.ps.release` polls.
+`MAX_HOLD_S`. Pure bookkeeping, polled from the pusher's loop as `netsense.ps.release` polls.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from netsense.relay import order
-from netsense.relay.order import WanPushes, shard_role
+from netsense.worker import wanpushes as order
+from netsense.worker.wanpushes import WanPushes, shard_role
 
 
 def test_roles_need_both_sites() -> None:

@@ -1,0 +1,64 @@
+"""WAN pushes first at a worker: its own site's shard gets each step's push only after the shard
+at the other site has acked its part (worker/wanpushes.py), in the plain and the full-duplex step."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from netsense.worker.optimizer import NetSenseOptimizer
+from tests.conftest import start_ps, stop_ps
+
+STEPS = 4
+SLOW_S = 0.2
+"""The far shard takes this long to take each push: a slow WAN push."""
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 64), torch.nn.ReLU(), torch.nn.Linear(64, 3))
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "duplex"])
+@pytest.mark.parametrize("wan_first", [True, False], ids=["wan-pushes-first", "off"])
+def test_far_shard_takes_each_push_first(certs, overlap: bool, wan_first: bool) -> None:  # type: ignore[no-untyped-def]
+    """Shard 0 at the worker's site a, shard 1 at site b and slowed by `SLOW_S` a push: with WAN
+    pushes first, shard 0 gets each step's push after shard 1 took its own; off, at once."""
+    servers = [start_ps(certs, site="a"), start_ps(certs, site="b")]
+    arrived: list[dict[int, float]] = [{}, {}]
+    for i, ps in enumerate(servers):
+        store, push = ps.server.store, ps.server.store.push
+
+        def timed(worker_id: str, msg: Any, push: Any = push, i: int = i) -> Any:
+            if i == 1 and msg.step not in arrived[1]:
+                time.sleep(SLOW_S)
+            arrived[i].setdefault(msg.step, time.monotonic())
+            return push(worker_id, msg)
+
+        store.push = timed  # type: ignore[method-assign]
+    model = _model()
+    opt = NetSenseOptimizer(
+        model, connect=[ps.connect_settings(site="a", wan_first=wan_first) for ps in servers], rank=0, world_size=1,
+        worker_id="w0", optimizer={"name": "sgd", "lr": 0.1}, codec="fp32", bucket_bytes=512, overlap=overlap,
+        overlap_bucket_bytes=512,
+    )  # fmt: skip
+    try:
+        g = torch.Generator().manual_seed(0)
+        for _ in range(STEPS):
+            x, y = torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+            opt.zero_grad(samples=len(x))
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step(samples=len(x))
+        assert all(ps.call(lambda ps=ps: ps.server.store.version) == STEPS for ps in servers)
+    finally:
+        opt.close()
+        for ps in servers:
+            stop_ps(ps)
+    lead = [arrived[0][k] - arrived[1][k] for k in range(STEPS)]
+    if wan_first:
+        assert min(lead) > 0, lead  # this site's shard took each step's first bucket after the far one
+    else:
+        assert max(lead) < 0, lead  # both at once: the near push is in before the slowed far one
