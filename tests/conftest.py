@@ -126,3 +126,26 @@ def reusable_port() -> int:
                 continue
         return port
     raise RuntimeError(f"no free UDP port in {top - _BAND}..{top - 1}")
+
+
+SLOW_SEND_S = 0.2
+"""How late `slow_sends` reports a push's last byte sent."""
+
+
+@pytest.fixture
+def slow_sends(monkeypatch: pytest.MonkeyPatch) -> set[int]:
+    """Pushes on the connections whose `id` the test adds to the returned set report their last
+    byte sent `SLOW_SEND_S` late, as a push held back by its congestion window would (loopback
+    sends every byte at once). For "WAN pushes first" (worker/wanpushes.py)."""
+    from netsense.worker import client
+
+    slow: set[int] = set()
+    until_sent = client._until_sent
+
+    async def late(conn, stream_id, sent, poll_s=0.002):  # type: ignore[no-untyped-def]
+        if id(conn) in slow:
+            await asyncio.sleep(SLOW_SEND_S)
+        await until_sent(conn, stream_id, sent, poll_s)
+
+    monkeypatch.setattr(client, "_until_sent", late)
+    return slow

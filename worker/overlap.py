@@ -137,7 +137,7 @@ async def push_and_pull(
     total_keys: int,
     bucket: dict[str, Payload],
     state_keys: Container[str] = (),
-    acked: Callable[[], None] | None = None,
+    on_sent: Callable[[], None] | None = None,
 ) -> BucketReply:
     """PUSH one bucket (within the shard's window) and PULL its keys of the next version; the pull
     leaves at once, so the PS can answer it the moment it has applied the keys. State keys in the
@@ -156,10 +156,10 @@ async def push_and_pull(
             sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             push = asyncio.ensure_future(client.push(step, samples, total_keys, bucket, sent=sent))
             await asyncio.wait({sent, push}, return_when=asyncio.FIRST_COMPLETED)
+        if on_sent is not None:  # its last byte has left (or it ended): `WanPushes` counts it
+            on_sent()
         ack = await push
         acked_at = time.perf_counter()
-        if acked is not None:  # the push is in (its keys' replies come later): `WanPushes` counts it
-            acked()
         return BucketReply(ack, acked_at, list(await asyncio.gather(*pulls)))
     except BaseException:
         for task in [*pulls, push]:

@@ -92,11 +92,14 @@ class PushSlot:
         return state is not None and not state.fin_sent
 
 
-async def push_slot(client: PSClient, slot: PushSlot, step: int, samples: int, total_keys: int) -> int:
-    """Push `slot`'s bucket; when it is withdrawn, wait for the replacement and push that instead."""
+async def push_slot(
+    client: PSClient, slot: PushSlot, step: int, samples: int, total_keys: int, sent: asyncio.Future[None] | None = None
+) -> int:
+    """Push `slot`'s bucket; when it is withdrawn, wait for the replacement and push that instead.
+    `sent`: set once the push's last byte has left (`PSClient.push`)."""
     while True:
         try:
-            return await client.push(step, samples, total_keys, slot.bucket, handle=slot.handle)
+            return await client.push(step, samples, total_keys, slot.bucket, handle=slot.handle, sent=sent)
         except RequestAbandoned:
             if slot.replacement is None:
                 raise

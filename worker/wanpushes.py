@@ -1,5 +1,5 @@
 """WAN pushes first: a relay or worker pushes its own site's shard only once its pushes of the same
-step to the shards at other sites are acked.
+step to the shards at other sites have left (their last bytes sent).
 
 With a shard and a relay (or worker) at each of two sites, shard X's update to site Y crosses the
 WAN in the X -> Y direction, where site X's push to shard Y runs too. Shard X can send that update
@@ -8,7 +8,9 @@ arrives first. So when site Y's push is through before site X's, shard X's updat
 with the rest of site X's push, which then ends late, and shard Y's update to site X, which waits
 for that push, starts late: each step, one direction idles while the other carries both. Holding
 the site's own push until its WAN pushes are acked keeps each direction to its push, then its
-update (docs/ARCHITECTURE.md, "WAN pushes first"; measured in docs/BENCHMARKS.md).
+update (docs/ARCHITECTURE.md, "WAN pushes first"; measured in docs/BENCHMARKS.md). Left, not acked:
+the near shard's update then queues behind the push's last bytes at the bottleneck, and waiting
+for the acks would cost a round trip a step.
 
 A shard counts as local or remote by the site its PS said in WELCOME against the pusher's own
 (``--site``); shards that said none are neither held nor waited for. A hold never outlasts
@@ -34,7 +36,7 @@ def shard_role(relay_site: str, ps_site: str) -> str | None:
 
 
 class WanPushes:
-    """The last step whose push each remote shard has had acked; what the local shards wait on."""
+    """The last step whose pushes to each remote shard have left; what the local shards wait on."""
 
     def __init__(self) -> None:
         self._acked: dict[int, int] = {}
@@ -42,16 +44,16 @@ class WanPushes:
         """Seconds the local pushes waited in all (logged at the end)."""
 
     def remote(self, shard: int) -> None:
-        """Shard `shard` is at another site: local pushes wait for its acks from now on."""
+        """Shard `shard` is at another site: local pushes wait for its pushes from now on."""
         self._acked.setdefault(shard, -1)
 
     def acked(self, shard: int, step: int) -> None:
-        """Shard `shard`'s push of `step` is acked, or will not be (it failed, or the site resynced)."""
+        """Shard `shard`'s pushes of `step` have left, or will not (they failed, or the site resynced)."""
         if shard in self._acked:
             self._acked[shard] = max(self._acked[shard], step)
 
     def through(self, step: int) -> bool:
-        """Every remote shard's push of `step` (or a later one) is acked."""
+        """Every remote shard's pushes of `step` (or a later one) have left."""
         return all(done >= step for done in self._acked.values())
 
     async def hold(self, step: int) -> float:

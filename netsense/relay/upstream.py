@@ -54,7 +54,8 @@ class Upstream:
         self.last_push_s: float | None = None
         """The last `step`'s push, first byte to last ack (None: retried after a reconnect, untimed)."""
         self.on_pushed: Callable[[int], None] | None = None
-        """Called with the step once its pushes are acked, or failed (the relay's `WanPushes`)."""
+        """Called with the step once its pushes' last bytes have left, or they failed (the relay's
+        `WanPushes`; docs/ARCHITECTURE.md, "WAN pushes first")."""
 
     @property
     def welcome(self) -> Welcome | None:
@@ -150,7 +151,8 @@ class Upstream:
         client = self.client
         started = time.perf_counter()
         pull = asyncio.ensure_future(client.pull(step, step + 1))
-        pushes = [asyncio.ensure_future(client.push(step, samples, total_keys, b)) for b in buckets]
+        sent = self._sent_futures(step, len(buckets))
+        pushes = [asyncio.ensure_future(client.push(step, samples, total_keys, b, sent=f)) for b, f in zip(buckets, sent)]
         filler = [asyncio.ensure_future(client.probe(pad))] if pad > 0 else []  # after the pushes, as a worker's
         try:
             try:
@@ -165,6 +167,27 @@ class Upstream:
                 if not f.done():
                     f.cancel()
                 f.add_done_callback(_consume)
+
+    def _sent_futures(self, step: int, n: int) -> list[asyncio.Future[None] | None]:
+        """One `sent` future per push of `step` when `on_pushed` wants to know: the last one set
+        calls it (the pushes' bytes have all left; their acks come a round trip later)."""
+        on_pushed = self.on_pushed
+        if on_pushed is None:
+            return [None] * n
+        left = [n]
+
+        def one_out(_: asyncio.Future[None]) -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                on_pushed(step)
+
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[None] | None] = []
+        for _ in range(n):
+            f: asyncio.Future[None] = loop.create_future()
+            f.add_done_callback(one_out)
+            futures.append(f)
+        return futures
 
     def encode(self, agg: Aggregate, payloads: dict[str, Payload] | None = None) -> tuple[list[dict[str, Payload]], StepFields]:
         """The site's PUSH buckets (state keys in the first) and their step fields; `payloads`:

@@ -1,5 +1,5 @@
-"""WAN pushes first at a worker: its own site's shard gets each step's push only after the shard
-at the other site has acked its part (worker/wanpushes.py), in the plain and the full-duplex step."""
+"""WAN pushes first at a worker: its own site's shard gets each step's push only after the push to
+the shard at the other site has left (worker/wanpushes.py), in the plain and the full-duplex step."""
 
 from __future__ import annotations
 
@@ -10,11 +10,9 @@ import pytest
 import torch
 
 from netsense.worker.optimizer import NetSenseOptimizer
-from tests.conftest import start_ps, stop_ps
+from tests.conftest import SLOW_SEND_S, start_ps, stop_ps
 
 STEPS = 4
-SLOW_S = 0.2
-"""The far shard takes this long to take each push: a slow WAN push."""
 
 
 def _model() -> torch.nn.Module:
@@ -24,18 +22,20 @@ def _model() -> torch.nn.Module:
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["plain", "duplex"])
 @pytest.mark.parametrize("wan_first", [True, False], ids=["wan-pushes-first", "off"])
-def test_far_shard_takes_each_push_first(certs, overlap: bool, wan_first: bool) -> None:  # type: ignore[no-untyped-def]
-    """Shard 0 at the worker's site a, shard 1 at site b and slowed by `SLOW_S` a push: with WAN
-    pushes first, shard 0 gets each step's push after shard 1 took its own; off, at once."""
+def test_far_shard_takes_each_push_first(certs, slow_sends: set[int], overlap: bool, wan_first: bool) -> None:  # type: ignore[no-untyped-def]
+    """Shard 0 at the worker's site a, shard 1 at site b, whose pushes leave `SLOW_SEND_S` late and
+    are acked as late: with WAN pushes first shard 0 gets each step's first push that much after
+    shard 1's; off, both at once."""
     servers = [start_ps(certs, site="a"), start_ps(certs, site="b")]
     arrived: list[dict[int, float]] = [{}, {}]
     for i, ps in enumerate(servers):
         store, push = ps.server.store, ps.server.store.push
 
         def timed(worker_id: str, msg: Any, push: Any = push, i: int = i) -> Any:
-            if i == 1 and msg.step not in arrived[1]:
-                time.sleep(SLOW_S)
+            first = msg.step not in arrived[i]
             arrived[i].setdefault(msg.step, time.monotonic())
+            if i == 1 and first:
+                time.sleep(SLOW_SEND_S)  # its ack as late as the send
             return push(worker_id, msg)
 
         store.push = timed  # type: ignore[method-assign]
@@ -45,6 +45,7 @@ def test_far_shard_takes_each_push_first(certs, overlap: bool, wan_first: bool) 
         worker_id="w0", optimizer={"name": "sgd", "lr": 0.1}, codec="fp32", bucket_bytes=512, overlap=overlap,
         overlap_bucket_bytes=512,
     )  # fmt: skip
+    slow_sends.add(id(opt._exchange.clients[1].conn))
     try:
         g = torch.Generator().manual_seed(0)
         for _ in range(STEPS):
@@ -59,6 +60,6 @@ def test_far_shard_takes_each_push_first(certs, overlap: bool, wan_first: bool) 
             stop_ps(ps)
     lead = [arrived[0][k] - arrived[1][k] for k in range(STEPS)]
     if wan_first:
-        assert min(lead) > 0, lead  # this site's shard took each step's first bucket after the far one
+        assert min(lead) > SLOW_SEND_S / 2, lead  # this site's shard waited for the far push to leave
     else:
-        assert max(lead) < 0, lead  # both at once: the near push is in before the slowed far one
+        assert max(lead) < SLOW_SEND_S / 2, lead  # both at once

@@ -13,6 +13,8 @@ from netsense.ps.server import ServerSettings
 from netsense.transport.auth import load_secret
 from netsense.transport.tls import CertPaths
 
+from tests.conftest import SLOW_SEND_S
+
 from .relayhelp import PS, Worker, connect, digits, relay, run_workers, start_ps
 
 STEPS = 4
@@ -64,20 +66,20 @@ def test_sharded_upstream_is_bit_exact(certs: CertPaths) -> None:
 
 
 @pytest.mark.parametrize("wan_first", [True, False], ids=["wan-pushes-first", "off"])
-def test_site_shard_is_pushed_after_the_wan_pushes_are_acked(certs: CertPaths, wan_first: bool) -> None:
-    """Shard 0 at the relay's site a, shard 1 at site b (each PS says its site in WELCOME): each
-    step's push to shard 0 reaches it only after shard 1 has taken (and acked) its push of the
-    step, although shard 1 is slowed to take 200 ms a push; `server.wan_first = False` pushes both
-    at once. Training is the same either way."""
+def test_site_shard_is_pushed_after_the_wan_pushes_left(certs: CertPaths, slow_sends: set[int], wan_first: bool) -> None:
+    """Shard 0 at the relay's site a, shard 1 at site b (each PS says its site in WELCOME), whose
+    pushes leave `SLOW_SEND_S` late and are acked as late: each step's push reaches shard 0 that
+    much after shard 1's; `server.wan_first = False` pushes both at once. Training is the same."""
     shards = [start_ps(certs, site="a"), start_ps(certs, site="b")]
     arrived: list[dict[int, float]] = [{}, {}]
     for i, ps in enumerate(shards):
         store, push = ps.server.store, ps.server.store.push
 
         def timed(worker_id: str, msg: Any, push: Any = push, i: int = i) -> Any:
-            if i == 1:
-                time.sleep(0.2)  # a slow WAN push: acked 200 ms after it started
+            first = msg.step not in arrived[i]
             arrived[i].setdefault(msg.step, time.monotonic())
+            if i == 1 and first:
+                time.sleep(SLOW_SEND_S)  # its ack as late as the send
             return push(worker_id, msg)
 
         store.push = timed  # type: ignore[method-assign]
@@ -86,6 +88,7 @@ def test_site_shard_is_pushed_after_the_wan_pushes_are_acked(certs: CertPaths, w
     site = start_relay(settings, cert=str(certs.cert), key=str(certs.key), secret=load_secret(certs.secret))
     try:
         assert [s.role for s in site.relay.shards] == ["local", "remote"]
+        slow_sends.add(id(site.relay.shards[1].upstream.client.conn))
         here: Any = [connect(certs, p) for p in site.ports]
         run_workers([Worker(r, 2, here, STEPS, digits(), spread=0) for r in range(2)])
         assert all(s.call(lambda s=s: s.server.store.version) == STEPS for s in shards)
@@ -95,9 +98,9 @@ def test_site_shard_is_pushed_after_the_wan_pushes_are_acked(certs: CertPaths, w
             s.stop()
     lead = [arrived[0][k] - arrived[1][k] for k in range(STEPS)]
     if wan_first:
-        assert min(lead) > 0, lead  # the site's shard took each step's push after the far one
+        assert min(lead) > SLOW_SEND_S / 2, lead  # the site's shard waited for the far push to leave
     else:
-        assert max(lead) < 0, lead  # both at once: the near push is in before the slowed far one
+        assert max(lead) < SLOW_SEND_S / 2, lead  # both at once
 
 
 def test_buffers_through_two_sites(certs: CertPaths) -> None:
