@@ -171,6 +171,8 @@ class Exchange:
 
     def close(self) -> None:
         """Leave the job (BYE on every shard) and stop the network thread."""
+        if self._wan is not None:
+            log.info("WAN pushes first: this site's shards waited %.2f s in all for the far pushes", self._wan.held_s)
 
         async def close_all() -> None:
             await asyncio.gather(*(c.close() for c in self.clients))
@@ -391,7 +393,7 @@ class Exchange:
 
     async def _push_bucket(self, shard: int, step: int, samples: int, bucket: dict[str, Payload]) -> BucketReply:
         """One bucket of a pipelined step: push it, pull its keys (this site's shard after the far
-        shards' pushes of the step are acked)."""
+        shards' pushes of the step have left)."""
         keys, state = len(self.replica.shard_slots[shard]), {s.key for s in self.replica.shard_state(shard)}
         await self._hold_local(shard, step)
         sent = (lambda: self._far_sent(shard, step)) if self._roles[shard] == "remote" else None
@@ -401,7 +403,7 @@ class Exchange:
 
     def _order_pushes(self) -> None:
         """Once connected: which shards are at this site and which at others (their WELCOME's site
-        against ours); with both, pushes to this site's shards wait for the far ones' acks."""
+        against ours); with both, pushes to this site's shards wait for the far ones to leave."""
         self._roles = [
             shard_role(s.site, c.welcome.site if c.welcome is not None else "") for s, c in zip(self.shards, self.clients)
         ]
@@ -423,7 +425,7 @@ class Exchange:
     def _far_pushed(self, shard: int, step: int) -> None:
         """Every push of `step` to far shard `shard` has left whole, or failed (idempotent)."""
         if self._wan is not None and self._roles[shard] == "remote":
-            self._wan.acked(shard, step)
+            self._wan.pushed(shard, step)
 
     def _sent(self, shard: int, step: int) -> asyncio.Future[None] | None:
         """For a push to a far shard: a future set when its last byte has left, counted by `_far_sent`."""

@@ -7,7 +7,7 @@ once it holds both sites' pushes: site Y's across the WAN and site X's own over 
 arrives first. So when site Y's push is through before site X's, shard X's update shares X -> Y
 with the rest of site X's push, which then ends late, and shard Y's update to site X, which waits
 for that push, starts late: each step, one direction idles while the other carries both. Holding
-the site's own push until its WAN pushes are acked keeps each direction to its push, then its
+the site's own push until its WAN pushes have left keeps each direction to its push, then its
 update (docs/ARCHITECTURE.md, "WAN pushes first"; measured in docs/BENCHMARKS.md). Left, not acked:
 the near shard's update then queues behind the push's last bytes at the bottleneck, and waiting
 for the acks would cost a round trip a step.
@@ -39,22 +39,22 @@ class WanPushes:
     """The last step whose pushes to each remote shard have left; what the local shards wait on."""
 
     def __init__(self) -> None:
-        self._acked: dict[int, int] = {}
+        self._out: dict[int, int] = {}
         self.held_s = 0.0
-        """Seconds the local pushes waited in all (logged at the end)."""
+        """Seconds the local pushes waited in all (logged when the worker or relay closes)."""
 
     def remote(self, shard: int) -> None:
         """Shard `shard` is at another site: local pushes wait for its pushes from now on."""
-        self._acked.setdefault(shard, -1)
+        self._out.setdefault(shard, -1)
 
-    def acked(self, shard: int, step: int) -> None:
+    def pushed(self, shard: int, step: int) -> None:
         """Shard `shard`'s pushes of `step` have left, or will not (they failed, or the site resynced)."""
-        if shard in self._acked:
-            self._acked[shard] = max(self._acked[shard], step)
+        if shard in self._out:
+            self._out[shard] = max(self._out[shard], step)
 
     def through(self, step: int) -> bool:
         """Every remote shard's pushes of `step` (or a later one) have left."""
-        return all(done >= step for done in self._acked.values())
+        return all(done >= step for done in self._out.values())
 
     async def hold(self, step: int) -> float:
         """Wait, at most `MAX_HOLD_S`, until `through(step)`; returns the seconds waited."""

@@ -172,6 +172,9 @@ async def _serve(relay: Relay, quic_config, socket_buffer_bytes: int) -> int:  #
     levels = relay.levels
     for shard in relay.shards:
         log.info("relay %s, shard %d, step phases: %s", relay.settings.site, shard.shard, shard.phases.summary())
+    held = next((s.pushes.held_s for s in relay.shards if s.pushes is not None), None)
+    if held is not None:
+        log.info("WAN pushes first: the site's own shards waited %.2f s in all for the far pushes", held)
     print(json.dumps({"event": "stopped", "wan_bytes_sent": sent, "wan_bytes_received": received,
                       "error": str(failed) if failed else None, **({"levels": levels} if levels else {}),
                       "phases": relay.phases()}),

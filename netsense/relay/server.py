@@ -211,7 +211,7 @@ class RelayServer(PSServer):
     async def _push(self, agg: Aggregate) -> tuple[Params | None, bool]:
         """The upstream's parameters after the site's step, and whether they are that step's
         update (False: a resync after the upstream refused or dropped the step). The site's own
-        shard is pushed once the pushes to the other sites' shards are acked (`WanPushes`)."""
+        shard is pushed once the pushes to the other sites' shards have left (`WanPushes`)."""
         if self.pushes is not None and self.role == "local":
             await self.pushes.hold(agg.step)
         try:
@@ -290,7 +290,7 @@ class Relay:
     async def start(self, configuration: QuicConfiguration, socket_buffer_bytes: int = 8 << 20) -> list[int]:
         """Connect every upstream shard and listen; returns the local ports, in shard order.
         When shards sit both here and at other sites (their WELCOME's site against ``--site``),
-        this site's shards are pushed after the others' pushes are acked ("WAN pushes first")."""
+        this site's shards are pushed after the others' pushes have left ("WAN pushes first")."""
         ports = [await s.start(configuration, socket_buffer_bytes) for s in self.shards]
         roles = [s.role for s in self.shards]
         if self.settings.server.wan_first and "local" in roles and "remote" in roles:
@@ -299,7 +299,7 @@ class Relay:
                 s.pushes = pushes
                 if role == "remote":
                     pushes.remote(s.shard)
-                    s.upstream.on_pushed = functools.partial(pushes.acked, s.shard)
+                    s.upstream.on_pushed = functools.partial(pushes.pushed, s.shard)
         return ports
 
     @property

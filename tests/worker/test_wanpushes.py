@@ -15,19 +15,19 @@ def test_roles_need_both_sites() -> None:
     assert shard_role("", "a") is None and shard_role("a", "") is None
 
 
-def test_through_once_every_remote_shard_acked_the_step() -> None:
+def test_through_once_every_remote_shard_pushed_the_step() -> None:
     p = WanPushes()
     assert p.through(0)  # no remote shard: nothing to wait for
     p.remote(1)
     p.remote(2)
     assert not p.through(0)
-    p.acked(1, 0)
+    p.pushed(1, 0)
     assert not p.through(0)
-    p.acked(2, 3)  # a later step counts for the earlier ones
+    p.pushed(2, 3)  # a later step counts for the earlier ones
     assert p.through(0) and not p.through(1)
-    p.acked(1, 0)  # out of order: never goes back
-    p.acked(5, 9)  # not a remote shard: ignored
-    p.acked(1, 3)
+    p.pushed(1, 0)  # out of order: never goes back
+    p.pushed(5, 9)  # not a remote shard: ignored
+    p.pushed(1, 3)
     assert p.through(3) and not p.through(4)
 
 
@@ -36,11 +36,11 @@ def test_hold_ends_at_the_ack_or_the_cap(monkeypatch: pytest.MonkeyPatch) -> Non
         p = WanPushes()
         p.remote(1)
         loop = asyncio.get_running_loop()
-        loop.call_later(0.05, p.acked, 1, 0)
+        loop.call_later(0.05, p.pushed, 1, 0)
         held = await p.hold(0)
         free = await p.hold(0)  # already through: no wait
         monkeypatch.setattr(order, "MAX_HOLD_S", 0.05)
-        capped = await p.hold(1)  # never acked: the cap ends it
+        capped = await p.hold(1)  # never out: the cap ends it
         return held, free, capped
 
     held, free, capped = asyncio.run(run())
