@@ -7,9 +7,11 @@ import itertools
 import os
 import random
 import socket
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # Imported here, at collection, on purpose: hypothesis's pytest plugin otherwise imports it at the
 # terminal summary of a run that had no hypothesis test, pytest's assertion rewriter then parses
@@ -149,3 +151,22 @@ def slow_sends(monkeypatch: pytest.MonkeyPatch) -> set[int]:
 
     monkeypatch.setattr(client, "_until_sent", late)
     return slow
+
+
+def time_pushes(servers: list[Any], slow: int) -> list[dict[int, float]]:
+    """Per server (anything with ``.server``, a `PSServer`), when each step's first PUSH reached its
+    store; server `slow` then takes `SLOW_SEND_S` before it acks that push (blocking its loop), as
+    the far end of a slow WAN push would. For "WAN pushes first" beside `slow_sends`."""
+    arrived: list[dict[int, float]] = [{} for _ in servers]
+    for i, ps in enumerate(servers):
+        store, push = ps.server.store, ps.server.store.push
+
+        def timed(worker_id: str, msg: Any, push: Any = push, i: int = i) -> Any:
+            first = msg.step not in arrived[i]
+            arrived[i].setdefault(msg.step, time.monotonic())
+            if i == slow and first:
+                time.sleep(SLOW_SEND_S)
+            return push(worker_id, msg)
+
+        store.push = timed
+    return arrived

@@ -3,14 +3,11 @@ the shard at the other site has left (worker/wanpushes.py), in the plain and the
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
 import pytest
 import torch
 
 from netsense.worker.optimizer import NetSenseOptimizer
-from tests.conftest import SLOW_SEND_S, start_ps, stop_ps
+from tests.conftest import SLOW_SEND_S, start_ps, stop_ps, time_pushes
 
 STEPS = 4
 
@@ -27,18 +24,7 @@ def test_far_shard_takes_each_push_first(certs, slow_sends: set[int], overlap: b
     are acked as late: with WAN pushes first shard 0 gets each step's first push that much after
     shard 1's; off, both at once."""
     servers = [start_ps(certs, site="a"), start_ps(certs, site="b")]
-    arrived: list[dict[int, float]] = [{}, {}]
-    for i, ps in enumerate(servers):
-        store, push = ps.server.store, ps.server.store.push
-
-        def timed(worker_id: str, msg: Any, push: Any = push, i: int = i) -> Any:
-            first = msg.step not in arrived[i]
-            arrived[i].setdefault(msg.step, time.monotonic())
-            if i == 1 and first:
-                time.sleep(SLOW_SEND_S)  # its ack as late as the send
-            return push(worker_id, msg)
-
-        store.push = timed  # type: ignore[method-assign]
+    arrived = time_pushes(servers, slow=1)
     model = _model()
     opt = NetSenseOptimizer(
         model, connect=[ps.connect_settings(site="a", wan_first=wan_first) for ps in servers], rank=0, world_size=1,

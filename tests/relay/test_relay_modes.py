@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -13,7 +12,7 @@ from netsense.ps.server import ServerSettings
 from netsense.transport.auth import load_secret
 from netsense.transport.tls import CertPaths
 
-from tests.conftest import SLOW_SEND_S
+from tests.conftest import SLOW_SEND_S, time_pushes
 
 from .relayhelp import PS, Worker, connect, digits, relay, run_workers, start_ps
 
@@ -71,18 +70,7 @@ def test_site_shard_is_pushed_after_the_wan_pushes_left(certs: CertPaths, slow_s
     pushes leave `SLOW_SEND_S` late and are acked as late: each step's push reaches shard 0 that
     much after shard 1's; `server.wan_first = False` pushes both at once. Training is the same."""
     shards = [start_ps(certs, site="a"), start_ps(certs, site="b")]
-    arrived: list[dict[int, float]] = [{}, {}]
-    for i, ps in enumerate(shards):
-        store, push = ps.server.store, ps.server.store.push
-
-        def timed(worker_id: str, msg: Any, push: Any = push, i: int = i) -> Any:
-            first = msg.step not in arrived[i]
-            arrived[i].setdefault(msg.step, time.monotonic())
-            if i == 1 and first:
-                time.sleep(SLOW_SEND_S)  # its ack as late as the send
-            return push(worker_id, msg)
-
-        store.push = timed  # type: ignore[method-assign]
+    arrived = time_pushes(shards, slow=1)
     settings = RelaySettings(upstream=tuple(connect(certs, s.port, site="a") for s in shards), site="a",
                              server=ServerSettings(port=0, wan_first=wan_first), site_workers=2)  # fmt: skip
     site = start_relay(settings, cert=str(certs.cert), key=str(certs.key), secret=load_secret(certs.secret))
