@@ -403,11 +403,13 @@ class Exchange:
 
     def _order_pushes(self) -> None:
         """Once connected: which shards are at this site and which at others (their WELCOME's site
-        against ours); with both, pushes to this site's shards wait for the far ones to leave."""
+        against ours); with both, pushes to this site's shards wait for the far ones to leave
+        (not against an asynchronous PS: it applies each push alone, there is no step to order)."""
         self._roles = [
             shard_role(s.site, c.welcome.site if c.welcome is not None else "") for s, c in zip(self.shards, self.clients)
         ]
-        if self._wan_first and "local" in self._roles and "remote" in self._roles:
+        asynchronous = any(c.welcome is not None and c.welcome.staleness >= 0 for c in self.clients)
+        if self._wan_first and not asynchronous and "local" in self._roles and "remote" in self._roles:
             self._wan = WanPushes()
             for shard, role in enumerate(self._roles):
                 if role == "remote":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from netsense.ps.server import ServerSettings
 from netsense.worker.optimizer import NetSenseOptimizer
 from tests.conftest import SLOW_SEND_S, start_ps, stop_ps, time_pushes
 
@@ -49,3 +50,18 @@ def test_far_shard_takes_each_push_first(certs, slow_sends: set[int], overlap: b
         assert min(lead) > SLOW_SEND_S / 2, lead  # this site's shard waited for the far push to leave
     else:
         assert max(lead) < SLOW_SEND_S / 2, lead  # both at once
+
+
+def test_no_order_against_an_asynchronous_ps(certs) -> None:  # type: ignore[no-untyped-def]
+    """An asynchronous PS applies each push alone: nothing to order, even with sites said."""
+    servers = [start_ps(certs, ServerSettings(port=0, staleness=2), site=s) for s in "ab"]
+    opt = NetSenseOptimizer(
+        _model(), connect=[ps.connect_settings(site="a") for ps in servers], rank=0, world_size=1, worker_id="w0",
+        optimizer={"name": "sgd", "lr": 0.1}, codec="fp32",
+    )  # fmt: skip
+    try:
+        assert opt._exchange._roles == ["local", "remote"] and opt._exchange._wan is None
+    finally:
+        opt.close()
+        for ps in servers:
+            stop_ps(ps)
