@@ -117,6 +117,7 @@ class RelayServer(PSServer):
         self._init: tuple[Init, int] | None = None  # the INIT this relay passed up, and its world size
         self._stepping: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
         self.failed: BaseException | None = None
         """Why the relay gave up on its upstream (then it stops serving)."""
 
@@ -147,6 +148,8 @@ class RelayServer(PSServer):
         await super().wake()
 
     def _kick(self) -> None:
+        if self._closing:  # a forward cancelled by `aclose` must not start the next one
+            return
         init = self.site.take_init()
         if init is not None:
             self._spawn(self._forward_init(init))
@@ -260,12 +263,15 @@ class RelayServer(PSServer):
 
     async def aclose(self) -> None:
         """Stop serving (the PS's `stop`: every cancelled request finished), finish the forwarding
-        tasks, say BYE upstream: nothing is left pending for a loop that stops next."""
+        tasks, say BYE upstream: nothing is left pending for a loop that stops next (no forward
+        starts once closing: a cancelled one used to start the next from its `finally`, which the
+        loop then closed on)."""
+        self._closing = True
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         await self.stop()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)
         with contextlib.suppress(Exception):
             await self.upstream.close()
 
