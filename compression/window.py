@@ -15,6 +15,11 @@ gradient noise that SGD carries anyway. |r_end|^2 is the lag error feedback leav
 bound the slowdown by the residual's energy, not by its change): without it a level whose residual
 settles, however large, was priced near 1 (docs/POLICIES.md, "Windowed progress").
 
+A cumulative stream (the PS's parameters: the downlink) charges its lag at every step instead,
+sum_t |r_t|^2 over the measured steps in place of |r_end|^2: there the residual is not mass applied
+later but how far every replica trails the parameters, the point each later gradient is taken at,
+for as long as it stays (docs/POLICIES.md, "The downlink's windows").
+
 `WindowProbe` runs error feedback for every candidate level on its own residuals, on one fixed
 subsample of the real gradient stream (whole keys for low-rank levels, whose error depends on the
 matrix's size): W/2 steps to fill the residuals (or none: the policy's first window starts with
@@ -149,8 +154,8 @@ def energy(x: torch.Tensor, weight: torch.Tensor | None = None) -> float:
 
 
 def window_progress(sum_energy: float, error: float) -> float | None:
-    """q_W from |sum g|^2 (`sum_energy`) and |r_start - r_end|^2 + |r_end|^2 (`error`); None when
-    sum g is zero."""
+    """q_W from |sum g|^2 (`sum_energy`) and |r_start - r_end|^2 plus the lag (`error`: |r_end|^2,
+    or sum_t |r_t|^2 for a cumulative stream); None when sum g is zero."""
     if not sum_energy > 0:
         return None
     return sum_energy / (sum_energy + max(0.0, error))
@@ -187,9 +192,11 @@ class WindowProbe:
     within a few steps, top-k's slowly whatever the wait); the last call returns the `WindowResult`,
     the call after `interim` measured steps (W // 4 unless given; 0: none) an interim one. With
     `cumulative`, what is fed are running totals (the PS's parameters) and a step's gradient is the
-    change since the previous feed (one more feed: the first only sets the base). With
-    `precondition`, |sum g|^2, |D|^2 and |r_end|^2 are weighed per coordinate as an adaptive optimizer (Adam)
-    applies them (`adam_weight`), from second moments over the window's own steps."""
+    change since the previous feed (one more feed: the first only sets the base), and the lag is
+    charged at every measured step (sum_t |r_t|^2: a replica's displacement, see the module). With
+    `precondition` (not with `cumulative`), |sum g|^2, |D|^2 and |r_end|^2 are weighed per
+    coordinate as an adaptive optimizer (Adam) applies them (`adam_weight`), from second moments
+    over the window's own steps."""
 
     def __init__(
         self,
@@ -204,6 +211,8 @@ class WindowProbe:
     ) -> None:
         if window < 2:
             raise ValueError(f"a progress window needs at least 2 steps, got {window}")
+        if cumulative and precondition:
+            raise ValueError("a cumulative (parameter) stream's window takes no Adam metric: its steps are updates, not gradients")
         self.window = window
         self.warm = window // 2 if warm is None else warm
         self.interim = window // 4 if interim is None else interim
@@ -222,6 +231,7 @@ class WindowProbe:
         self._residual: dict[int, list[torch.Tensor]] = {}
         self._start: dict[int, list[torch.Tensor]] = {}
         self._error_sq: dict[int, list[torch.Tensor]] = {}  # per level: sum of (sent - g)^2 over measured steps
+        self._lag: dict[int, float] = {}  # per level: sum over measured steps of |r_t|^2 (cumulative streams)
         self.fed = 0
         """Gradient steps taken in (the base of a cumulative stream not counted)."""
         self.cpu_s = 0.0
@@ -320,9 +330,11 @@ class WindowProbe:
                 if level in self._packed and self._packing is not None:
                     left.mul_(self._packing.mask)  # the gaps carry nothing over
                 residual[i] = left
+                if self.cumulative and measuring:
+                    self._lag[level] = self._lag.get(level, 0.0) + energy(left)
         except (CompressionError, ValueError, RuntimeError) as exc:
             log.warning("progress window: level %d (%s) dropped: %s", level, self.specs[level], exc)
-            for store in (self.specs, self._codecs, self._residual, self._start, self._error_sq):
+            for store in (self.specs, self._codecs, self._residual, self._start, self._error_sq, self._lag):
                 store.pop(level, None)
 
     def _result(self, steps: int) -> WindowResult:
@@ -342,7 +354,8 @@ class WindowProbe:
                 else [None] * len(residual)
             )
             signal = sum(energy(x, w) for x, w in zip(self._feeds[whole].sum, weights))
-            error = sum(energy(a - b, w) + energy(b, w) for a, b, w in zip(start, residual, weights))
+            error = sum(energy(a - b, w) for a, b, w in zip(start, residual, weights))
+            error += self._lag.get(level, 0.0) if self.cumulative else sum(energy(b, w) for b, w in zip(residual, weights))
             q = window_progress(signal, error)
             if q is not None:
                 progress[level] = q
@@ -361,6 +374,7 @@ class WindowProbe:
         self._residual.clear()
         self._start.clear()
         self._error_sq.clear()
+        self._lag.clear()
         self._feeds = {False: _Stream(), True: _Stream()}
         self.fed = 0
 

@@ -6,8 +6,9 @@ loss, batch size and optimizer.
     steps   steps to the first evaluation (every `--every` steps) at or above `--target`, per
             seed, fp32 first; q_true = fp32's mean steps over the level's
     trial   the level trial's q (`run_trials`, `--trial-steps` K from initialisation, seed 0)
-    window  the progress window's q_W on the fp32 run's gradients (uplink) or updates (downlink),
-            W = 16 after W/2 warm steps, as the policy measured it until 2026-12-03
+    window  the progress window's q_W on the fp32 run's gradients (uplink) or updates (downlink:
+            the lag charged at every step, as the PS's windows since 2026-12-05), W = 16 after
+            W/2 warm steps
     adam    the same window weighed in Adam's metric (`WindowProbe`'s `precondition`), as the
             policy prices an uplink whose PS runs Adam or AdamW (since 2026-12-04); uplink only
 

@@ -143,6 +143,47 @@ def test_a_settled_residual_is_priced_by_the_lag_it_leaves() -> None:
     assert result.progress[1] == pytest.approx(64 / 65, rel=1e-4)
 
 
+def _parameters(steps: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """The running totals of `steps` from zero, the base first: a PS's parameters."""
+    params, out = torch.zeros_like(steps[0]), [[torch.zeros_like(steps[0])]]
+    for s in steps:
+        params = params + s
+        out.append([params.clone()])
+    return out
+
+
+def test_a_parameter_streams_settled_residual_is_charged_at_every_step() -> None:
+    # The downlink's residual is how far the replicas trail, at every step it stays: settled at one
+    # update u, a window of 8 charges 8 |u|^2 against |8 u|^2 (q = 64 / 72), where a gradient
+    # stream's window charges it once (64 / 65, the test above).
+    u = torch.randn(D, generator=torch.Generator().manual_seed(4))
+    probe = WindowProbe({1: "winfakehalf"}, window=8, warm=16, interim=0, cumulative=True)
+    result = None
+    for params in _parameters([u] * 24):  # the base, 16 to fill, 8 measured
+        result = probe.feed(params)
+    assert result is not None and probe.done
+    assert result.progress[1] == pytest.approx(64 / 72, rel=1e-4)
+
+
+def test_a_parameter_stream_is_charged_each_steps_lag_exactly() -> None:
+    # From zero residuals (warm 0) a codec that never sends half the coordinates trails by the
+    # half's running sum r_t: q = |sum u|^2 / (|sum u|^2 + |r_end|^2 + sum_t |r_t|^2), D = r_end.
+    gen = torch.Generator().manual_seed(5)
+    steps = [torch.randn(D, generator=gen) + 1.0 for _ in range(4)]
+    probe = WindowProbe({3: "winfakedrop"}, window=4, warm=0, interim=0, cumulative=True)
+    result = None
+    for params in _parameters(steps):
+        result = probe.feed(params)
+    assert result is not None
+    total = sum(steps)
+    lags = [sum(steps[: t + 1])[D // 2 :] for t in range(4)]
+    signal = float(total.square().sum())
+    expected = signal / (signal + float(lags[-1].square().sum()) + sum(float(r.square().sum()) for r in lags))
+    assert result.progress[3] == pytest.approx(expected, rel=1e-5)
+    with pytest.raises(ValueError, match="Adam"):
+        WindowProbe({3: "winfakedrop"}, window=4, cumulative=True, precondition=True)
+
+
 def test_an_unbiased_codec_gets_the_q_the_formula_gives() -> None:
     # Under error feedback an additive noise n_t is re-sent next step: the window misses n_start - n_end,
     # energy 2 * NOISE_ENERGY, and ends behind by n_end, NOISE_ENERGY more, against
