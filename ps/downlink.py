@@ -65,20 +65,25 @@ class DownlinkController:
         *,
         ladder: str | None = None,
         decision_log: str | Path | None = None,
-        windows: bool = False,
+        windows: bool | None = None,
         settings: dict[str, Any] | None = None,
     ) -> None:
         # pads: the session pads a whole PULL's reply by the decision's filler (`pad_for`).
         self.loop = PolicyLoop(build_policy(policy, ladder, settings), direction="down", decision_log=decision_log, pads=True)
         """The policy and the bookkeeping the uplink shares (compute EWMA, histogram, log)."""
         self.windows = windows
-        """Whether progress windows price the levels (False: the candidate rounds' one-update q).
-        A window credits what error feedback re-sends within it, which is right for a gradient
-        (mass applied later), not for the downlink: its residual is how far every worker's replica
-        lags the PS's parameters, the point all gradients are taken at, for as long as it persists.
-        Windowed, the downlink chose powersgd:2 and powersgd:1 on convfc and deepmlp and needed
-        1.5-2.5x the updates to reach the target (docs/BENCHMARKS.md, "The downlink's compute
-        time and its q")."""
+        """Whether progress windows price the levels (False: the candidate rounds' one-update q;
+        None, the default: windows unless the job's optimizer is per-coordinate, `per_coordinate`).
+        The downlink's windows charge the residual at every step (`WindowProbe`, cumulative): it is
+        how far every replica lags the PS's parameters, the point each gradient is taken at, for
+        as long as it stays. Charged once at the window's end, as an uplink's, the downlink chose
+        powersgd:2 and 1 on two models and needed 1.5-2.5x the updates; charged per step they
+        price the levels near the steps each costs, where one update's q priced an unbiased
+        qsgd:4 at 0.87-0.94 (worth 1.0) and so held qsgd:8 at twice its bytes (docs/POLICIES.md,
+        "The downlink's windows"). Not for Adam: priced in the plain metric, its PowerSGD levels
+        read 0.4-0.6 where they are worth 0.8; its rounds take Adam's metric (`metric`)."""
+        self.per_coordinate: Callable[[], bool] = lambda: False
+        """Whether the job's optimizer is Adam or AdamW (the server's store, once INIT named it)."""
         self._readers: weakref.WeakKeyDictionary[Any, SignalReader] = weakref.WeakKeyDictionary()
         self._chosen_for: int | None = None
         self._pending: tuple[Decision, LinkState, float] | None = None  # decision, link, chosen at
@@ -107,6 +112,11 @@ class DownlinkController:
     def policy(self) -> Policy:
         """The downlink's policy (the loop's)."""
         return self.loop.policy
+
+    @property
+    def windowed(self) -> bool:
+        """Whether progress windows price the levels now (`windows`)."""
+        return self.windows if self.windows is not None else not self.per_coordinate()
 
     @property
     def levels(self) -> dict[str, int]:
@@ -175,7 +185,7 @@ class DownlinkController:
         policy on the loop when done, except the start rounds' measurements (`START_ROUNDS`), here;
         without a loop they all run here. Returns the q measured here per level (fed to the policy
         with the timings; empty when the thread measures)."""
-        if self.windows and version > 0 and self.loop.window_due(version):  # the window diffs parameters into updates
+        if self.windowed and version > 0 and self.loop.window_due(version):  # the window diffs parameters into updates
             self._feed_window(list(params.values()))
         measured = self._measure_snapshot(version, params)
         # The warm-up (the codecs' first calls: 0.1-0.2 s with six levels on loaded cores) runs on

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from netsense.errors import ConfigError
-from netsense.transport.hparams import DEFAULTS
+from netsense.transport.hparams import DEFAULTS, scales_per_coordinate
 
 Hyper = tuple[tuple[str, float], ...]
 """One key's hyper-parameters for a step, as sorted (name, value) pairs (hashable: keys with the
@@ -48,6 +48,12 @@ class OptimizerSettings:
     clip_grad_norm: float = 0.0
     """> 0: clip the step's aggregated gradient (over every key of this PS, i.e. per shard) to this
     global L2 norm before the step, as `torch.nn.utils.clip_grad_norm_`; 0: no clipping."""
+
+    @property
+    def per_coordinate(self) -> bool:
+        """Whether the optimizer scales each coordinate by its gradient's second moment (Adam,
+        AdamW): its updates are priced in that metric (`adam_metric`)."""
+        return scales_per_coordinate(self.name)
 
     def __post_init__(self) -> None:
         if self.name not in ("sgd", "adam", "adamw"):

@@ -139,6 +139,7 @@ class PSServer:
         """The downlink policy loop; None when the downlink codec is fixed and unlogged."""
         if self.downlink is not None:
             self.downlink.metric = self.store.update_metric  # an Adam job's rounds weigh errors by it
+            self.downlink.per_coordinate = self._per_coordinate
         self.sessions: dict[str, WorkerSession] = {}
         self.release = WanFirst(site, enabled=settings.wan_first and settings.staleness is None)
         """Pulls of other sites first (`site`: this PS's, from ``--site``; None: no site, no hold)."""
@@ -166,6 +167,11 @@ class PSServer:
         self._ckpt_task: asyncio.Future[None] | None = None
         if secret is None:
             log.warning("INSECURE: worker authentication is OFF (no shared secret); local experiments only")
+
+    def _per_coordinate(self) -> bool:
+        """Whether the job's optimizer is Adam or AdamW (False before INIT names one)."""
+        settings = self.store.optimizer_settings
+        return settings is not None and settings.per_coordinate
 
     async def start(self, configuration: QuicConfiguration, socket_buffer_bytes: int = 8 << 20) -> int:
         """Listen; returns the bound port. torch's lazy first-use costs are paid first, while no

@@ -32,6 +32,13 @@ PER_OPTIMIZER: dict[str, tuple[str, ...]] = {
 }
 """The hyper-parameters a step may set, per optimizer (anything else is fixed at INIT)."""
 
+
+def scales_per_coordinate(name: str) -> bool:
+    """Whether optimizer `name` divides each coordinate by its gradient's second moment (one with a
+    beta2: Adam, AdamW): the uplink's windows price levels in its metric, and the downlink's rounds
+    in its own (docs/POLICIES.md)."""
+    return "beta2" in PER_OPTIMIZER.get(name, ())
+
 BOUNDS: dict[str, tuple[float, float, bool]] = {
     "lr": (0.0, 1e3, False),
     "momentum": (0.0, 1.0, False),

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from netsense.errors import ConfigError, ProtocolError
-from netsense.transport.hparams import DEFAULTS, PER_OPTIMIZER, check_value
+from netsense.transport.hparams import DEFAULTS, PER_OPTIMIZER, check_value, scales_per_coordinate
 
 from .client import StepFields
 from .layout import KeySlot
@@ -26,12 +26,6 @@ def optimizer_name(settings: Mapping[str, object]) -> str:
     if name not in PER_OPTIMIZER:
         raise ConfigError(f"optimizer {name!r} unknown; use {', '.join(PER_OPTIMIZER)}")
     return str(name)
-
-
-def scales_per_coordinate(name: str) -> bool:
-    """Whether optimizer `name` divides each coordinate by its gradient's second moment (one with a
-    beta2: Adam, AdamW), so the uplink's windows price levels in its metric (docs/POLICIES.md)."""
-    return "beta2" in PER_OPTIMIZER.get(name, ())
 
 
 def group_defaults(settings: Mapping[str, object]) -> dict[str, Any]:

@@ -85,3 +85,12 @@ def test_the_rounds_weigh_a_levels_error_by_the_metric() -> None:
 def test_the_server_hands_its_store_metric_to_the_downlink() -> None:
     server = PSServer(ServerSettings(policy="netsense"), secret=None)
     assert server.downlink is not None and server.downlink.metric == server.store.update_metric
+
+
+@pytest.mark.parametrize(("name", "windowed"), [("sgd", True), ("adam", False), ("adamw", False)])
+def test_the_server_windows_its_downlink_unless_the_job_runs_adam(name: str, windowed: bool) -> None:
+    """Windows price the levels in the plain metric, Adam's rounds in its own (`DownlinkController.windows`)."""
+    server = PSServer(ServerSettings(policy="netsense"), secret=None)
+    assert server.downlink is not None and server.downlink.windowed  # before INIT names the optimizer
+    server.store.initialize({"w": make_codec("fp32").encode(torch.zeros(3, 2))}, {"name": name, "lr": 0.01})
+    assert server.downlink.windowed is windowed

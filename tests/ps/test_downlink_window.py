@@ -36,12 +36,25 @@ def test_a_window_runs_on_consecutive_updates_and_prices_every_lossy_level() -> 
     assert q[1] > 0.999 and q[2] > 0.95 and q[4] < q[2]
 
 
-def test_by_default_the_downlink_prices_levels_by_its_rounds_not_windows() -> None:
-    """The downlink's residual is a lag of every replica, not mass applied later: no window runs
-    (`DownlinkController.windows`), and the candidate rounds' one-update q price the levels."""
+def test_by_default_windows_price_the_levels_of_an_sgd_job() -> None:
     down = DownlinkController("netsense", ladder=LADDER)
+    assert down.windows is None and down.windowed
+    gen = torch.Generator().manual_seed(0)
+    params = {"w": torch.randn(200, 100, generator=gen), "b": torch.randn(100, generator=gen)}
+    for version in range(30):
+        down.measure(version, params, params)
+        params = {k: v - 0.01 * torch.randn(v.shape, generator=gen) - 0.01 for k, v in params.items()}
+    assert any(down.policy.progress.windowed)
+
+
+@pytest.mark.parametrize("windows", [None, False])
+def test_an_adam_job_or_windows_off_prices_levels_by_the_rounds(windows: bool | None) -> None:
+    """Adam's rounds weigh errors in its metric, which a window does not take (`DownlinkController.windows`):
+    no window runs, and the candidate rounds' one-update q price the levels."""
+    down = DownlinkController("netsense", ladder=LADDER, windows=windows)
+    down.per_coordinate = lambda: True
     policy = down.policy
-    assert isinstance(policy, NetsensePolicy) and not down.windows
+    assert isinstance(policy, NetsensePolicy) and not down.windowed
     gen = torch.Generator().manual_seed(0)
     params = {"w": torch.randn(200, 100, generator=gen), "b": torch.randn(100, generator=gen)}
     shadow = {k: v.clone() for k, v in params.items()}
