@@ -29,7 +29,7 @@ import torch
 
 from netsense.models import load_task
 from netsense.ps.optim import OptimizerSettings
-from netsense.worker.hparams import scales_per_coordinate
+from netsense.transport.hparams import scales_per_coordinate
 from netsense.worker.task import TrainTask
 from netsense.worker.trials import OptimizerFactory, TaskSampler, TrialRun, run_trials
 from window_sweep import window_q  # this folder's: one window of the fp32 run

@@ -22,7 +22,7 @@ import torch
 from netsense.compression.window import WindowProbe
 from netsense.models import load_task
 from netsense.ps.optim import OptimizerSettings
-from netsense.worker.hparams import scales_per_coordinate
+from netsense.transport.hparams import scales_per_coordinate
 from netsense.worker.trials import TaskSampler, TrialRun
 
 

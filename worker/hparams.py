@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from netsense.errors import ConfigError, ProtocolError
-from netsense.transport.hparams import DEFAULTS, PER_OPTIMIZER, check_value, scales_per_coordinate
+from netsense.transport.hparams import DEFAULTS, PER_OPTIMIZER, check_value
 
 from .client import StepFields
 from .layout import KeySlot

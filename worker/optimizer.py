@@ -28,6 +28,7 @@ from netsense.compression import Payload, make_codec
 from netsense.compression.feedback import ErrorFeedback
 from netsense.compression.policy import Decision, FixedPolicy, Policy, build_policy
 from netsense.errors import ConfigError, NetSenseError
+from netsense.transport.hparams import scales_per_coordinate
 
 from .amp import scaler_verdict, unscale
 from .client import PSClient, StepFields
@@ -35,7 +36,7 @@ from .connect import ConnectSettings
 from .duplex import duplex_blocker
 from .encoding import GradientEncoder, bucketize
 from .exchange import Exchange, StepResult
-from .hparams import check_groups, group_defaults, optimizer_name, scales_per_coordinate, step_fields
+from .hparams import check_groups, group_defaults, optimizer_name, step_fields
 from .layout import DEFAULT_CHUNK_ELEMS, KeySlot
 from .overlap import BackwardPushes, BucketReply, slots_by_param
 from .redecide import Redecided, redecide_after

@@ -40,6 +40,7 @@ class WanPushes:
 
     def __init__(self) -> None:
         self._out: dict[int, int] = {}
+        self._leaving: dict[int, list[int]] = {}  # per remote shard: [step, pushes out whole, pushes of the step (-1: unknown)]
         self.held_s = 0.0
         """Seconds the local pushes waited in all (logged when the worker or relay closes)."""
 
@@ -51,6 +52,31 @@ class WanPushes:
         """Shard `shard`'s pushes of `step` have left, or will not (they failed, or the site resynced)."""
         if shard in self._out:
             self._out[shard] = max(self._out[shard], step)
+
+    def left(self, shard: int, step: int, *, total: int | None = None) -> None:
+        """One push of `step` to `shard` has left whole (`total` None), or the step's push count is
+        now known (`total`); once all have left, `pushed`. Left, not acked: see the module. A late
+        report of an older step is ignored; a report for a shard that is not remote too."""
+        if shard not in self._out:
+            return
+        seen = self._leaving.get(shard)
+        if seen is not None and step < seen[0]:
+            return
+        if seen is None or seen[0] != step:
+            seen = self._leaving[shard] = [step, 0, -1]
+        if total is None:
+            seen[1] += 1
+        else:
+            seen[2] = total
+        if seen[2] >= 0 and seen[1] >= seen[2]:
+            self.pushed(shard, step)
+
+    def sent(self, shard: int, step: int) -> asyncio.Future[None]:
+        """A future to hand a push of `step` to `shard` as its `sent`: set when the push's last byte
+        has left, it counts as one push `left`."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(lambda _: self.left(shard, step))
+        return future
 
     def through(self, step: int) -> bool:
         """Every remote shard's pushes of `step` (or a later one) have left."""

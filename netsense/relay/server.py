@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -26,12 +25,12 @@ from netsense.compression.policy.calibration import progress_settings
 from netsense.errors import ConfigError, NetSenseError, PeerError
 from netsense.launch.outputs import shard_file
 from netsense.ps.server import PSServer, ServerSettings
+from netsense.transport.hparams import scales_per_coordinate
 from netsense.transport.wire import Init, Limits, Params
 from netsense.worker.connect import ConnectSettings
-from netsense.worker.hparams import scales_per_coordinate
+from netsense.worker.wanpushes import WanPushes, shard_role
 
 from .adaptive import AdaptiveUpstream
-from netsense.worker.wanpushes import WanPushes, shard_role
 from .phases import SitePhases
 from .site import Aggregate, SiteStore
 from .upstream import Upstream
@@ -305,7 +304,7 @@ class Relay:
                 s.pushes = pushes
                 if role == "remote":
                     pushes.remote(s.shard)
-                    s.upstream.on_pushed = functools.partial(pushes.pushed, s.shard)
+                    s.upstream.wan = (pushes, s.shard)
         return ports
 
     @property

@@ -20,6 +20,7 @@ from netsense.errors import NetSenseError, PeerError, PeerTimeout
 from netsense.transport.wire import Init, Params, Welcome
 from netsense.worker.client import StepFields
 from netsense.worker.connect import ConnectSettings, connect_first, make_client, reconnect
+from netsense.worker.wanpushes import WanPushes
 
 from .adaptive import AdaptiveUpstream
 from .site import Aggregate
@@ -53,9 +54,9 @@ class Upstream:
         """Seeds an upstream that came back empty (set by the relay when its site holds rank 0)."""
         self.last_push_s: float | None = None
         """The last `step`'s push, first byte to last ack (None: retried after a reconnect, untimed)."""
-        self.on_pushed: Callable[[int], None] | None = None
-        """Called with the step once its pushes' last bytes have left, or they failed (the relay's
-        `WanPushes`; docs/ARCHITECTURE.md, "WAN pushes first")."""
+        self.wan: tuple[WanPushes, int] | None = None
+        """The relay's `WanPushes` and this upstream's shard in it, when this shard is at another
+        site: told when a step's pushes have left, or failed (docs/ARCHITECTURE.md, "WAN pushes first")."""
 
     @property
     def welcome(self) -> Welcome | None:
@@ -151,15 +152,18 @@ class Upstream:
         client = self.client
         started = time.perf_counter()
         pull = asyncio.ensure_future(client.pull(step, step + 1))
-        sent = self._sent_futures(step, len(buckets))
+        wan = self.wan
+        sent: list[asyncio.Future[None] | None] = [wan[0].sent(wan[1], step) for _ in buckets] if wan else [None] * len(buckets)
+        if wan:
+            wan[0].left(wan[1], step, total=len(buckets))
         pushes = [asyncio.ensure_future(client.push(step, samples, total_keys, b, sent=f)) for b, f in zip(buckets, sent)]
         filler = [asyncio.ensure_future(client.probe(pad))] if pad > 0 else []  # after the pushes, as a worker's
         try:
             try:
                 await asyncio.gather(*pushes, *filler)
             finally:
-                if self.on_pushed is not None:
-                    self.on_pushed(step)
+                if wan:
+                    wan[0].pushed(wan[1], step)
             push_s = time.perf_counter() - started
             return await pull, push_s
         finally:
@@ -167,27 +171,6 @@ class Upstream:
                 if not f.done():
                     f.cancel()
                 f.add_done_callback(_consume)
-
-    def _sent_futures(self, step: int, n: int) -> list[asyncio.Future[None] | None]:
-        """One `sent` future per push of `step` when `on_pushed` wants to know: the last one set
-        calls it (the pushes' bytes have all left; their acks come a round trip later)."""
-        on_pushed = self.on_pushed
-        if on_pushed is None:
-            return [None] * n
-        left = [n]
-
-        def one_out(_: asyncio.Future[None]) -> None:
-            left[0] -= 1
-            if left[0] == 0:
-                on_pushed(step)
-
-        loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[None] | None] = []
-        for _ in range(n):
-            f: asyncio.Future[None] = loop.create_future()
-            f.add_done_callback(one_out)
-            futures.append(f)
-        return futures
 
     def encode(self, agg: Aggregate, payloads: dict[str, Payload] | None = None) -> tuple[list[dict[str, Payload]], StepFields]:
         """The site's PUSH buckets (state keys in the first) and their step fields; `payloads`:

@@ -45,3 +45,34 @@ def test_hold_ends_at_the_ack_or_the_cap(monkeypatch: pytest.MonkeyPatch) -> Non
 
     held, free, capped = asyncio.run(run())
     assert 0.04 < held < 0.5 and free == 0.0 and 0.04 < capped < 0.5
+
+
+def test_left_counts_a_steps_pushes_out_whatever_the_order_it_learns_them() -> None:
+    p = WanPushes()
+    p.remote(1)
+    p.left(1, 0)  # one push out before the step's count is known
+    assert not p.through(0)
+    p.left(1, 0, total=2)
+    assert not p.through(0)
+    p.left(1, 0)
+    assert p.through(0)
+    p.left(1, 1, total=1)  # the count first, then its push
+    p.left(1, 0)  # a late report of an older step: ignored
+    assert not p.through(1)
+    p.left(1, 1)
+    p.left(4, 7, total=0)  # not a remote shard: ignored
+    assert p.through(1) and not p.through(2)
+
+
+def test_a_sent_future_counts_as_one_push_out() -> None:
+    async def run() -> bool:
+        p = WanPushes()
+        p.remote(2)
+        p.left(2, 5, total=1)
+        future = p.sent(2, 5)
+        future.set_result(None)
+        await asyncio.sleep(0)  # done callbacks run on the loop
+        return p.through(5)
+
+    assert asyncio.run(run())
+
