@@ -60,6 +60,14 @@ class NetsensePolicySettings:
     not in the repo) the level moved between two near-equal PowerSGD ranks every few seconds, each
     move restarted the short cadence, and probes costing 0.2 s (uplink) and 0.4 s (downlink) came
     every 2-5 s: ~10 % of the run for a rate that never changed (docs/BENCHMARKS.md, "Probe share")."""
+    probe_unseen_s: float = 30.0
+    """A probe looks for a rise that makes a lighter level pay. Where the law would pick none at
+    `PROBE_RISE` times the estimate nor at the highest estimate this path has shown (`Probes.peak_Bps`),
+    only a rise to a rate never seen could, and the probe waits this long since the last one instead
+    of the share's 8 s at most (0: no such wait). On the bandwidth-bound models a lighter level than
+    PowerSGD paid only at 6-12x the rate, and the probes for it (qsgd:8 or fp16 steps, 8-20x
+    powersgd:4's bytes, from each worker's uplink and the downlink in turn) took 5-10 % of a run on
+    a link whose rate never came near (docs/BENCHMARKS.md, "Probes within reach")."""
     probe_pad: bool = False
     """Where the sender can pad (`ChooseRequest.pad_ok`: a worker's uplink, the PS's downlink, a
     relay's upstream), probe by sending the committed level with filler that makes the send a
@@ -156,6 +164,7 @@ class NetsensePolicySettings:
         require(s.probe_interval_s >= 0, n, "probe_interval_s", s.probe_interval_s, ">= 0")
         require(s.probe_backoff_max >= 1, n, "probe_backoff_max", s.probe_backoff_max, ">= 1")
         require(0 <= s.probe_share < 1, n, "probe_share", s.probe_share, "in [0, 1)")
+        require(s.probe_unseen_s >= 0, n, "probe_unseen_s", s.probe_unseen_s, ">= 0")
         require(s.min_sample_rtts >= 0, n, "min_sample_rtts", s.min_sample_rtts, ">= 0")
         require(s.queue_tolerance_s >= 0, n, "queue_tolerance_s", s.queue_tolerance_s, ">= 0")
         require(s.safe_level is None or 0 <= s.safe_level <= top, n, "safe_level", s.safe_level, f"a level index in [0, {top}]")

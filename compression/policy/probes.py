@@ -59,6 +59,8 @@ class Probes:
         self._probed = False  # the last decision was a probe: the next one judges what it found
         self.probed_at: float | None = None
         """Link time of the last probe (the first decision's before any): `probe_share`'s clock."""
+        self.peak_Bps: float | None = None
+        """The highest bandwidth estimate a decision used: what this path has shown it carries."""
         self._probe_overrun: float | None = None  # the last probe's measured less predicted wire time
         self._probe_unsent = False  # a probe was chosen and its send is not yet reported (`sent`)
         self._held_overruns: deque[float] = deque(maxlen=HELD_SENDS)  # the same, sends at the committed level
@@ -82,6 +84,7 @@ class Probes:
             self.moved_at = link.time_s
         if self.probed_at is None:
             self.probed_at = link.time_s
+        self.peak_Bps = max(self.peak_Bps or 0.0, bw)
         self._back_off(reason)
         if self._probe_due(link, reason, last_send_slow) and self._capacity_matters(levels, request, bw, per_byte, q):
             probe = self._probe(request, levels, bw=bw, per_byte=per_byte)
@@ -207,18 +210,38 @@ class Probes:
         self, levels: list[Level], request: ChooseRequest, bw: float, per_byte: float, q: list[float]
     ) -> bool:
         """Whether more bandwidth than `bw` could make the law pick a level lighter than the committed
-        one, which is what a probe looks for. It could unless the measured per-byte cost c alone
-        rules the lighter levels out: at unlimited bandwidth a byte still costs the part of c that
-        1 / `bw` does not explain (the hosts' CPUs: on unshaped loopback c was up to 2x 1 / B, and
-        fp16 beat fp32 by 0.5-1.5 ms a step). There the probes (an fp32 step every 20 on each worker
-        and the PS, ~15 % of steps with one) can reveal nothing that moves the choice. On a
-        link-bound path c is ~1 / B, nothing is left over, and the probes go on as before."""
-        host = per_byte - 1.0 / bw
-        if host <= 0:
-            return True
-        unlimited = predict_steps(levels, request, bandwidth_Bps=math.inf, per_byte_s=host)
+        one, which is what a probe looks for, within reach (`_within_reach`), or a probe beyond it
+        is due (`probe_unseen_s` since the last probe).
+
+        Not at all when the measured per-byte cost c alone rules the lighter levels out: at
+        unlimited bandwidth a byte still costs the part of c that 1 / `bw` does not explain (the
+        hosts' CPUs: on unshaped loopback c was up to 2x 1 / B, and fp16 beat fp32 by 0.5-1.5 ms a
+        step). There the probes (an fp32 step every 20 on each worker and the PS, ~15 % of steps
+        with one) can reveal nothing that moves the choice. On a link-bound path c is ~1 / B,
+        nothing is left over, and the reach decides."""
+        host = max(0.0, per_byte - 1.0 / bw)
         assert self.hold.level is not None
-        return self.hold.target(unlimited, q) < self.hold.level
+        if host > 0:
+            unlimited = predict_steps(levels, request, bandwidth_Bps=math.inf, per_byte_s=host)
+            if self.hold.target(unlimited, q) >= self.hold.level:
+                return False
+        if self._within_reach(levels, request, bw, host, q):
+            return True
+        s = self.settings
+        assert self.probed_at is not None  # `next_move` sets it at the first decision
+        return s.probe_unseen_s <= 0 or request.link.time_s - self.probed_at >= s.probe_unseen_s
+
+    def _within_reach(
+        self, levels: list[Level], request: ChooseRequest, bw: float, host: float, q: list[float]
+    ) -> bool:
+        """Whether the law picks a lighter level than the committed one at `PROBE_RISE` x `bw` (a
+        rise the probe's sample is sized to show) or at `peak_Bps` (a rate this path has carried),
+        bytes costing max(1 / rate, `host`) there. A lighter level that pays only beyond both needs
+        a rate never seen: on wide-mlp at 20 Mbit/s qsgd:4 beats powersgd:4 only at ~7x the rate."""
+        reach = max(PROBE_RISE * bw, self.peak_Bps or 0.0)
+        near = predict_steps(levels, request, bandwidth_Bps=reach, per_byte_s=host)
+        assert self.hold.level is not None
+        return self.hold.target(near, q) < self.hold.level
 
     def _sample_bytes(self, *, bw: float, rtt_s: float) -> float:
         """The least send that is a bandwidth sample (a probe too small to measure anything reveals

@@ -255,8 +255,9 @@ def test_probes_that_find_no_headroom_back_off_and_a_new_level_resets_them() -> 
 def test_probe_is_big_enough_to_measure_and_skipped_after_a_slow_send() -> None:
     """From topk 0.1% of 45 MB (44 kB, app-limited however fast the link) a probe jumps to the
     heaviest level whose send is a bandwidth sample: >= min_sample_bytes, or long enough (8 min
-    RTTs) at twice the current rate; none follows a send slower than predicted."""
-    p = netsense(probe_interval=2, probe_interval_s=0, probe_share=0)
+    RTTs) at twice the current rate; none follows a send slower than predicted. (No reach rule here:
+    `probe_unseen_s` = 0; its own tests are in test_policy_probe_reach.py.)"""
+    p = netsense(probe_interval=2, probe_interval_s=0, probe_share=0, probe_unseen_s=0)
     heavy = run(p, [0.5])[-1]
     assert heavy == 6
 
@@ -271,13 +272,13 @@ def test_probe_is_big_enough_to_measure_and_skipped_after_a_slow_send() -> None:
         return found
 
     assert probes(p) == [5]  # 405 kB >= 256 kB
-    q = netsense(probe_interval=2, probe_interval_s=0, probe_share=0, min_sample_bytes=1 << 20)
+    q = netsense(probe_interval=2, probe_interval_s=0, probe_share=0, probe_unseen_s=0, min_sample_bytes=1 << 20)
     run(q, [0.5])
     assert probes(q) == [5]  # 405 kB < 1 MiB, but it lasts 6.5 s at 0.5 Mbit/s: >> 8 RTTs at 1 Mbit/s
-    by_size = netsense(probe_interval=2, probe_interval_s=0, probe_share=0, min_sample_bytes=1 << 20, min_sample_rtts=0)
+    by_size = netsense(probe_interval=2, probe_interval_s=0, probe_share=0, probe_unseen_s=0, min_sample_bytes=1 << 20, min_sample_rtts=0)
     run(by_size, [0.5])
     assert probes(by_size) == [4]  # size alone: 3.8 MB, the first level over 1 MiB
-    slow = netsense(probe_interval=2, probe_interval_s=0, probe_share=0)
+    slow = netsense(probe_interval=2, probe_interval_s=0, probe_share=0, probe_unseen_s=0)
     run(slow, [0.5])
     assert probes(slow, comm_s=10.0) == []  # every send far slower than predicted
 

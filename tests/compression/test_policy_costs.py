@@ -196,15 +196,19 @@ def test_no_probes_where_the_hosts_per_byte_cost_alone_rules_out_lighter_levels(
     """Unshaped loopback: bytes cost c = 20 ns (50 MB/s, the hosts' CPUs) over a link estimated at
     300 MB/s. fp16 beats fp32 even at unlimited bandwidth, so a probe to fp32 can reveal nothing
     (they were every 20 steps on each worker and the PS); on a link-bound path, where c is the
-    link's own 1 / B, the probes go on."""
+    link's own 1 / B, the probes go on, unless fp32 pays only beyond reach (`probe_unseen_s`): it
+    never beats fp16 there at twice the rate or at the highest rate seen."""
     loopback = drive(measured(policy()), 300e6, 20e-9, steps=400)
     assert loopback[50:] == ["fp16"] * 350
     for bw in (2.5e6, 12.5e6):  # 20 and 100 Mbit/s
-        specs = drive(measured(policy(probe_backoff_max=1, probe_share=0)), bw, 20e-9, steps=400)
+        specs = drive(measured(policy(probe_backoff_max=1, probe_share=0, probe_unseen_s=0)), bw, 20e-9, steps=400)
         assert sum(s.startswith("probe:") for s in specs[50:]) >= 15
         # With the default back-off they go on too, at most every 80 steps once none finds headroom.
-        specs = drive(measured(policy()), bw, 20e-9, steps=400)
+        specs = drive(measured(policy(probe_unseen_s=0)), bw, 20e-9, steps=400)
         assert sum(s.startswith("probe:") for s in specs[50:]) >= 4
+        # By default none in these 6 s: fp32 is no rise away (`probe_unseen_s`, 30 s).
+        specs = drive(measured(policy()), bw, 20e-9, steps=400)
+        assert not any(s.startswith("probe:") for s in specs[50:])
     # The fp32 point ages out after `horizon_s` without an fp32 send; c is unknown again and the
     # law itself sends fp32 once, which refreshes it: one fp32 step per ~10 s, not per 20 steps.
     long = drive(measured(policy()), 300e6, 20e-9, steps=2000)

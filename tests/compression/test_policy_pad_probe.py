@@ -21,7 +21,7 @@ SAMPLE = 256 * 1024  # min_sample_bytes: at 20 Mbit/s and 20 ms, 8 RTTs at twice
 def policy(**settings: object) -> NetsensePolicy:
     settings.setdefault("progress_aware", False)
     settings.setdefault("probe_pad", True)
-    p = make_policy("netsense", LADDER, probe_interval=5, probe_interval_s=0, probe_backoff_max=1, **settings)
+    p = make_policy("netsense", LADDER, probe_interval=5, probe_interval_s=0, probe_backoff_max=1, probe_unseen_s=0, **settings)
     assert isinstance(p, NetsensePolicy)
     return p
 
@@ -52,7 +52,7 @@ def test_a_probe_pads_the_committed_level_to_a_bandwidth_sample() -> None:
 def test_without_padding_a_probe_sends_a_lighter_level() -> None:
     """A sender that cannot pad (`pad_ok` false), or `probe_pad` off (the default): the old probe, the
     heaviest lighter level that carries a sample's bytes (qsgd:4, 607 kB)."""
-    default = make_policy("netsense", LADDER, progress_aware=False, probe_interval=5, probe_interval_s=0, probe_backoff_max=1)
+    default = make_policy("netsense", LADDER, progress_aware=False, probe_interval=5, probe_interval_s=0, probe_backoff_max=1, probe_unseen_s=0)
     assert isinstance(default, NetsensePolicy)
     for p, pad_ok in ((policy(), False), (policy(probe_pad=False), True), (default, True)):
         committed, probe = first_probe(p, pad_ok=pad_ok)

@@ -20,7 +20,10 @@ RTT = 0.02
 
 
 def policy(**settings: object) -> NetsensePolicy:
-    settings = {"progress_aware": False, "probe_interval": 2, "probe_interval_s": 0, "probe_backoff_max": 1, **settings}
+    settings = {
+        "progress_aware": False, "probe_interval": 2, "probe_interval_s": 0, "probe_backoff_max": 1, "probe_unseen_s": 0,
+        **settings,
+    }
     p = make_policy("netsense", LADDER, **settings)
     assert isinstance(p, NetsensePolicy)
     return p
