@@ -38,6 +38,10 @@ first window's (`ProgressEstimate.start`: a fresh model's steps), may take this 
 `progress_budget`: stale figures are worse than the CPU (charlm at 5 % windows every 50 steps cost
 ~7 s of a 50 s run; at 1 % one stale window held for 200 steps)."""
 
+REGRET_POINTS = 9
+"""Rates at which a level's regret under a lower bound is read (`NetsensePolicy._under_bound`): 1 / B
+evenly from 0 (unlimited) to 1 / bound; each cost is linear in 1 / B, the best of them is not."""
+
 PADDED = -1
 """The transport's point for padded probes (`TransportCost` keeps one per level sent: a padded
 send is larger than its level's, and a size of its own for the per-byte fit)."""
@@ -141,6 +145,32 @@ class NetsensePolicy(Policy):
         p = self.progress
         return [p.values[i] if p.measured[i] and not p.pinned[i] else self._worst_q[i] for i in range(len(self.ladder))]
 
+    def _under_bound(
+        self, levels: list[Level], request: ChooseRequest, preds: list[float], q: list[float], *, bound: float, per_byte: float
+    ) -> list[float]:
+        """`preds` (at the lower `bound`) with the levels the law may not pick set to inf.
+
+        Only a lower bound is known (every send so far was app-limited: small, latency-bound): the
+        rate may be anything from it up. Each level's *regret* is the most its cost P_l / q_l
+        exceeds the best level's over that range (1 / B from 0 to 1 / `bound`, `REGRET_POINTS`
+        points; bytes cost at least the host's part of c), and the law may pick only the levels
+        whose regret is within `move_eps` of the least. A level that loses progress thus needs to
+        be near the best at unlimited bandwidth as well as at the bound, and a lossless one near
+        the best at the bound. Lossless levels alone (before 2026-12-05) kept digits-cnn's uplinks
+        (153 kB pushes, never a bandwidth sample) at qsgd:4 for whole runs, whose encode and
+        decode cost 3-4 ms a step more than powersgd:4's at twice the bytes (docs/BENCHMARKS.md,
+        "Lower bound: the least regret")."""
+        host = max(0.0, per_byte - 1.0 / bound)
+        worst = [1.0] * len(preds)
+        for k in range(REGRET_POINTS):
+            rate = math.inf if k == 0 else bound * (REGRET_POINTS - 1) / k
+            at = preds if k == REGRET_POINTS - 1 else predict_steps(levels, request, bandwidth_Bps=rate, per_byte_s=host)
+            cost = [p / qi for p, qi in zip(at, q)]
+            best = min(cost)
+            worst = [max(w, c / best) for w, c in zip(worst, cost)]
+        least = min(worst)
+        return [p if w <= least * (1 + self.settings.move_eps) else math.inf for p, w in zip(preds, worst)]
+
     def effective_bandwidth(self, link: LinkState) -> float | None:
         """The estimate after `link`, shrunk by losses and a queue (`BandwidthEstimate.effective`)."""
         return self.bandwidth.effective(link, queue_tolerance_s=self.settings.queue_tolerance_s)
@@ -173,11 +203,7 @@ class NetsensePolicy(Policy):
         q = self._qs()
         preds = predict_steps(levels, request, bandwidth_Bps=bw, per_byte_s=per_byte)
         if bound is not None:
-            # Only a lower bound is known (every send so far was app-limited: small, latency-bound):
-            # it overstates comm time, so it may choose only among levels that lose no measurable
-            # progress (fp32, fp16, and 8-bit once measured): the worst it costs is a cast.
-            lossless = self._lossless_q()
-            preds = [p if lossless[i] >= 1 - s.progress_tol else math.inf for i, p in enumerate(preds)]
+            preds = self._under_bound(levels, request, preds, q, bound=bw, per_byte=per_byte)
         best = min(p / qi for p, qi in zip(preds, q))
         self._contenders = [i for i, p in enumerate(preds) if p <= (1 + s.eps) * best]
         reason = self.hold.step(preds, q, bw) + (" (lower bound B)" if bound is not None else "")
