@@ -137,7 +137,7 @@ class NetsensePolicy(Policy):
         return min(ok, key=lambda i: (self._ratios.get(i, self.ladder[i].ratio), i))
 
     def _lossless_q(self) -> list[float]:
-        """q per level as the rules for an unknown bandwidth or a lower bound judge "loses nothing":
+        """q per level as the rule for an unknown bandwidth (`safe_level`) judges "loses nothing":
         measured by a round or window, else the codec's worst case. A calibrated figure does not
         count (`progress_table`): a table pricing qsgd:4 at 1.00 made it the unknown-bandwidth
         level, and its 180 kB sends on wide-mlp were app-limited, so the bandwidth stayed unknown
