@@ -275,7 +275,9 @@ def test_probe_is_big_enough_to_measure_and_skipped_after_a_slow_send() -> None:
     q = netsense(probe_interval=2, probe_interval_s=0, probe_share=0, probe_unseen_s=0, min_sample_bytes=1 << 20)
     run(q, [0.5])
     assert probes(q) == [5]  # 405 kB < 1 MiB, but it lasts 6.5 s at 0.5 Mbit/s: >> 8 RTTs at 1 Mbit/s
-    by_size = netsense(probe_interval=2, probe_interval_s=0, probe_share=0, probe_unseen_s=0, min_sample_bytes=1 << 20, min_sample_rtts=0)
+    by_size = netsense(
+        probe_interval=2, probe_interval_s=0, probe_share=0, probe_unseen_s=0, min_sample_bytes=1 << 20, min_sample_rtts=0
+    )
     run(by_size, [0.5])
     assert probes(by_size) == [4]  # size alone: 3.8 MB, the first level over 1 MiB
     slow = netsense(probe_interval=2, probe_interval_s=0, probe_share=0, probe_unseen_s=0)

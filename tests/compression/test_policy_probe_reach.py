@@ -23,7 +23,10 @@ TOPK = 4
 
 def policy(**settings: object) -> NetsensePolicy:
     """The cadence alone would probe every 2 steps (no share, no back-off)."""
-    settings = {"progress_aware": False, "probe_interval": 2, "probe_interval_s": 0, "probe_backoff_max": 1, "probe_share": 0, **settings}
+    settings = {
+        "progress_aware": False, "probe_interval": 2, "probe_interval_s": 0, "probe_backoff_max": 1, "probe_share": 0,
+        **settings,
+    }
     p = make_policy("netsense", LADDER, **settings)
     assert isinstance(p, NetsensePolicy)
     return p
