@@ -66,7 +66,7 @@ class NetsensePolicySettings:
     only a rise to a rate never seen could, and the probe waits this long since the last one instead
     of the share's 8 s at most (0: no such wait). On the bandwidth-bound models a lighter level than
     PowerSGD paid only at 6-12x the rate, and the probes for it (qsgd:8 or fp16 steps, 8-20x
-    powersgd:4's bytes, from each worker's uplink and the downlink in turn) took 5-10 % of a run on
+    powersgd:4's bytes, from each worker's uplink and the downlink in turn) took up to 10 % of a run on
     a link whose rate never came near (docs/BENCHMARKS.md, "Probes within reach")."""
     probe_pad: bool = False
     """Where the sender can pad (`ChooseRequest.pad_ok`: a worker's uplink, the PS's downlink, a
