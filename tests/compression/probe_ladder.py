@@ -4,7 +4,13 @@ topk (40 kB, app-limited) and probes with qsgd:4 (607 kB)."""
 
 from __future__ import annotations
 
+from netsense.compression.policy import NetsensePolicy, make_policy
 from netsense.compression.policy.ladder import Ladder, Level
+
+MBIT = 1e6 / 8
+S = 4_500_000  # dense fp32 payload, bytes
+TC = 0.05
+RTT = 0.02
 
 LADDER = Ladder(
     (
@@ -15,3 +21,12 @@ LADDER = Ladder(
         Level("topk:0.01+fp16", 0.009, 0.01, 0.002, False),
     )
 )
+
+
+def cadence_policy(**settings: object) -> NetsensePolicy:
+    """netsense on `LADDER` with the step-time law, probing on a 2-step cadence without back-off;
+    `settings` override (and add to) those."""
+    settings = {"progress_aware": False, "probe_interval": 2, "probe_interval_s": 0, "probe_backoff_max": 1, **settings}
+    p = make_policy("netsense", LADDER, **settings)
+    assert isinstance(p, NetsensePolicy)
+    return p

@@ -6,15 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from probe_ladder import LADDER
+from probe_ladder import LADDER, MBIT, RTT, S, TC
 from netsense.compression.policy import ChooseRequest, NetsensePolicy, SendReport, make_policy
 from netsense.compression.policy.link import LinkState
 from netsense.compression.policy.netsense import PADDED
 
-MBIT = 1e6 / 8
-S = 4_500_000  # dense fp32 payload, bytes
-TC = 0.05
-RTT = 0.02
 SAMPLE = 256 * 1024  # min_sample_bytes: at 20 Mbit/s and 20 ms, 8 RTTs at twice the rate is more
 
 

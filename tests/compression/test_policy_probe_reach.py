@@ -9,27 +9,17 @@ from __future__ import annotations
 
 import pytest
 
-from probe_ladder import LADDER
-from netsense.compression.policy import ChooseRequest, Decision, NetsensePolicy, make_policy
+from probe_ladder import MBIT, RTT, S, TC, cadence_policy
+from netsense.compression.policy import ChooseRequest, Decision, NetsensePolicy
 from netsense.compression.policy.link import LinkState
 from netsense.errors import ConfigError
 
-MBIT = 1e6 / 8
-S = 4_500_000
-TC = 0.05
-RTT = 0.02
 TOPK = 4
 
 
 def policy(**settings: object) -> NetsensePolicy:
     """The cadence alone would probe every 2 steps (no share, no back-off)."""
-    settings = {
-        "progress_aware": False, "probe_interval": 2, "probe_interval_s": 0, "probe_backoff_max": 1, "probe_share": 0,
-        **settings,
-    }
-    p = make_policy("netsense", LADDER, **settings)
-    assert isinstance(p, NetsensePolicy)
-    return p
+    return cadence_policy(**{"probe_share": 0, **settings})
 
 
 def choose(p: NetsensePolicy, step: int, mbit: float, *, app_limited: bool = True) -> Decision:

@@ -8,25 +8,14 @@ from collections.abc import Callable
 
 import pytest
 
-from probe_ladder import LADDER
-from netsense.compression.policy import ChooseRequest, Decision, NetsensePolicy, SendReport, make_policy
+from probe_ladder import MBIT, RTT, S, TC, cadence_policy
+from netsense.compression.policy import ChooseRequest, Decision, NetsensePolicy, SendReport
 from netsense.compression.policy.link import LinkState
 from netsense.errors import ConfigError
 
-MBIT = 1e6 / 8
-S = 4_500_000  # dense fp32 payload, bytes
-TC = 0.05
-RTT = 0.02
-
 
 def policy(**settings: object) -> NetsensePolicy:
-    settings = {
-        "progress_aware": False, "probe_interval": 2, "probe_interval_s": 0, "probe_backoff_max": 1, "probe_unseen_s": 0,
-        **settings,
-    }
-    p = make_policy("netsense", LADDER, **settings)
-    assert isinstance(p, NetsensePolicy)
-    return p
+    return cadence_policy(**{"probe_unseen_s": 0, **settings})
 
 
 def run(
