@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -153,6 +153,10 @@ def energy(x: torch.Tensor, weight: torch.Tensor | None = None) -> float:
     return float(x.square().sum() if weight is None else (x.square() * weight).sum())
 
 
+LagEnergy = Callable[[int, Sequence[torch.Tensor]], float]
+"""(level, its residual per key) -> what a cumulative window charges for that lag at one step."""
+
+
 def window_progress(sum_energy: float, error: float) -> float | None:
     """q_W from |sum g|^2 (`sum_energy`) and |r_start - r_end|^2 plus the lag (`error`: |r_end|^2,
     or sum_t |r_t|^2 for a cumulative stream); None when sum g is zero."""
@@ -196,7 +200,9 @@ class WindowProbe:
     charged at every measured step (sum_t |r_t|^2: a replica's displacement, see the module). With
     `precondition` (not with `cumulative`), |sum g|^2, |D|^2 and |r_end|^2 are weighed per
     coordinate as an adaptive optimizer (Adam) applies them (`adam_weight`), from second moments
-    over the window's own steps."""
+    over the window's own steps. `lag_energy` (cumulative streams) replaces a measured step's
+    |r_t|^2 by what it returns for (level, the level's residual as the level runs: whole keys where
+    `sees_whole_keys`): `scripts/window_sweep.py --curvature` weighs the lag by the loss's curvature."""
 
     def __init__(
         self,
@@ -208,17 +214,22 @@ class WindowProbe:
         warm: int | None = None,
         interim: int | None = None,
         precondition: bool = False,
+        lag_energy: LagEnergy | None = None,
     ) -> None:
         if window < 2:
             raise ValueError(f"a progress window needs at least 2 steps, got {window}")
         if cumulative and precondition:
             raise ValueError("a cumulative (parameter) stream's window takes no Adam metric: its steps are updates, not gradients")
+        if lag_energy is not None and not cumulative:
+            raise ValueError("lag_energy weighs a cumulative (parameter) stream's lag; a gradient stream's window charges r_end")
         self.window = window
         self.warm = window // 2 if warm is None else warm
         self.interim = window // 4 if interim is None else interim
         self.numel = numel
         self.cumulative = cumulative
         self.precondition = precondition
+        self.lag_energy = lag_energy
+        """A cumulative stream's charge for one measured step's lag (default: its raw energy)."""
         self.specs = dict(specs)
         # Low-rank levels see whole keys: a rank-r fit to a row subsample keeps far more of a
         # noisy matrix's energy than the same fit to the matrix (4 of 6 rows: nearly all), so on
@@ -330,8 +341,10 @@ class WindowProbe:
                 if level in self._packed and self._packing is not None:
                     left.mul_(self._packing.mask)  # the gaps carry nothing over
                 residual[i] = left
-                if self.cumulative and measuring:
+                if self.cumulative and measuring and self.lag_energy is None:
                     self._lag[level] = self._lag.get(level, 0.0) + energy(left)
+            if self.cumulative and measuring and self.lag_energy is not None:
+                self._lag[level] = self._lag.get(level, 0.0) + self.lag_energy(level, residual)
         except (CompressionError, ValueError, RuntimeError) as exc:
             log.warning("progress window: level %d (%s) dropped: %s", level, self.specs[level], exc)
             for store in (self.specs, self._codecs, self._residual, self._start, self._error_sq, self._lag):

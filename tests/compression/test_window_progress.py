@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -182,6 +183,32 @@ def test_a_parameter_stream_is_charged_each_steps_lag_exactly() -> None:
     assert result.progress[3] == pytest.approx(expected, rel=1e-5)
     with pytest.raises(ValueError, match="Adam"):
         WindowProbe({3: "winfakedrop"}, window=4, cumulative=True, precondition=True)
+
+
+def test_a_parameter_streams_lag_is_charged_as_lag_energy_says() -> None:
+    # `lag_energy` replaces each measured step's |r_t|^2 (scripts/window_sweep.py --curvature
+    # weighs it by the loss's curvature): given each step's residual, what it returns is charged.
+    gen = torch.Generator().manual_seed(5)
+    steps = [torch.randn(D, generator=gen) + 1.0 for _ in range(4)]
+    seen: list[tuple[int, float]] = []
+
+    def quarter(level: int, residual: Sequence[torch.Tensor]) -> float:
+        seen.append((level, sum(float(r.square().sum()) for r in residual)))
+        return seen[-1][1] / 4
+
+    probe = WindowProbe({3: "winfakedrop"}, window=4, warm=0, interim=0, cumulative=True, lag_energy=quarter)
+    result = None
+    for params in _parameters(steps):
+        result = probe.feed(params)
+    assert result is not None
+    lags = [sum(steps[: t + 1])[D // 2 :] for t in range(4)]
+    assert [level for level, _ in seen] == [3] * 4
+    assert [e for _, e in seen] == pytest.approx([float(r.square().sum()) for r in lags], rel=1e-5)
+    signal = float(sum(steps).square().sum())
+    expected = signal / (signal + float(lags[-1].square().sum()) + sum(float(r.square().sum()) for r in lags) / 4)
+    assert result.progress[3] == pytest.approx(expected, rel=1e-5)
+    with pytest.raises(ValueError, match="cumulative"):
+        WindowProbe({3: "winfakedrop"}, window=4, lag_energy=quarter)
 
 
 def test_an_unbiased_codec_gets_the_q_the_formula_gives() -> None:
