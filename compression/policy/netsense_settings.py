@@ -40,6 +40,13 @@ class NetsensePolicySettings:
     changed (not +-10% jitter): headroom is judged with `eps`, not the stricter `relax_eps` (0: never)."""
     max_k: int = 80
     """Cap of k's back-off: a relax undone within k steps doubles k; one that holds halves it again."""
+    settle_steps: int = 20
+    """Progress-aware law: decisions in a row on which the same other level is the pick with
+    `move_eps` alone (its cost more than move_eps below the committed level's, the jitter's
+    widening left out) before the committed level moves to it, though it is within the dead band:
+    the jitter says that one step's costs that close are not told apart; a difference that holds
+    for this many decisions is. Backs off as k does (doubled, up to max(max_k, settle_steps),
+    when the move is undone within its count; 0: off)."""
     probe_interval: int = 20
     """While app-limited at a lossy level, send one probe (a bandwidth sample) this often (0: never)."""
     probe_interval_s: float = 2.0
@@ -159,6 +166,7 @@ class NetsensePolicySettings:
         require(s.jitter_window >= 0, n, "jitter_window", s.jitter_window, ">= 0")
         require(s.k >= 1, n, "k", s.k, ">= 1")
         require(s.max_k >= s.k, n, "max_k", s.max_k, ">= k")
+        require(s.settle_steps >= 0, n, "settle_steps", s.settle_steps, ">= 0")
         require(s.relax_rise == 0 or s.relax_rise > 1, n, "relax_rise", s.relax_rise, "0 or > 1")
         require(s.probe_interval >= 0, n, "probe_interval", s.probe_interval, ">= 0")
         require(s.probe_interval_s >= 0, n, "probe_interval_s", s.probe_interval_s, ">= 0")

@@ -628,12 +628,12 @@ def test_progress_aware_moves_to_the_cheapest_and_holds_within_eps() -> None:
     """q already prices a level's loss, so a move goes to the least lossy level within move_eps of
     the best cost, not within eps: at 400 Mbit/s fp16 costs 2 % more per unit of progress than
     qsgd:8, which the old rule (move_eps = eps) gave away for fp16's q. eps stays the band a
-    committed level may drift within: put at fp16, the policy keeps it; with eps below fp16's
-    2 % it moves at once."""
+    committed level may drift within: put at fp16, the policy keeps it (for good with
+    settle_steps 0: the next test); with eps below fp16's 2 % it moves at once."""
     fp16, qsgd8 = 1, 2
     assert run_aware(aware(), [400])[0] == qsgd8
     assert run_aware(aware(move_eps=0.1), [400])[0] == fp16
-    p = aware(probe_interval=0, probe_interval_s=0)
+    p = aware(probe_interval=0, probe_interval_s=0, settle_steps=0)
     run_aware(p, [400])
     p.level = fp16
     assert run_aware(p, [400] * 30) == [fp16] * 30
@@ -641,6 +641,32 @@ def test_progress_aware_moves_to_the_cheapest_and_holds_within_eps() -> None:
     run_aware(p, [400])
     p.level = fp16
     assert run_aware(p, [400])[0] in (qsgd8, qsgd8 + 1)  # type: ignore[operator]
+
+
+def test_a_level_that_stays_the_strict_pick_within_the_dead_band_is_settled_on() -> None:
+    """Within the dead band the committed level holds, unless one other level stays the pick with
+    move_eps alone for settle_steps decisions in a row: put at fp16 at 400 Mbit/s, where qsgd:8
+    costs 2 % less per unit of progress, the policy holds fp16 for 19 decisions, moves on the
+    20th and holds qsgd:8 from then on. Where the strict pick alternates (400 / 500 Mbit/s: qsgd:8,
+    then fp16 itself) the count restarts and fp16 holds. A settle undone within its count (the
+    rate drops: heavier at once) doubles the count for the next."""
+    fp16, qsgd8 = 1, 2
+    p = aware(probe_interval=0, probe_interval_s=0)
+    run_aware(p, [400])
+    p.level = fp16
+    levels = run_aware(p, [400] * 30)
+    assert levels == [fp16] * 19 + [qsgd8] * 11
+    assert p.hold.settle_now == 20
+    p = aware(probe_interval=0, probe_interval_s=0)
+    run_aware(p, [400])
+    p.level = fp16
+    assert run_aware(p, [400, 500] * 30) == [fp16] * 60
+    p = aware(probe_interval=0, probe_interval_s=0)
+    run_aware(p, [400])
+    p.level = fp16
+    levels = run_aware(p, [400] * 20 + [150])
+    assert levels[19] == qsgd8 and levels[20] > qsgd8  # type: ignore[operator]
+    assert p.hold.settle_now == 40
 
 
 def test_a_jittery_step_widens_the_move_band_to_the_least_lossy_level() -> None:
