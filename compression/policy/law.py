@@ -145,6 +145,11 @@ class LevelHold:
         rose = s.relax_rise > 0 and self.low_bw is not None and bw >= s.relax_rise * self.low_bw
         if rose and target < lighter:
             lighter = target
+        if s.progress_aware and fits and lighter < current and preds[lighter] / q[lighter] >= preds[current] / q[current]:
+            # Lighter only by the jitter band's "least lossy" preference, not cheaper: a rule for
+            # where a move goes, no reason to move (it undid every settle on the tanh MLP:
+            # powersgd:2 settled at 2.5 % below powersgd:4's cost, relaxed back 5 steps later).
+            lighter = current
         if lighter >= current:
             # After a rise one dip of the estimate (a push slowed by the hosts' CPUs: 23-29 Mbit/s
             # among 45-55 was seen) pauses the count of headroom steps instead of restarting it.

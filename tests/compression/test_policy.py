@@ -669,6 +669,18 @@ def test_a_level_that_stays_the_strict_pick_within_the_dead_band_is_settled_on()
     assert p.hold.settle_now == 40
 
 
+def test_a_lighter_level_only_in_the_jitter_band_is_no_headroom() -> None:
+    """The jitter band's "least lossy" preference says where a move goes, not that one is due: at
+    400 Mbit/s with a 5 % step jitter fp16 (2 % dearer than the committed qsgd:8) is the move's
+    pick, yet qsgd:8 holds; counted as headroom it relaxed to fp16 after k steps, and a settle
+    back to qsgd:8 and that relax would alternate for good."""
+    qsgd8 = 2
+    p = aware(probe_interval=0, probe_interval_s=0)
+    assert run_aware(p, [400]) == [qsgd8]
+    p.hold.jitter = 0.05
+    assert run_aware(p, [400] * 40) == [qsgd8] * 40
+
+
 def test_a_jittery_step_widens_the_move_band_to_the_least_lossy_level() -> None:
     """At 400 Mbit/s qsgd:4 has the best cost, qsgd:8's is 1.6 % and fp16's 4 % above it. With
     steady measured steps a move goes within move_eps: qsgd:8. Once the steps vary by 4-8 %
