@@ -125,7 +125,9 @@ class LevelHold:
                 self.since_relax = None
         if self.since_settle is not None:
             self.since_settle += 1
-            if self.since_settle >= self.settle_now:  # the settle held
+            # On probation for twice its count: a settle back (the earliest way back when no relax
+            # or heavier move comes) takes settle_now decisions itself.
+            if self.since_settle >= 2 * self.settle_now:  # the settle held
                 self.settle_now = max(s.settle_steps, self.settle_now // 2)
                 self.since_settle = None
         fits = self.holds(current, preds, q)

@@ -46,7 +46,7 @@ class NetsensePolicySettings:
     widening left out) before the committed level moves to it, though it is within the dead band:
     the jitter says that one step's costs that close are not told apart; a difference that holds
     for this many decisions is. Backs off as k does (doubled, up to max(max_k, settle_steps),
-    when the move is undone within its count; 0: off)."""
+    when the move is undone within twice its count; 0: off)."""
     probe_interval: int = 20
     """While app-limited at a lossy level, send one probe (a bandwidth sample) this often (0: never)."""
     probe_interval_s: float = 2.0

@@ -26,7 +26,9 @@ from netsense.compression.policy import (
     register_policy,
 )
 from netsense.compression.policy.ladder import Ladder, Level
+from netsense.compression.policy.law import LevelHold
 from netsense.compression.policy.link import LinkState
+from netsense.compression.policy.netsense_settings import NetsensePolicySettings
 from netsense.errors import ConfigError
 
 MBIT = 1e6 / 8
@@ -667,6 +669,25 @@ def test_a_level_that_stays_the_strict_pick_within_the_dead_band_is_settled_on()
     levels = run_aware(p, [400] * 20 + [150])
     assert levels[19] == qsgd8 and levels[20] > qsgd8  # type: ignore[operator]
     assert p.hold.settle_now == 40
+
+
+def test_a_settle_undone_by_a_settle_back_doubles_the_count() -> None:
+    """The way back from a settle may be a settle itself, settle_steps decisions later: the move
+    stays on probation for twice its count, so the ping-pong slows down. Three levels, q 1 / 0.9 /
+    0.8, jitter 10 %: first C is 5 % cheaper than the committed B (the jitter band's pick stays B),
+    then B 5 % cheaper than C, with A, 8 % dearer than B, the band's least-lossy pick: no relax."""
+    hold = LevelHold(NetsensePolicySettings(), ("a", "b", "c"))
+    q = [1.0, 0.9, 0.8]
+
+    def decide(costs: list[float]) -> str:
+        return hold.step([c * qi for c, qi in zip(costs, q)], q, bw=1e6)
+
+    hold.level, hold.jitter = 1, 0.1
+    reasons = [decide([1.20, 1.00, 0.95]) for _ in range(20)]
+    assert hold.level == 2 and reasons[-1].startswith("settle: 20 decisions") and hold.settle_now == 20
+    reasons = [decide([1.08, 1.00, 1.05]) for _ in range(20)]
+    assert hold.level == 1 and reasons[-1].startswith("settle") and hold.settle_now == 40
+    assert all(r.startswith("hold") for r in reasons[:-1])
 
 
 def test_a_lighter_level_only_in_the_jitter_band_is_no_headroom() -> None:
