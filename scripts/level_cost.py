@@ -11,6 +11,9 @@ loss, batch size and optimizer.
             W/2 warm steps
     adam    the same window weighed in Adam's metric (`WindowProbe`'s `precondition`), as the
             policy prices an uplink whose PS runs Adam or AdamW (since 2026-12-04); uplink only
+    curv    downlink, SGD-family: the same window with the lag weighed by the loss's curvature
+            (`window_sweep.curvature_lag`, offline only: docs/BENCHMARKS.md, "The downlink's lag
+            weighed by curvature")
 
     .venv/bin/python scripts/level_cost.py --model wide-mlp --target 0.9 [--direction down]
         [--levels qsgd:4,powersgd:4,powersgd:2,powersgd:1,topk:0.01+fp16] [--seeds 3]
@@ -32,7 +35,7 @@ from netsense.ps.optim import OptimizerSettings
 from netsense.transport.hparams import scales_per_coordinate
 from netsense.worker.task import TrainTask
 from netsense.worker.trials import OptimizerFactory, TaskSampler, TrialRun, run_trials
-from window_sweep import window_q  # this folder's: one window of the fp32 run
+from window_sweep import window_q  # this folder's: one window of the fp32 run (curvature: its weighed lag)
 
 LEVELS = "qsgd:4,powersgd:4,powersgd:2,powersgd:1,topk:0.01+fp16"
 
@@ -80,17 +83,19 @@ def main() -> None:
     window = window_q(args.model, specs, 16, 0, args.direction, workers=args.workers, precondition=False)
     adam = args.direction == "up" and scales_per_coordinate(str(task.optimizer.get("name", "sgd")))
     weighed = window_q(args.model, specs, 16, 0, args.direction, workers=args.workers, precondition=True) if adam else {}
+    sgd = not scales_per_coordinate(str(task.optimizer.get("name", "sgd")))
+    curved = window_q(args.model, specs, 16, 0, "down", workers=args.workers, curvature=True) if args.direction == "down" and sgd else {}
     base = [steps_to_target(task, None, args, s) for s in range(args.seeds)]
     print(f"{args.model} {args.direction}link, target {args.target}, {args.workers} workers; trial {trial_s:.1f} s")
     print(f"fp32: steps {base}")
-    print("| level | steps per seed | q_true | trial | window q_W | adam q_W |")
-    print("|---|---|---|---|---|---|")
+    print("| level | steps per seed | q_true | trial | window q_W | adam q_W | curv q_W |")
+    print("|---|---|---|---|---|---|---|")
     ref = statistics.mean(b for b in base if b is not None) if any(b is not None for b in base) else None
     for spec in specs:
         steps = [steps_to_target(task, spec, args, s) for s in range(args.seeds)]
         done = [s for s in steps if s is not None]
         q_true = f"{ref / statistics.mean(done):.2f}" if ref and len(done) == len(steps) else "n/r"
-        figures = [trial.progress.get(spec), window.get(spec), weighed.get(spec)]
+        figures = [trial.progress.get(spec), window.get(spec), weighed.get(spec), curved.get(spec)]
         print(
             f"| {spec} | {', '.join('n/r' if s is None else str(s) for s in steps)} | {q_true} | "
             + " | ".join("-" if q is None else f"{q:.2f}" for q in figures) + " |",
