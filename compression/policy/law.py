@@ -51,6 +51,7 @@ class LevelHold:
         self.settle = 0
         """Consecutive decisions `settle_to` was the strict pick (`move_eps` alone), not the committed level."""
         self.settle_to: int | None = None
+        """The level `settle` counts for (None: no count running)."""
         self.since_settle: int | None = None
         """Decisions since the last settle move, while it is on probation (None: not on probation)."""
 
