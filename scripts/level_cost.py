@@ -81,10 +81,11 @@ def main() -> None:
     trial = run_trials(task.build_model(), task.loss, optimizer_of(task), batches, held, specs, direction=args.direction)
     trial_s = time.perf_counter() - t0
     window = window_q(args.model, specs, 16, 0, args.direction, workers=args.workers, precondition=False)
-    adam = args.direction == "up" and scales_per_coordinate(str(task.optimizer.get("name", "sgd")))
+    per_coordinate = scales_per_coordinate(str(task.optimizer.get("name", "sgd")))
+    adam = args.direction == "up" and per_coordinate
     weighed = window_q(args.model, specs, 16, 0, args.direction, workers=args.workers, precondition=True) if adam else {}
-    sgd = not scales_per_coordinate(str(task.optimizer.get("name", "sgd")))
-    curved = window_q(args.model, specs, 16, 0, "down", workers=args.workers, curvature=True) if args.direction == "down" and sgd else {}
+    sgd_down = args.direction == "down" and not per_coordinate
+    curved = window_q(args.model, specs, 16, 0, args.direction, workers=args.workers, curvature=True) if sgd_down else {}
     base = [steps_to_target(task, None, args, s) for s in range(args.seeds)]
     print(f"{args.model} {args.direction}link, target {args.target}, {args.workers} workers; trial {trial_s:.1f} s")
     print(f"fp32: steps {base}")

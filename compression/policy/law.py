@@ -89,7 +89,11 @@ class LevelHold:
         s = self.settings
         if not s.progress_aware:
             return self.law(preds, q, s.eps, s.tie_eps)[0]
-        band = min(s.eps, max(s.move_eps, self.jitter))
+        return self.pick(preds, q, min(s.eps, max(s.move_eps, self.jitter)))
+
+    def pick(self, preds: list[float], q: list[float], band: float) -> int:
+        """The law's pick with tolerance `band` and `tie_eps` scaled by band / eps (a move's rule)."""
+        s = self.settings
         return self.law(preds, q, band, s.tie_eps * band / s.eps if s.eps > 0 else 0.0)[0]
 
     def holds(self, current: int, preds: list[float], q: list[float]) -> bool:
@@ -181,8 +185,7 @@ class LevelHold:
         s = self.settings
         if not s.progress_aware or self.settle_now <= 0:
             return None
-        tie = s.tie_eps * s.move_eps / s.eps if s.eps > 0 else 0.0
-        strict = self.law(preds, q, s.move_eps, tie)[0]
+        strict = self.pick(preds, q, s.move_eps)
         if strict == current:
             self.settle, self.settle_to = 0, None
             return None
