@@ -31,6 +31,7 @@ from .downlink import DownlinkController
 from .release import WanFirst
 from .session import WorkerSession
 from .store import ParameterStore, StepApplied
+from .store.store import DOWNLINK_DOMAINS
 from .store.guard import UpdateRefused
 from .warmup import warm_up_torch
 
@@ -101,6 +102,12 @@ class ServerSettings:
     """At a PS told its site (`netsense ps --site`), answer the pulls of workers and relays at other
     sites before those of its own (synchronous mode; docs/ARCHITECTURE.md, "WAN-first release"); at
     a relay or worker, push the shards at other sites before its own site's ("WAN pushes first")."""
+    downlink_domain: str = "params"
+    """What a lossy downlink compresses (docs/ARCHITECTURE.md, "Gradient-domain downlink"):
+    ``params``, the change of the parameters, the PS stepping on the exact gradient; ``gradient``,
+    the step's aggregated gradient under error feedback, at the codec each key was pushed in, with
+    every worker running the PS's optimizer on it (synchronous mode, no relays; the downlink codec
+    and policy are not used)."""
 
     def __post_init__(self) -> None:
         if self.preauth_window_bytes < 4096:
@@ -112,6 +119,10 @@ class ServerSettings:
             )
         if self.staleness is not None and self.staleness < 0:
             raise ConfigError(f"server.staleness must be >= 0 (or unset for synchronous training), got {self.staleness}")
+        if self.downlink_domain not in DOWNLINK_DOMAINS:
+            raise ConfigError(f"server.downlink_domain must be one of {', '.join(DOWNLINK_DOMAINS)}, got {self.downlink_domain!r}")
+        if self.downlink_domain == "gradient" and self.staleness is not None:
+            raise ConfigError("server.downlink_domain 'gradient' needs synchronous training (unset server.staleness)")
 
 
 class PSServer:
@@ -123,9 +134,14 @@ class PSServer:
         self.settings = settings
         self.secret = secret
         self.limits = limits
-        self.store = ParameterStore(downlink_codec=settings.downlink_codec, staleness=settings.staleness)
+        self.store = ParameterStore(
+            downlink_codec=settings.downlink_codec, staleness=settings.staleness, downlink_domain=settings.downlink_domain
+        )
         if settings.staleness is not None and (settings.policy or settings.downlink_codec != "fp32"):
             log.warning("async mode (staleness %d) sends full fp32 parameters; the downlink codec/policy is ignored", settings.staleness)
+        gradient = settings.downlink_domain == "gradient"
+        if gradient and (settings.policy or settings.downlink_codec != "fp32"):
+            log.info("gradient-domain downlink: each key goes at the codec it was pushed in; the downlink codec/policy is not used")
         self.downlink = (
             DownlinkController(
                 settings.policy or f"fixed:{settings.downlink_codec}",
@@ -133,7 +149,7 @@ class PSServer:
                 decision_log=settings.decision_log,
                 settings=progress_settings(settings.progress_table, "down", settings.policy),
             )
-            if settings.policy or settings.decision_log
+            if (settings.policy or settings.decision_log) and not gradient
             else None
         )
         """The downlink policy loop; None when the downlink codec is fixed and unlogged."""

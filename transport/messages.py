@@ -209,6 +209,16 @@ class Params(Message):
     pad: bytes = b""
     """Filler the worker drops (a downlink probe padded to a bandwidth sample: docs/POLICIES.md,
     "Probes"); at most `Limits.max_probe_bytes`. Left out of the message when empty."""
+    gradient: bool = False
+    """A gradient-domain delta (docs/ARCHITECTURE.md, "Gradient-domain downlink"): the tensors are
+    the step's compressed aggregated gradient, which the worker's copy of the PS's optimizer
+    applies (with the hyper-parameters its own push carried). Left out when False."""
+    optimizer: dict[str, Any] = field(default_factory=dict)
+    """A full PARAMS of a gradient-domain PS: its optimizer settings (INIT's map), so the worker
+    runs the same optimizer. Left out when empty (a parameter-domain PS)."""
+    optim_state: dict[str, Payload] = field(default_factory=dict)
+    """With `optimizer`: the optimizer's state per key, ``<state name>:<key>`` -> lossless payload
+    (``momentum_buffer``, ``exp_avg``, ``exp_avg_sq``, ``step``). Left out when empty."""
 
 
 @dataclass(frozen=True)

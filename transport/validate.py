@@ -228,7 +228,8 @@ PARSERS: dict[str, Any] = {
     "pull": lambda b, lim: Pull(_int(b, "have_version", -1), _int(b, "wait_for", 0), _pull_keys(b)),
     "params": lambda b, lim: Params(
         _int(b, "version", 0), _bool(b, "full"), _tensors(b, "tensors", lim), _int(b, "base_version", -1),
-        _pad(b, lim),
+        _pad(b, lim), _bool(b, "gradient") if "gradient" in b else False,  # absent: a parameter-domain PS
+        _opt_map(b, "optimizer"), _tensors(b, "optim_state", lim) if "optim_state" in b else {},
     ),
     "ack": lambda b, lim: Ack(_int(b, "version", 0)),
     "error": lambda b, lim: Error(_str(b, "code", 64), _str(b, "reason")),

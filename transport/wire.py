@@ -47,7 +47,7 @@ def _payload_to_wire(p: Payload) -> dict[str, Any]:
     return {"c": p.codec, "s": list(p.shape), "d": p.dtype, "p": list(p.parts), "m": list(p.meta)}
 
 
-_OMIT_DEFAULT = {"hello": ("job_id", "resume", "site"), "welcome": ("job_id", "site"), "init": ("model",), "params": ("pad",)}
+_OMIT_DEFAULT = {"hello": ("job_id", "resume", "site"), "welcome": ("job_id", "site"), "init": ("model",), "params": ("pad", "gradient", "optimizer", "optim_state")}
 """Optional fields left out at their default, so a message without them is byte-identical to an older peer's."""
 
 
@@ -58,7 +58,7 @@ def _body(msg: Message) -> dict[str, Any]:
         value = getattr(msg, name)
         if name in omit and value == (f.default_factory() if callable(f.default_factory) else f.default):
             continue
-        if name in ("tensors", "grads"):
+        if name in ("tensors", "grads", "optim_state"):
             value = {k: _payload_to_wire(p) for k, p in value.items()}
         elif name == "model":
             value = {k: {"n": i.name, "s": list(i.shape), "d": i.dtype, "o": i.offset, "b": i.buffer} for k, i in value.items()}

@@ -417,6 +417,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         thread only by the pushes submitted after this)."""
         for client in self._exchange.clients:
             client.step_fields = fields
+        self._replica.hparams, self._replica.key_groups = fields.hparams, fields.key_groups  # a gradient-domain update steps with them
 
     def _skip(self, samples: int, t0: float) -> StepStats:
         """The scaler found Inf/NaN: a skip PUSH to every shard (no gradient; the barrier counts

@@ -181,4 +181,6 @@ def merge_parts(parts: list[Params], keys: list[str], step: int) -> Params | Non
         tensors.update(p.tensors)
     if set(tensors) != set(keys):
         return None
-    return Params(step + 1, full, {k: tensors[k] for k in keys}, base_version=-1 if full else step)
+    if any(p.gradient != parts[0].gradient for p in parts):
+        return None
+    return Params(step + 1, full, {k: tensors[k] for k in keys}, base_version=-1 if full else step, gradient=parts[0].gradient)

@@ -18,10 +18,12 @@ import torch
 
 from netsense.compression import Payload, make_codec
 from netsense.errors import ConfigError, ProtocolError
+from netsense.transport.optimizer import Hyper, as_hyper
 from netsense.transport.sharding import assign_shards
 from netsense.transport.wire import Params, TensorInfo
 
 from .layout import KeySlot, shard_layout, state_info, state_layout, wire_value
+from .mirror import OptimizerMirror
 
 
 class Replica:
@@ -44,6 +46,17 @@ class Replica:
         """Version of each shard's keys in this replica."""
         self.version = -1
         """The lowest of the shards' versions (in sync mode all advance together)."""
+        self.mirrors: list[OptimizerMirror | None] = [None] * shards
+        """Per shard, its optimizer run here when its downlink is in the gradient domain (mirror.py)."""
+        self.hparams: tuple[dict[str, float], ...] = ()
+        """The current step's param groups' hyper-parameters, as its pushes carry them (a
+        gradient-domain update is stepped with them, as the PS steps it)."""
+        self.key_groups: dict[str, int] = {}
+        """Key -> its param group, for keys outside group 0 (with `hparams`)."""
+
+    def hyper(self, key: str) -> Hyper | None:
+        """`key`'s hyper-parameters for the current step, as the PS keys them (None: none sent)."""
+        return as_hyper(self.hparams[self.key_groups.get(key, 0)]) if self.hparams else None
 
     def shares(self) -> list[float]:
         """Each shard's fraction of the elements (of the dense payload)."""
@@ -83,7 +96,43 @@ class Replica:
         state = self.shard_state(shard)
         if params.full and len(params.tensors) not in (len(slots), len(slots) + len(state)):
             raise ProtocolError("keys", f"PS shard {shard} has {len(params.tensors)} keys, this model assigns it {len(slots)}")
+        if params.gradient and params.full:
+            raise ProtocolError("malformed", "a full PARAMS cannot be a gradient-domain update")
+        if (params.optimizer or params.optim_state) and not params.full:
+            raise ProtocolError("malformed", "optimizer settings and state come only with full PARAMS")
+        if params.gradient:
+            decode_s = self._step_mirror(params, shard)
+        else:
+            decode_s = self._write(params, shard)
+        self._write_state(params, shard)
+        self.versions[shard] = params.version
+        self.version = min(self.versions)
+        return decode_s
+
+    def _step_mirror(self, params: Params, shard: int) -> float:
+        """A gradient-domain update: the shard's optimizer, run here, steps on it; its new values
+        are written into the model. Checked whole before anything changes."""
+        mirror = self.mirrors[shard]
+        if mirror is None:
+            raise ProtocolError("version", f"a gradient-domain update from PS shard {shard}, which never sent its optimizer")
+        grads, slots = {}, {s.key: s for s in self.shard_slots[shard]}
+        td = time.perf_counter()
+        for key, payload in params.tensors.items():
+            if key in slots:
+                if tuple(payload.shape) != slots[key].shape:
+                    raise ProtocolError("shape", f"key {key!r}: PS shape {payload.shape} != model shape {slots[key].shape}")
+                grads[key] = make_codec(payload.codec).decode(payload)
+        decode_s = time.perf_counter() - td
+        for key, value in mirror.step(grads, {k: self.hyper(k) for k in grads}).items():
+            target = slots[key].view(slots[key].param.data)
+            target.copy_(value.to(target.device, target.dtype))
+        return decode_s
+
+    def _write(self, params: Params, shard: int) -> float:
+        """Parameters (full) or their change (a parameter-domain delta) into the model."""
+        slots = self.shard_slots[shard]
         decode_s = 0.0
+        values: dict[str, torch.Tensor] = {}
         for slot in slots:
             payload = params.tensors.get(slot.key)
             if payload is None:
@@ -98,10 +147,21 @@ class Replica:
             target = slot.view(slot.param.data)
             if params.full:
                 target.copy_(value)
+                values[slot.key] = value
             else:
                 target.add_(value.to(target.dtype))
+        if params.full and params.optimizer:  # a gradient-domain PS: run its optimizer here
+            mirror = OptimizerMirror(params.optimizer)
+            mirror.load(values, params.optim_state)
+            self.mirrors[shard] = mirror
+        elif params.full:
+            self.mirrors[shard] = None
+        return decode_s
+
+    def _write_state(self, params: Params, shard: int) -> None:
+        state = self.shard_state(shard)
         if params.full:
-            self.state_on_ps[shard] = bool(state) and len(params.tensors) == len(slots) + len(state)
+            self.state_on_ps[shard] = bool(state) and len(params.tensors) == len(self.shard_slots[shard]) + len(state)
         for slot in state:  # state keys come whole, in full and delta messages alike
             payload = params.tensors.get(slot.key)
             if payload is None:
@@ -112,6 +172,3 @@ class Replica:
                 raise ProtocolError("bad-payload", f"state key {slot.key!r} must come lossless (fp32), got {payload.codec!r}")
             value = make_codec(payload.codec).decode(payload, device=slot.param.device)
             slot.view(slot.param.data).copy_(value.to(slot.param.dtype))
-        self.versions[shard] = params.version
-        self.version = min(self.versions)
-        return decode_s

@@ -102,8 +102,9 @@ def register(kinds: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--ladder", help="levels for adaptive policies (default: the policy's default ladder)")
     p.add_argument("--progress-table", metavar="FILE",
                    help="`netsense calibrate`'s table for the netsense rows (netns:netsense too); the other rows ignore it")  # fmt: skip
-    p.add_argument("--downlink", choices=["same", "none"], default="same",
-                   help="PS -> worker: the same policy (default) or fp32 for every policy")  # fmt: skip
+    p.add_argument("--downlink", choices=["same", "none", "gradient"], default="same",
+                   help="PS -> worker: the same policy (default), fp32 for every policy, or the gradient domain "
+                   "(each key at the codec it was pushed in, every worker running the PS's optimizer)")  # fmt: skip
     p.add_argument("--netns-link", metavar="SPEC",
                    help="tbf link of the ddp:* and netns:* runs (default --link; rate and queue only)")  # fmt: skip
     p.add_argument("--topology", choices=TOPOLOGIES, default="sites",
@@ -408,7 +409,10 @@ def run(args: argparse.Namespace) -> int:
             write_outputs(results, out, plots=False)
             continue
         inner = policy.removeprefix("netns:")
-        config = override(base, train__policy=inner, server__policy=inner if args.downlink == "same" else None)
+        config = override(
+            base, train__policy=inner, server__policy=inner if args.downlink == "same" else None,
+            server__downlink_domain="gradient" if args.downlink == "gradient" else "params",
+        )
         if inner == "netsense" and table is not None:
             config = override(config, train__progress_table=table, server__progress_table=table if args.downlink == "same" else None)
         netns_link = _netns_link(args, policy) if policy.startswith("netns:") else None

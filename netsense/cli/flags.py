@@ -104,6 +104,11 @@ def add_staleness_flag(p: argparse.ArgumentParser) -> None:
         help="asynchronous PS: apply each push on arrival, a worker at most S versions ahead of the slowest (SSP); "
         "default: synchronous",
     )  # fmt: skip
+    p.add_argument(
+        "--downlink-domain", choices=["params", "gradient"],
+        help="what a lossy downlink compresses: the parameters' change (default) or the step's gradient, "
+        "at the codec it was pushed in, every worker running the PS's optimizer (synchronous, no relays)",
+    )  # fmt: skip
 
 
 def add_transport_flags(p: argparse.ArgumentParser) -> None:
@@ -154,6 +159,7 @@ FLAG_FIELDS: tuple[tuple[str, str], ...] = (
     ("downlink_codec", "server.downlink_codec"),
     ("barrier_timeout", "server.barrier_timeout_s"),
     ("staleness", "server.staleness"),
+    ("downlink_domain", "server.downlink_domain"),
     ("max_datagram_size", "transport.max_datagram_size"),
     ("max_datagram_size", "transport.local_max_datagram_size"),  # the size asked, for peers on this host too
     ("idle_timeout", "transport.idle_timeout_s"),

@@ -181,6 +181,8 @@ class SiteStore:
         """The upstream's PARAMS: checked, written into the replica, kept for the local pulls.
         Returns the step it completes (None when the version did not move)."""
         core = self._core
+        if params.gradient or params.optimizer:
+            raise ProtocolError("relay", "the upstream PS sends a gradient-domain downlink, which a relay does not run; use downlink_domain 'params'")
         if not core.initialized:
             if not params.full:
                 raise ProtocolError("version", "the upstream's first PARAMS must be full")

@@ -27,6 +27,7 @@ from netsense.transport.hparams import check_allowed
 from netsense.transport.wire import Params, Push, TensorInfo
 
 from ..optim import Hyper, OptimizerSettings, as_hyper
+from .gradient import GradientDownlink
 from .guard import StepGuard
 
 
@@ -44,6 +45,9 @@ class Pending:
     """The worker sits the step out (a skip PUSH: its AMP scaler found Inf/NaN): done, no gradient."""
     hparams: dict[str, Hyper] = field(default_factory=dict)
     """Key -> the hyper-parameters its pushes carried for this step (none: the PS's settings)."""
+    specs: dict[str, str] = field(default_factory=dict)
+    """Key -> the codec its gradient came in (a gradient-domain downlink sends the key's update
+    at it: gradient.py)."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,9 @@ class StoreCore:
         self._decoders: dict[str, Codec] = {}
         self._grad_buffers: dict[str, torch.Tensor] = {}  # key -> reused gradient sum (`_weighted_grad`)
         self.guard = StepGuard()
+        self.gradient: GradientDownlink | None = None
+        """Set: the downlink is in the gradient domain (gradient.py): each step's aggregated
+        gradient is compressed before the optimizer steps on it."""
 
     @property
     def initialized(self) -> bool:
@@ -243,6 +250,7 @@ class StoreCore:
         if pending is None:
             pending = self.pending[worker_id] = Pending(msg.samples, step=msg.step, skipped=msg.skip)
         pending.grads.update((k, g) for k, g in grads.items() if k not in skip and k not in self.state)
+        pending.specs.update((k, p.codec) for k, p in msg.grads.items() if k not in skip and k not in self.state)
         pending.state.update((k, g) for k, g in grads.items() if k in self.state)
         pending.hparams.update(key_hparams(msg))
 
@@ -276,6 +284,7 @@ class StoreCore:
         for key, param in self.params.items():
             param.grad = self._weighted_grad(key, [(self.pending[w].grads[key], self.pending[w].samples / total) for w in workers])
         self.optimizer_settings.clip(list(self.params.values()))
+        self._compress(list(self.params), workers)
         self._step(list(self.params), workers)
         self.merge_state(workers)
         return total
@@ -307,8 +316,19 @@ class StoreCore:
             if terms:
                 self.params[key].grad = self._weighted_grad(key, terms)
         if contributing:
+            self._compress([k for k in keys if self.params[k].grad is not None], contributing)
             # the step is not whole yet: a refusal of a later key undoes these too (`guard.commit`)
             self._step(keys, contributing, keep=True)
+
+    def _compress(self, keys: list[str], workers: list[str]) -> None:
+        """Gradient-domain downlink: each key's gradient becomes what the downlink sends of it
+        (`GradientDownlink.compress`, at the codec its first contributor pushed it in)."""
+        if self.gradient is None:
+            return
+        for key in keys:
+            param = self.params[key]
+            spec = next((self.pending[w].specs[key] for w in workers if key in self.pending[w].specs), "fp32")
+            param.grad = self.gradient.compress(self.version, key, param.grad, spec)
 
     def _step(self, keys: list[str], workers: list[str], *, keep: bool = False) -> None:
         """torch.optim's step over `keys` (their grads set), with each key's hyper-parameters for

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
 from netsense.compression import Codec, Payload, make_codec
 from netsense.compression.progress import codec_clock
 from netsense.transport.wire import Params
+
+from .gradient import GradientDownlink
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +30,10 @@ Chooser = Callable[[dict[str, torch.Tensor]], "str | None"]
 
 LOSSLESS = ("fp32", "none")
 """Downlink specs that send the parameters themselves rather than a delta."""
+
+OptimizerView = Callable[[], "tuple[dict[str, Any], dict[str, Payload]]"]
+"""The PS optimizer's settings and its state per key (``<name>:<key>`` -> payload): what a full
+PARAMS of a gradient-domain downlink carries besides the parameters."""
 
 
 class UpdateEncoder:
@@ -49,6 +56,11 @@ class UpdateEncoder:
         self._fp32 = make_codec("fp32")
         self.state: dict[str, torch.Tensor] = {}
         """The store's state keys (the same dict as `StoreCore.state`)."""
+        self.gradient: GradientDownlink | None = None
+        """Set (the same object as `StoreCore.gradient`): updates are the step's compressed
+        gradient (gradient.py), the shadow is the parameters themselves."""
+        self.optimizer_view: OptimizerView | None = None
+        """With `gradient`: what a full PARAMS carries of the optimizer (set by the store)."""
 
     def reset(self, params: dict[str, torch.Tensor]) -> None:
         """Replicas start as the initial parameters; stateful encoders start empty."""
@@ -100,17 +112,16 @@ class UpdateEncoder:
         spec = self.current_spec
         clock = codec_clock()
         t0 = clock()
-        self.last_update = self._encode_update(params, version, base, spec)
+        if self.gradient is not None:  # compressed before the step (`StoreCore._compress`): timed there
+            spec = "gradient"
+            self.last_update = self._gradient_update(params, version, base)
+        else:
+            self.last_update = self._encode_update(params, version, base, spec)
         self.last_encode = (version, spec, clock() - t0)
 
     def _encode_update(self, params: dict[str, torch.Tensor], version: int, base: int, spec: str) -> Params:
         if spec in LOSSLESS:
-            for key, param in params.items():  # in place: a fresh 32 MB clone cost 8-13 ms per step here
-                old = self.shadow.get(key)
-                if old is not None and old.shape == param.shape and old.dtype == param.dtype:
-                    old.copy_(param)
-                else:
-                    self.shadow[key] = param.detach().clone()
+            self._follow(params)  # in place: a fresh 32 MB clone cost 8-13 ms per step here
             return self.full_params(version)
         tensors = {}
         for key, param in params.items():
@@ -121,13 +132,34 @@ class UpdateEncoder:
         tensors.update(self.state_payloads())
         return Params(version, False, tensors, base_version=base)
 
+    def _gradient_update(self, params: dict[str, torch.Tensor], version: int, base: int) -> Params:
+        """The step's compressed gradients (what every replica's optimizer steps on); the shadow
+        follows the parameters, which the replicas now equal."""
+        assert self.gradient is not None
+        tensors = self.gradient.commit(base)
+        self._follow(params)
+        tensors.update(self.state_payloads())
+        return Params(version, False, tensors, base_version=base, gradient=True)
+
+    def _follow(self, params: dict[str, torch.Tensor]) -> None:
+        """The shadow becomes `params`, in place where it can."""
+        for key, param in params.items():
+            old = self.shadow.get(key)
+            if old is not None and old.shape == param.shape and old.dtype == param.dtype:
+                old.copy_(param)
+            else:
+                self.shadow[key] = param.detach().clone()
+
     def state_payloads(self) -> dict[str, Payload]:
         """Every state key whole and lossless: what each update and full PARAMS carries."""
         return {k: self._fp32.encode(v) for k, v in self.state.items()}  # copies the bytes: a cached update stays put
 
     def encode_key(self, key: str, param: torch.Tensor, spec: str) -> tuple[Payload, torch.Tensor]:
         """One key's downlink payload and the shadow value it leaves (as `encode_update`), for a
-        key applied ahead of the version: the shadow itself waits for the version."""
+        key applied ahead of the version: the shadow itself waits for the version. Gradient domain:
+        the payload compressed before the key's step (`GradientDownlink.payload`)."""
+        if self.gradient is not None:
+            return self.gradient.payload(key), param.detach().clone()
         if spec in LOSSLESS:
             value = param.detach().clone()
             return self._fp32.encode(value), value
@@ -150,8 +182,13 @@ class UpdateEncoder:
         return Params(version, True, {**{k: self._fp32.encode(v) for k, v in tensors.items()}, **self.state_payloads()})
 
     def full_params(self, version: int) -> Params:
-        """The replica every worker must hold (the shadow), lossless."""
-        return self.lossless(version, self.shadow)
+        """The replica every worker must hold (the shadow), lossless; in the gradient domain with
+        the optimizer every replica runs, its settings and state."""
+        full = self.lossless(version, self.shadow)
+        if self.gradient is None or self.optimizer_view is None:
+            return full
+        settings, state = self.optimizer_view()
+        return Params(version, True, full.tensors, optimizer=settings, optim_state=state)
 
     def pull(self, version: int, have_version: int) -> Params:
         """What a worker at `have_version` needs to reach `version`: the last update if it

@@ -72,15 +72,15 @@ class PipelinedStep:
         keys = list(keys)
         version = self._core.version
         if version == have_version and all(k in self.applied for k in keys):
-            full = self._spec in LOSSLESS
+            full = self._full
             base = -1 if full else version
-            return Params(version + 1, full, {k: self.applied[k] for k in keys}, base_version=base)
+            return Params(version + 1, full, {k: self.applied[k] for k in keys}, base_version=base, gradient=self._gradient)
         last = self._encoder.last_update
         if (
             last is not None and last.version == version == have_version + 1 and (last.full or last.base_version == have_version)
             and all(k in last.tensors for k in keys)
         ):  # fmt: skip
-            return Params(last.version, last.full, {k: last.tensors[k] for k in keys}, base_version=last.base_version)
+            return Params(last.version, last.full, {k: last.tensors[k] for k in keys}, base_version=last.base_version, gradient=last.gradient)
         return self._encoder.full_params(version)
 
     def step_workers(self) -> tuple[str, ...]:
@@ -115,6 +115,16 @@ class PipelinedStep:
             self._apply(workers, ready)
         return len(ready)
 
+    @property
+    def _gradient(self) -> bool:
+        """The step's payloads are its compressed gradient (gradient.py)."""
+        return self._core.gradient is not None
+
+    @property
+    def _full(self) -> bool:
+        """The step's payloads are the parameters themselves (a lossless parameter-domain codec)."""
+        return self._spec in LOSSLESS and not self._gradient
+
     def _apply(self, workers: tuple[str, ...], keys: list[str]) -> None:
         """Optimizer step of `keys`, then their downlink payloads; the new shadow values wait."""
         assert self._spec is not None
@@ -134,15 +144,17 @@ class PipelinedStep:
         if rest:
             self._apply(workers, rest)
         total = sum(core.pending[w].samples for w in core.contributing(workers))
-        full = self._spec in LOSSLESS
+        full = self._full
         base = core.version
         core.merge_state(workers)
         core.advance()
         core.guard.commit()  # whole now: the copies kept for a refusal go
+        if core.gradient is not None:
+            core.gradient.commit(base)  # the step's residuals replace the old ones
         self._encoder.shadow.update(self._next_shadow)
         tensors = {k: self.applied[k] for k in core.params}
         tensors.update(self._encoder.state_payloads())  # the averaged buffers, as in a whole step's update
-        self._encoder.last_update = Params(core.version, full, tensors, base_version=-1 if full else base)
+        self._encoder.last_update = Params(core.version, full, tensors, base_version=-1 if full else base, gradient=self._gradient)
         core.pending.clear()
         self.reset()
         return StepApplied(core.version, tuple(sorted(workers)), total)

@@ -20,13 +20,14 @@ from collections.abc import Iterable
 import torch
 
 from netsense.compression import Payload
-from netsense.errors import ProtocolError
+from netsense.errors import ConfigError, ProtocolError
 from netsense.transport.wire import Params, Push, TensorInfo
 
-from ..optim import OptimizerSettings, adam_metric
+from ..optim import OptimizerSettings, adam_metric, optimizer_state_payloads
 from . import state as checkpoint_state
 from .core import Mode, StepApplied, StoreCore
 from .encode import Chooser, UpdateEncoder
+from .gradient import GradientDownlink
 from .guard import UpdateRefused
 from .pipeline import PipelinedStep
 from .ssp import SspClocks
@@ -34,17 +35,31 @@ from .sync import SyncBarrier
 
 log = logging.getLogger(__name__)
 
+DOWNLINK_DOMAINS = ("params", "gradient")
+"""What a lossy downlink compresses: the parameters' change, or the step's aggregated gradient."""
+
 
 class ParameterStore:
     """Authoritative parameters, optimizer state, versions and the synchronous barrier."""
 
-    def __init__(self, *, downlink_codec: str = "fp32", staleness: int | None = None) -> None:
+    def __init__(self, *, downlink_codec: str = "fp32", staleness: int | None = None, downlink_domain: str = "params") -> None:
         if staleness is not None and staleness < 0:
             raise ValueError(f"staleness must be >= 0 (or None for synchronous), got {staleness}")
+        if downlink_domain not in DOWNLINK_DOMAINS:
+            raise ConfigError(f"downlink_domain must be one of {', '.join(DOWNLINK_DOMAINS)}, got {downlink_domain!r}")
+        if downlink_domain == "gradient" and staleness is not None:
+            raise ConfigError("downlink_domain 'gradient' needs the synchronous barrier: async mode sends whole parameters")
         self.staleness = staleness
         """None: synchronous barrier (BSP); s: asynchronous, at most s versions ahead (SSP)."""
+        self.downlink_domain = downlink_domain
+        """``params``: updates are the compressed change of the parameters (encode.py);
+        ``gradient``: the step's compressed gradient, which every replica's optimizer applies
+        (gradient.py)."""
         self._core = StoreCore()
         self._encoder = UpdateEncoder(downlink_codec)
+        if downlink_domain == "gradient":
+            self._core.gradient = self._encoder.gradient = GradientDownlink()
+            self._encoder.optimizer_view = self._optimizer_view
         self._pipeline: PipelinedStep | None = None
         """Keyed pulls: sync mode only."""
         self._mode: Mode
@@ -97,6 +112,13 @@ class ParameterStore:
     @property
     def optimizer_settings(self) -> OptimizerSettings | None:
         return self._core.optimizer_settings
+
+    def _optimizer_view(self) -> tuple[dict[str, object], dict[str, Payload]]:
+        """The optimizer's settings and state, as a gradient-domain full PARAMS carries them."""
+        settings, optimizer = self._core.optimizer_settings, self._core.optimizer
+        if settings is None or optimizer is None:
+            return {}, {}
+        return settings.to_dict(), optimizer_state_payloads(optimizer, self._core.params)
 
     def update_metric(self) -> dict[str, torch.Tensor] | None:
         """Per key, the optimizer's diagonal metric of a parameter change (`adam_metric`: Adam's
@@ -154,6 +176,8 @@ class ParameterStore:
         self._core.initialize(tensors, optimizer, world_size, model, job_id)
         self._encoder.reset(self._core.params)
         self._encoder.state = self._core.state
+        if self._core.gradient is not None:
+            self._core.gradient.reset()
         assert self.optimizer_settings is not None
         log.info("store initialized: %d keys, %d elements, optimizer %s", len(self.params), self.numel, self.optimizer_settings.name)
 
@@ -330,6 +354,11 @@ class ParameterStore:
             raise ProtocolError("initialized", "restore needs a fresh store")
         checkpoint_state.restore(self._core, self._encoder, state)
         self._encoder.state = self._core.state
+        if self._core.gradient is not None:
+            # The replicas are the parameters (a checkpoint of the parameter domain kept its shadow
+            # apart); what error feedback still owed is not in a checkpoint and starts at zero.
+            self._core.gradient.reset()
+            self._encoder.shadow = {k: v.clone() for k, v in self._core.params.items()}
         self._mode.reset()
         log.info(
             "store restored at version %d (%d keys, %d state keys, %d live workers, job %r)",

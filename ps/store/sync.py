@@ -87,6 +87,8 @@ class SyncBarrier:
         full pull); the live set stays, so the barrier waits for all of them again."""
         self._core.pending.clear()
         self._pipeline.reset()
+        if self._core.gradient is not None:
+            self._core.gradient.discard()  # what the refused step compressed was never sent
 
     def _discard(self, worker_id: str) -> None:
         """Out of the live set and out of the current step."""

@@ -1,0 +1,92 @@
+"""`GradientDownlink`: the downlink in the gradient domain (docs/ARCHITECTURE.md, "Gradient-domain
+downlink").
+
+In the parameter domain (encode.py) the PS steps its optimizer on the exact aggregated gradient and
+sends the compressed change of the parameters, so a lossy downlink compresses a second time what
+the uplink already compressed, and the momentum-filtered change is of higher rank than a gradient
+(digits-cnn needed 100-125 steps at powersgd:2 where DDP's hook, which compresses once, needs
+85-90: docs/BENCHMARKS.md). Here the PS compresses the step's aggregated gradient under error
+feedback (m = g + e; sent C(m); e = m - C(m)) and steps its optimizer on what it sent, C(m); every
+worker runs the same optimizer on the same C(m), so every replica still equals the PS's parameters
+bit for bit, as DDP's ranks each apply the same all-reduced sum.
+
+Each key goes at the codec its pushes came in (the first contributing worker's, in worker-id
+order): the uplink's policy already picked that level for this step's link. Lossless specs send
+the gradient whole, with no residual. Residuals change only when the step commits (`commit`), so
+a refused step leaves none behind.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from netsense.compression import Codec, Payload, make_codec
+
+LOSSLESS = ("fp32", "none")
+"""Specs sent as fp32, whole, with nothing left over."""
+
+
+class GradientDownlink:
+    """Per-key error-feedback residuals and encoders of the gradient-domain downlink."""
+
+    def __init__(self) -> None:
+        self.residual: dict[str, torch.Tensor] = {}
+        """Key -> what the downlink has not sent yet of the aggregated gradients (e)."""
+        self._codecs: dict[tuple[str, str], Codec] = {}  # (key, spec) -> encoder (PowerSGD keeps its Q)
+        self._fp32 = make_codec("fp32")
+        self._pending: dict[str, tuple[Payload, torch.Tensor | None]] = {}  # key -> (payload, new residual)
+        self._version = -1  # the step the pending payloads belong to
+
+    def compress(self, version: int, key: str, grad: torch.Tensor, spec: str) -> torch.Tensor:
+        """C(grad + e) for the step from `version`: kept with its new residual until `commit`;
+        returns what the optimizer steps on (a new float tensor of `grad`'s dtype)."""
+        if version != self._version:
+            self.discard()
+            self._version = version
+        if spec in LOSSLESS:
+            payload = self._fp32.encode(grad)
+            self._pending[key] = (payload, None)
+            return grad.detach().clone()
+        old = self.residual.get(key)
+        m = grad + old if old is not None and old.shape == grad.shape else grad.clone()
+        codec = self._codecs.get((key, spec))
+        if codec is None:
+            if len(self._codecs) > 8 * max(1, len(self.residual) + 1):
+                self._codecs.clear()  # bound: a job whose specs keep changing keeps no stale encoders
+            codec = self._codecs[(key, spec)] = make_codec(spec)
+        payload = codec.encode(m)
+        sent = codec.decode(payload).to(grad.dtype).view_as(grad)
+        self._pending[key] = (payload, m.sub_(sent))
+        return sent
+
+    def commit(self, version: int) -> dict[str, Payload]:
+        """The step from `version` applied: its residuals replace the old ones; its payloads (every
+        key compressed for it, in order)."""
+        if version != self._version:
+            self.discard()
+            return {}
+        out = {}
+        for key, (payload, residual) in self._pending.items():
+            out[key] = payload
+            if residual is None:
+                self.residual.pop(key, None)
+            else:
+                self.residual[key] = residual
+        self._pending = {}
+        self._version = -1
+        return out
+
+    def payload(self, key: str) -> Payload:
+        """The pending payload of `key` (a key applied ahead, pipeline.py)."""
+        return self._pending[key][0]
+
+    def discard(self) -> None:
+        """A step refused or abandoned: what it compressed is forgotten, residuals as they were."""
+        self._pending = {}
+        self._version = -1
+
+    def reset(self) -> None:
+        """A fresh start or a restore: nothing owed."""
+        self.discard()
+        self.residual.clear()
+        self._codecs.clear()

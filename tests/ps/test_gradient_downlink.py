@@ -1,0 +1,197 @@
+"""The gradient-domain downlink (ps/store/gradient.py): the PS steps on what it sends, and a worker's
+optimizer mirror (worker/mirror.py) stepping on the same bytes stays equal to the PS bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from netsense.compression import make_codec
+from netsense.errors import ConfigError, ProtocolError
+from netsense.ps.store import ParameterStore
+from netsense.transport.wire import Params, Push, decode_message, encode_message
+from netsense.worker.mirror import OptimizerMirror
+
+from storehelp import FP32, step_grads
+
+SGD = {"name": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 1e-3}
+ADAM = {"name": "adam", "lr": 0.01}
+
+
+def gradient_store(optimizer: dict, domain: str = "gradient") -> ParameterStore:
+    torch.manual_seed(0)
+    s = ParameterStore(downlink_domain=domain)
+    params = {"a": torch.randn(6, 5), "b": torch.randn(5), "c": torch.randn(4, 4)}
+    s.initialize({k: FP32.encode(v) for k, v in params.items()}, optimizer)
+    for w in ("w0", "w1"):
+        s.join(w)
+    return s
+
+
+def push(s: ParameterStore, worker: int, step: int, spec: str, hparams: tuple = ()) -> object:
+    codec = make_codec(spec)
+    grads = step_grads(step, worker)
+    g = torch.Generator().manual_seed(step * 7 + worker)
+    grads = {"a": torch.randn(6, 5, generator=g), "b": grads["b"], "c": torch.randn(4, 4, generator=g)}
+    return s.push(f"w{worker}", Push(step, 4 + worker, 3, {k: codec.encode(g) for k, g in grads.items()}, hparams))
+
+
+def mirror_of(full: Params) -> OptimizerMirror:
+    assert full.full and full.optimizer, "a gradient-domain full PARAMS carries the optimizer"
+    m = OptimizerMirror(full.optimizer)
+    m.load({k: FP32.decode(p) for k, p in full.tensors.items()}, full.optim_state)
+    return m
+
+
+def apply(m: OptimizerMirror, update: Params, hyper: dict | None = None) -> None:
+    assert update.gradient and not update.full
+    grads = {k: make_codec(p.codec).decode(p) for k, p in update.tensors.items()}
+    m.step(grads, {k: hyper.get(k) if hyper else None for k in grads})
+
+
+def assert_equal(m: OptimizerMirror, s: ParameterStore) -> None:
+    assert m.params.keys() == s.params.keys()
+    for k, v in s.params.items():
+        assert torch.equal(m.params[k], v), k
+
+
+@pytest.mark.parametrize("optimizer", [SGD, ADAM], ids=["sgd", "adam"])
+@pytest.mark.parametrize("spec", ["powersgd:2", "qsgd:4", "topk:0.2"])
+def test_mirror_follows_the_ps_bit_for_bit(optimizer: dict, spec: str) -> None:
+    s = gradient_store(optimizer)
+    m = mirror_of(s.pull(-1))
+    for step in range(6):
+        push(s, 0, step, spec)
+        applied = push(s, 1, step, spec)
+        assert applied is not None and s.version == step + 1
+        update = s.pull(step)
+        assert all(p.codec == spec for p in update.tensors.values())  # each key at its push's codec
+        apply(m, update)
+        assert_equal(m, s)
+    # a worker that joins now: the full PARAMS carries the optimizer's state, and it keeps up
+    late = mirror_of(s.pull(-1))
+    assert_equal(late, s)
+    assert late.optimizer is not None and len(late.optimizer.state) == 3
+    for step in range(6, 9):
+        push(s, 0, step, spec)
+        push(s, 1, step, spec)
+        update = s.pull(step)
+        apply(m, update)
+        apply(late, update)
+        assert_equal(m, s)
+        assert_equal(late, s)
+
+
+def test_the_step_applies_what_was_sent_and_error_feedback_keeps_the_rest() -> None:
+    """Plain SGD: parameters = initial - lr * (sum of what was sent), and sent + residual = the sum
+    of the steps' exact aggregated gradients (the sample-weighted means of the decoded pushes)."""
+    s = gradient_store({"name": "sgd", "lr": 0.1, "momentum": 0.0})
+    init = {k: v.clone() for k, v in s.params.items()}
+    exact = {k: torch.zeros_like(v) for k, v in s.params.items()}
+    sent = {k: torch.zeros_like(v) for k, v in s.params.items()}
+    codec = make_codec("powersgd:1")
+    for step in range(5):
+        decoded = []
+        for w in (0, 1):
+            msg = Push(step, 4 + w, 3, {k: codec.encode(torch.randn(v.shape)) for k, v in s.params.items()})
+            decoded.append({k: codec.decode(p) for k, p in msg.grads.items()})
+            s.push(f"w{w}", msg)
+        for k in exact:
+            exact[k] += decoded[0][k] * (4 / 9) + decoded[1][k] * (5 / 9)
+        for k, p in s.pull(step).tensors.items():
+            sent[k] += make_codec(p.codec).decode(p)
+    gd = s._core.gradient
+    assert gd is not None
+    for k in s.params:
+        torch.testing.assert_close(s.params[k], init[k] - 0.1 * sent[k], rtol=0, atol=1e-5)
+        torch.testing.assert_close(sent[k] + gd.residual[k], exact[k], rtol=0, atol=1e-5)
+    assert gd.residual["a"].abs().sum() > 0  # rank 1 of a rank-2 sum leaves something owed
+
+
+def test_lossless_pushes_make_the_parameter_domain_step() -> None:
+    """fp32 pushes: nothing is compressed, so both domains reach the same parameters."""
+    a, b = gradient_store(SGD), gradient_store(SGD, domain="params")
+    for step in range(4):
+        for w in (0, 1):
+            push(a, w, step, "fp32")
+            push(b, w, step, "fp32")
+    for k in a.params:
+        assert torch.equal(a.params[k], b.params[k])
+    assert a._core.gradient is not None and not a._core.gradient.residual
+
+
+def test_the_step_hyper_parameters_reach_the_mirror() -> None:
+    s = gradient_store(SGD)
+    m = mirror_of(s.pull(-1))
+    for step in range(3):
+        lr = 0.1 / (step + 1)  # a schedule: each push carries the step's lr
+        group = ({"lr": lr, "momentum": 0.9, "weight_decay": 1e-3},)
+        push(s, 0, step, "qsgd:4", group)
+        push(s, 1, step, "qsgd:4", group)
+        hyper = tuple(sorted(group[0].items()))
+        apply(m, s.pull(step), {k: hyper for k in s.params})
+        assert_equal(m, s)
+
+
+def test_keys_applied_ahead_go_in_the_gradient_domain() -> None:
+    s = gradient_store(SGD)
+    m = mirror_of(s.pull(-1))
+    for step in range(3):
+        s.want(["a"], step)
+        push(s, 0, step, "powersgd:2")
+        push(s, 1, step, "powersgd:2")
+        assert s.version == step + 1
+        part = s.pull_keys(step, ["a"])
+        assert part.gradient and not part.full
+        apply(m, s.pull(step))
+        assert_equal(m, s)
+
+
+def test_the_wire_carries_the_new_fields_and_old_messages_stay_as_they_were() -> None:
+    s = gradient_store(ADAM)
+    push(s, 0, 0, "qsgd:4")
+    push(s, 1, 0, "qsgd:4")
+    full, update = s.pull(-1), s.pull(0)
+    for msg in (full, update):
+        back = decode_message(encode_message(msg))
+        assert isinstance(back, Params)
+        assert (back.gradient, back.optimizer, back.optim_state.keys()) == (msg.gradient, msg.optimizer, msg.optim_state.keys())
+    assert {k.partition(":")[0] for k in full.optim_state} == {"exp_avg", "exp_avg_sq", "step"}
+    plain = Params(1, True, {"a": FP32.encode(torch.ones(2))})
+    assert b"gradient" not in encode_message(plain) and b"optim" not in encode_message(plain)
+
+
+def test_a_mirror_refuses_what_its_ps_could_not_have_sent() -> None:
+    s = gradient_store(SGD)
+    push(s, 0, 0, "fp32")
+    push(s, 1, 0, "fp32")
+    full = s.pull(-1)
+    values = {k: FP32.decode(p) for k, p in full.tensors.items()}
+    bad_state = {
+        "nope:a": FP32.encode(torch.zeros(6, 5)),
+        "momentum_buffer:zz": FP32.encode(torch.zeros(6, 5)),
+        "momentum_buffer:b": FP32.encode(torch.zeros(3)),  # wrong shape
+    }
+    for key, payload in bad_state.items():
+        with pytest.raises(ProtocolError):
+            OptimizerMirror(full.optimizer).load(values, {key: payload})
+    with pytest.raises(ProtocolError, match="NaN"):
+        OptimizerMirror(full.optimizer).load(values, {"momentum_buffer:b": FP32.encode(torch.full((5,), float("nan")))})
+    with pytest.raises(ProtocolError, match="optimizer settings"):
+        OptimizerMirror({"name": "lion"})
+    m = OptimizerMirror(full.optimizer)
+    with pytest.raises(ProtocolError, match="before"):
+        m.step({"a": torch.zeros(6, 5)}, {})
+    m.load(values, full.optim_state)
+    before = {k: v.clone() for k, v in m.params.items()}
+    for grads in ({"a": torch.zeros(6, 5), "b": torch.full((5,), float("inf"))}, {"a": torch.zeros(5, 6)}, {"x": torch.zeros(1)}):
+        with pytest.raises(ProtocolError):
+            m.step(grads, {})
+        assert all(torch.equal(before[k], v) for k, v in m.params.items())  # checked whole before any step
+
+
+def test_gradient_domain_needs_the_barrier() -> None:
+    with pytest.raises(ConfigError, match="synchronous"):
+        ParameterStore(downlink_domain="gradient", staleness=1)
+    with pytest.raises(ConfigError, match="downlink_domain"):
+        ParameterStore(downlink_domain="both")
