@@ -27,6 +27,7 @@ import torch
 from netsense.compression import Payload, make_codec
 from netsense.compression.feedback import ErrorFeedback
 from netsense.compression.policy import Decision, FixedPolicy, Policy, build_policy
+from netsense.compression.policy.link import LinkState
 from netsense.errors import ConfigError, NetSenseError
 from netsense.transport.hparams import scales_per_coordinate
 
@@ -310,7 +311,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
                 # of 65k elements at ~20 ms, which priced fp16 and qsgd:8 out of the law for 50
                 # steps). Its time is the choice's, not the chosen level's encode cost.
                 self._encoder.measure_candidates()
-                decision = self.uplink.choose(link, started=t0)
+                decision = self._choose(link, t0)
             spec = codec or (decision.spec if decision is not None else self.codec_spec)
         self._next_samples = samples
         stats = StepStats(codec=spec)
@@ -408,6 +409,12 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         self.close()
 
     # --- internals -------------------------------------------------------------------------
+
+    def _choose(self, link: LinkState, started: float) -> Decision:
+        """The uplink policy's level for this step; against gradient-domain shards it goes down at
+        that level too, so the policy prices it as two compressions (`Policy.passes`)."""
+        self.uplink.policy.passes = 2 if self._replica.gradient_domain else 1
+        return self.uplink.choose(link, started=started)
 
     def _step_fields(self, *, skip: bool = False) -> StepFields:
         return step_fields(self._optimizer_name, self.param_groups, self.slots, skip=skip)
@@ -520,7 +527,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         if early is None:
             self._probe_path()
             t = time.perf_counter()
-            decision = self.uplink.choose(self._exchange.read_link(), started=t)
+            decision = self._choose(self._exchange.read_link(), t)
             self._early_fields = self._step_fields()
             self._set_fields(self._early_fields)
             early = self._backward = BackwardPushes(

@@ -54,6 +54,12 @@ class Replica:
         self.key_groups: dict[str, int] = {}
         """Key -> its param group, for keys outside group 0 (with `hparams`)."""
 
+    @property
+    def gradient_domain(self) -> bool:
+        """Every shard's downlink is in the gradient domain: each key comes back at the codec it
+        was pushed in, compressed a second time (the uplink's policy prices that: `Policy.passes`)."""
+        return all(m is not None for m in self.mirrors)
+
     def hyper(self, key: str) -> Hyper | None:
         """`key`'s hyper-parameters for the current step, as the PS keys them (None: none sent)."""
         return as_hyper(self.hparams[self.key_groups.get(key, 0)]) if self.hparams else None

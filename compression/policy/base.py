@@ -23,6 +23,11 @@ class Policy(ABC):
         """The levels this policy chooses among."""
         self.name = name
         """The spec this policy was made from (goes into every decision)."""
+        self.passes = 1
+        """How many times the chosen level compresses the stream on its way to the model: 2 when
+        a gradient-domain PS sends the step's gradient back at the level each key was pushed in
+        (docs/POLICIES.md, "A gradient-domain downlink"). A policy that prices progress (netsense)
+        prices a level at q ** passes; the others ignore it."""
         self._levels: dict[str, Level] = {}
 
     @abstractmethod

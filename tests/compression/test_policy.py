@@ -589,15 +589,16 @@ def run_aware(policy: NetsensePolicy, bws: list[float], **kw: object) -> list[in
     return out
 
 
-def aware_reference(bw_Bps: float, *, compute_s: float = TC, eps: float = 0.1, tie: float = 0.01) -> int:
+def aware_reference(bw_Bps: float, *, compute_s: float = TC, eps: float = 0.1, tie: float = 0.01, q: Iterable[float] = Q) -> int:
     """The progress-aware law written out independently: cost P/q, least lossy within (1+eps)
     of the best cost, equal-q levels by predicted step (fp16 over fp32 when > 1% faster)."""
     steps = [
         compute_s + lv.ratio * S / bw_Bps + RTT + (lv.encode_s_per_mb + lv.decode_s_per_mb) * S / 1e6 for lv in LADDER_Q
     ]
-    cost = [p / q for p, q in zip(steps, Q)]
+    qs = list(q)
+    cost = [p / qi for p, qi in zip(steps, qs)]
     ok = [i for i, c in enumerate(cost) if c <= (1 + eps) * min(cost)]
-    top = [i for i in ok if Q[i] >= max(Q[j] for j in ok) - 0.005]
+    top = [i for i in ok if qs[i] >= max(qs[j] for j in ok) - 0.005]
     return next(i for i in top if steps[i] <= (1 + tie) * min(steps[j] for j in top))
 
 
@@ -606,6 +607,26 @@ def test_progress_aware_first_decision_is_the_law(mbit: float) -> None:
     """A move (the first decision is one) goes within move_eps of the best cost, tie_eps scaled
     as move_eps / eps; eps is only the band the committed level may then drift within."""
     assert run_aware(aware(), [mbit])[0] == aware_reference(mbit * MBIT, eps=0.02, tie=0.01 * 0.02 / 0.1)
+
+
+@pytest.mark.parametrize("mbit", [0.5, 5, 20, 100, 400, 3000])
+def test_two_passes_price_each_level_at_q_squared(mbit: float) -> None:
+    """Against a gradient-domain PS the level goes up and comes back down: the law prices it at
+    q ** 2 (`Policy.passes`), the same law otherwise."""
+    p = aware()
+    p.passes = 2
+    assert run_aware(p, [mbit])[0] == aware_reference(mbit * MBIT, eps=0.02, tie=0.01 * 0.02 / 0.1, q=[x * x for x in Q])
+
+
+def test_two_passes_pick_a_less_lossy_level_somewhere() -> None:
+    def first(mbit: float, passes: int) -> int | None:
+        p = aware()
+        p.passes = passes
+        return run_aware(p, [mbit])[0]
+
+    picks = [(first(m, 1), first(m, 2)) for m in (0.5, 1, 2, 5, 10, 20, 50, 100, 200, 400)]
+    assert all(b <= a for a, b in picks)  # type: ignore[operator]
+    assert any(b < a for a, b in picks)  # type: ignore[operator]
 
 
 def test_progress_aware_prefers_light_levels_at_moderate_bandwidth() -> None:

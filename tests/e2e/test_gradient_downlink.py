@@ -78,6 +78,7 @@ def test_replicas_run_the_ps_optimizer_bit_for_bit(shards: list[RunningPS], over
     _train(shards, models, range(5), overlap, opts)
     for o in opts:
         o.close()
+    assert all(o.uplink.policy.passes == 2 for o in opts)  # the level goes down again: priced as two compressions
     assert [ps.server.store.version for ps in shards] == [5, 5]
     assert all(ps.server.downlink is None for ps in shards)  # no downlink policy: each key at its push's codec
     _assert_replicas_equal(shards, models)
