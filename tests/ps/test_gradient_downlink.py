@@ -195,3 +195,22 @@ def test_gradient_domain_needs_the_barrier() -> None:
         ParameterStore(downlink_domain="gradient", staleness=1)
     with pytest.raises(ConfigError, match="downlink_domain"):
         ParameterStore(downlink_domain="both")
+
+
+def test_a_restored_store_sends_its_optimizer_and_owes_nothing() -> None:
+    s = gradient_store(ADAM)
+    for step in range(3):
+        push(s, 0, step, "powersgd:1")
+        push(s, 1, step, "powersgd:1")
+    assert s._core.gradient is not None and s._core.gradient.residual
+    back = ParameterStore(downlink_domain="gradient")
+    back.restore(s.state())
+    assert back._core.gradient is not None and not back._core.gradient.residual  # not checkpointed: starts at zero
+    m = mirror_of(back.pull(-1))
+    assert_equal(m, back)
+    for w in ("w0", "w1"):
+        back.join(w)
+    push(back, 0, 3, "qsgd:4")
+    push(back, 1, 3, "qsgd:4")
+    apply(m, back.pull(3))
+    assert_equal(m, back)
