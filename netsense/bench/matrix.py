@@ -88,6 +88,8 @@ def register(kinds: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--eval-every", type=int, default=10, help="rank 0 evaluates every N steps (default 10)")
     p.add_argument("--insecure", action="store_true", help="no TLS verification / worker auth")
+    p.add_argument("--downlink", choices=["same", "none", "gradient"], default="same",
+                   help="each run's bench scenario --downlink: the policy's (default), fp32, or the gradient domain")  # fmt: skip
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
     p.add_argument("--resume", action="store_true", help="keep the runs already in DIR/results.json, run the rest")
     p.add_argument("--calibrate", action="store_true",
@@ -194,7 +196,8 @@ def _check_models(models: list[str]) -> None:
 def settings_of(args: argparse.Namespace) -> dict[str, Any]:
     """What every run shares and its figures depend on: a resume must use the same."""
     return {"workers": args.workers, "steps": args.steps, "batch_size": args.batch_size,
-            "eval_every": args.eval_every, "max_time_s": args.max_time, "calibrate": bool(args.calibrate)}  # fmt: skip
+            "eval_every": args.eval_every, "max_time_s": args.max_time, "calibrate": bool(args.calibrate),
+            "downlink": args.downlink}  # fmt: skip
 
 
 def check_resumable(old: dict[str, Any], new: dict[str, Any]) -> None:
@@ -202,7 +205,8 @@ def check_resumable(old: dict[str, Any], new: dict[str, Any]) -> None:
     if not isinstance(old, dict) or old.get("format") != FORMAT or not isinstance(old.get("cells"), dict):
         raise ConfigError(f"--resume: results.json is not a {FORMAT} file")
     for key, value in new["settings"].items():
-        if old.get("settings", {}).get(key, False if key == "calibrate" else None) != value:  # before --calibrate: off
+        before = {"calibrate": False, "downlink": "same"}.get(key)  # what a results.json from before the flag ran with
+        if old.get("settings", {}).get(key, before) != value:
             raise ConfigError(f"--resume: results.json ran with {key}={old['settings'].get(key)}, now {value}; "
                               "use the same flags or another --out")  # fmt: skip
     for table in ("links", "targets"):
@@ -247,7 +251,8 @@ def scenario_argv(cell: Cell, results: dict[str, Any], out: Path, insecure: bool
     if cell.policy.removeprefix("netns:") != "netsense":
         table = None
     for flag, value in (("--link", link["link"]), ("--trace", link["trace"]), ("--steps", s["steps"]),
-                        ("--batch-size", s["batch_size"]), ("--progress-table", table)):  # fmt: skip
+                        ("--batch-size", s["batch_size"]), ("--progress-table", table),
+                        ("--downlink", None if s.get("downlink", "same") == "same" else s["downlink"])):  # fmt: skip
         if value is not None:
             argv += [flag, str(value)]
     return argv + (["--insecure"] if insecure else [])
