@@ -12,8 +12,8 @@ bit for bit, as DDP's ranks each apply the same all-reduced sum.
 
 Each key goes at the codec its pushes came in (the first contributing worker's, in worker-id
 order): the uplink's policy already picked that level for this step's link. Lossless specs send
-the gradient whole, with no residual. Residuals change only when the step commits (`commit`), so
-a refused step leaves none behind.
+the gradient whole, with what was owed (the residual is flushed). Residuals change only when the
+step commits (`commit`), so a refused step leaves none behind.
 """
 
 from __future__ import annotations
@@ -43,12 +43,11 @@ class GradientDownlink:
         if version != self._version:
             self.discard()
             self._version = version
-        if spec in LOSSLESS:
-            payload = self._fp32.encode(grad)
-            self._pending[key] = (payload, None)
-            return grad.detach().clone()
         old = self.residual.get(key)
         m = grad + old if old is not None and old.shape == grad.shape else grad.clone()
+        if spec in LOSSLESS:  # sent whole: what was owed goes with it
+            self._pending[key] = (self._fp32.encode(m), None)
+            return m
         codec = self._codecs.get((key, spec))
         if codec is None:
             if len(self._codecs) > 8 * max(1, len(self.residual) + 1):

@@ -214,3 +214,20 @@ def test_a_restored_store_sends_its_optimizer_and_owes_nothing() -> None:
     push(back, 1, 3, "qsgd:4")
     apply(m, back.pull(3))
     assert_equal(m, back)
+
+
+def test_a_lossless_step_flushes_what_was_owed() -> None:
+    """After lossy steps, a step pushed in fp32 goes down whole with the residual: nothing is left
+    owed, and the sum of what was sent is the sum of the steps' aggregated gradients."""
+    s = gradient_store({"name": "sgd", "lr": 0.1, "momentum": 0.0})
+    init = {k: v.clone() for k, v in s.params.items()}
+    for step, spec in enumerate(["powersgd:1", "powersgd:1", "fp32"]):
+        push(s, 0, step, spec)
+        push(s, 1, step, spec)
+    assert s._core.gradient is not None and not s._core.gradient.residual
+    plain = gradient_store({"name": "sgd", "lr": 0.1, "momentum": 0.0}, domain="params")
+    for step, spec in enumerate(["powersgd:1", "powersgd:1", "fp32"]):
+        push(plain, 0, step, spec)
+        push(plain, 1, step, spec)
+    for k in s.params:  # plain SGD: the same total step, whatever the split over steps
+        torch.testing.assert_close(s.params[k] - init[k], plain.params[k] - init[k], rtol=0, atol=1e-5)
