@@ -106,7 +106,7 @@ class ServerSettings:
     """What a lossy downlink compresses (docs/ARCHITECTURE.md, "Gradient-domain downlink"):
     ``params``, the change of the parameters, the PS stepping on the exact gradient; ``gradient``,
     the step's aggregated gradient under error feedback, at the codec each key was pushed in, with
-    every worker running the PS's optimizer on it (synchronous mode, no relays; the downlink codec
+    every worker and relay running the PS's optimizer on it (synchronous mode; the downlink codec
     and policy are not used)."""
 
     def __post_init__(self) -> None:

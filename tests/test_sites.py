@@ -124,8 +124,7 @@ def test_wan_bytes_scale_with_workers_without_site_aggregation() -> None:
 
 def test_relays_go_at_sites_of_several_workers_in_a_job_of_several_sites() -> None:
     """A relay per site of >= 2 workers (its ranks), every shard's step then has one member per
-    relayed site plus each unrelayed worker; none with one site, --no-relay, an async job or a
-    gradient-domain downlink."""
+    relayed site plus each unrelayed worker; none with one site, --no-relay, or an async job."""
     from netsense.launch.relays import plan_relays, relay_args, upstream_codec, upstream_policy
 
     def job(text: str, **kw: object) -> JobConfig:
@@ -140,7 +139,6 @@ def test_relays_go_at_sites_of_several_workers_in_a_job_of_several_sites() -> No
     assert plan_relays(job("a:workers=4")) == []  # one site: no WAN to save
     assert plan_relays(job("a:workers=2;b:workers=2", relay=False)) == []
     assert plan_relays(job("a:workers=2;b:workers=2", server__staleness=2)) == []
-    assert plan_relays(job("a:workers=2;b:workers=2", server__downlink_domain="gradient")) == []  # a relay runs no optimizer
     assert plan_relays(override(JobConfig(), workers=4)) == []
     # The site's sum goes up in the workers' fixed codec; under an adaptive policy the relay runs it.
     assert upstream_codec(JobConfig()) == "fp32"

@@ -54,9 +54,8 @@ digits-cnn from 57-60 to 43-44 ms a step and reached wide-mlp's target 10-20 ste
 
 def relayed_sites(config: JobConfig) -> list[Site]:
     """The sites that get a relay: those of >= 2 workers when there are >= 2 sites, the job is
-    synchronous with a parameter-domain downlink (a relay does not run the PS's optimizer) and
-    `config.relay` is on."""
-    if not config.relay or len(config.sites) < 2 or config.server.staleness is not None or config.server.downlink_domain != "params":
+    synchronous and `config.relay` is on."""
+    if not config.relay or len(config.sites) < 2 or config.server.staleness is not None:
         return []
     return [s for s in config.sites if s.workers >= 2]
 

@@ -22,9 +22,10 @@ import torch
 
 from netsense.compression import Payload, make_codec
 from netsense.errors import ProtocolError
-from netsense.ps.optim import OptimizerSettings
+from netsense.ps.optim import OptimizerSettings, as_hyper, optimizer_state_payloads
 from netsense.ps.store.core import StepApplied, StoreCore, key_hparams
 from netsense.transport.wire import Init, Params, Push, TensorInfo
+from netsense.worker.mirror import OptimizerMirror
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,10 @@ class SiteStore:
         self._step_fields: dict[str, dict[str, float]] = {}
         self._unsplit = False
         self._flying: Aggregate | None = None  # the step upstream now (`take`)
+        self.mirror: OptimizerMirror | None = None
+        """The upstream's optimizer, run here when its downlink is in the gradient domain
+        (docs/ARCHITECTURE.md, "Gradient-domain downlink"): the replica steps as the PS does, and
+        a local worker's full pull gets its settings and state."""
 
     # --- what the PS's sessions read ------------------------------------------------------
 
@@ -181,14 +186,14 @@ class SiteStore:
         """The upstream's PARAMS: checked, written into the replica, kept for the local pulls.
         Returns the step it completes (None when the version did not move)."""
         core = self._core
-        if params.gradient or params.optimizer:
-            raise ProtocolError("relay", "the upstream PS sends a gradient-domain downlink, which a relay does not run; use downlink_domain 'params'")
         if not core.initialized:
             if not params.full:
                 raise ProtocolError("version", "the upstream's first PARAMS must be full")
             self._first(params)
         elif not params.full and params.base_version != core.version:
             raise ProtocolError("version", f"upstream delta for version {params.base_version}, the relay is at {core.version}")
+        elif params.gradient:
+            self._step_mirror(params)
         else:
             decoded = {k: core.decode(k, p) for k, p in params.tensors.items()}
             unknown = [k for k in decoded if k not in core.params and k not in core.state]
@@ -201,6 +206,8 @@ class SiteStore:
                     core.params[key].copy_(value)
                 else:
                     core.params[key].add_(value.to(core.params[key].dtype))
+        if params.full:
+            self._take_optimizer(params)
         moved = params.version != core.version
         agg = self._flying
         self.update, self.in_flight, self.outgoing, self._flying = params, None, None, None
@@ -212,6 +219,33 @@ class SiteStore:
             self.applied_steps += 1
             return StepApplied(core.version, agg.workers if agg else (), agg.samples if agg else 0)
         return None
+
+    def _take_optimizer(self, params: Params) -> None:
+        """A full PARAMS: with a gradient-domain upstream, its optimizer over the replica's keys."""
+        if not params.optimizer:
+            self.mirror = None
+            return
+        core = self._core
+        mirror = OptimizerMirror(params.optimizer)
+        mirror.load(core.params, params.optim_state)
+        self.mirror = mirror
+
+    def _step_mirror(self, params: Params) -> None:
+        """A gradient-domain update: the upstream's optimizer steps here on it, with the
+        hyper-parameters the site's push carried (checked whole before anything changes)."""
+        core, mirror, agg = self._core, self.mirror, self._flying
+        if mirror is None:
+            raise ProtocolError("version", "a gradient-domain update before the upstream's optimizer (a full PARAMS)")
+        grads = {k: core.decode(k, p) for k, p in params.tensors.items() if k in core.params}
+        unknown = [k for k in params.tensors if k not in core.params and k not in core.state]
+        if unknown:
+            raise ProtocolError("keys", f"upstream PARAMS keys do not match the relay's ({unknown[:3]!r})")
+        hparams = agg.hparams if agg is not None else {}
+        for key, value in mirror.step(grads, {k: as_hyper(hparams[k]) if k in hparams else None for k in grads}).items():
+            core.params[key].copy_(value)
+        for key, payload in params.tensors.items():
+            if key in core.state:
+                core.state[key].copy_(core.decode(key, payload).to(core.state[key].dtype))
 
     def _first(self, params: Params) -> None:
         """Become the upstream's replica. Which keys are state keys (buffers) is told by INIT's
@@ -352,7 +386,11 @@ class SiteStore:
 
     def full_params(self) -> Params:
         tensors = {k: self._fp32.encode(v) for k, v in {**self._core.params, **self._core.state}.items()}
-        return Params(self.version, True, tensors)
+        mirror = self.mirror
+        if mirror is None or mirror.optimizer is None:
+            return Params(self.version, True, tensors)
+        keys = {k: mirror.params[k] for k in self._core.params if k in mirror.params}
+        return Params(self.version, True, tensors, optimizer=mirror.settings.to_dict(), optim_state=optimizer_state_payloads(mirror.optimizer, keys))
 
     def want(self, keys: Iterable[str], step: int) -> int:
         """A keyed PULL: checked as the PS checks it; nothing runs ahead at a relay."""
@@ -371,7 +409,7 @@ class SiteStore:
         last, keys = self.update, list(keys)
         if last is not None and last.version == self.version == have_version + 1 and (last.full or last.base_version == have_version):
             if all(k in last.tensors for k in keys):
-                return Params(last.version, last.full, {k: last.tensors[k] for k in keys}, base_version=last.base_version)
+                return Params(last.version, last.full, {k: last.tensors[k] for k in keys}, base_version=last.base_version, gradient=last.gradient)
         return self.full_params()
 
     def state(self) -> dict[str, Any]:

@@ -119,3 +119,38 @@ def test_buffers_through_two_sites(certs: CertPaths) -> None:
         for name, buf in w.model.named_buffers():
             key = next(k for k in got if k.startswith(name))
             assert torch.equal(buf.to(got[key].dtype).flatten(), got[key].flatten()), name
+
+
+def test_two_relays_run_a_gradient_domain_downlink(certs: CertPaths) -> None:
+    """A gradient-domain PS behind two relays (docs/ARCHITECTURE.md, "Gradient-domain downlink"):
+    each relay runs the PS's optimizer on the update it forwards (with the hyper-parameters its
+    push carried), its local workers run it too, and every replica, the relays' and the workers',
+    parameters and buffers, equals the PS bit for bit under a lossy codec."""
+    ps = start_ps(certs, downlink_domain="gradient")
+    relays = [relay(certs, ps.port, site=n, site_workers=2) for n in "ab"]
+    try:
+        workers = [
+            Worker(r, 4, connect(certs, relays[r // 2].ports[0]), STEPS, digits(), model=_bn_model(), options={"codec": "powersgd:2"})
+            for r in range(4)
+        ]
+        run_workers(workers)
+        want = _state(ps)
+        sites = [r.net.run(_site_state(r)) for r in relays]
+    finally:
+        for r in relays:
+            r.stop()
+        ps.stop()
+    assert ps.server.store.version == STEPS
+    for site in sites:
+        assert site.keys() == want.keys()
+        assert all(torch.equal(site[k], want[k]) for k in want)
+    for w in workers:
+        got = {**dict(w.model.named_parameters()), **dict(w.model.named_buffers())}
+        for key, value in want.items():
+            assert torch.equal(got[key].detach().to(value.dtype).flatten(), value.flatten()), key
+
+
+async def _site_state(running: Any) -> dict[str, torch.Tensor]:
+    site = running.relay.shards[0].site
+    assert site.mirror is not None  # the upstream's optimizer runs at the relay
+    return {**{k: v.clone() for k, v in site.params.items()}, **{k: v.clone() for k, v in site._core.state.items()}}
