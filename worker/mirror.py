@@ -54,6 +54,11 @@ class OptimizerMirror:
             if not all_finite(value) or (name in ("exp_avg_sq", "step") and bool((value < 0).any())):
                 raise ProtocolError("non-finite", f"optimizer state {wire_key!r} is NaN/Inf or negative")
             self.optimizer.state[param][name] = value.clone()
+        names = {"sgd": {"momentum_buffer"}}.get(self.settings.name, {"exp_avg", "exp_avg_sq", "step"})
+        for key, param in self.params.items():
+            held = set(self.optimizer.state.get(param, {}))
+            if held and held != names:  # a partial state would fail inside torch's step, not here
+                raise ProtocolError("key", f"optimizer state of {key!r}: {sorted(held)}, a {self.settings.name} step needs {sorted(names)}")
 
     def step(self, grads: Mapping[str, torch.Tensor], hyper: Mapping[str, Hyper | None]) -> dict[str, torch.Tensor]:
         """One optimizer step of the keys in `grads` (each with its hyper-parameters, None: the
@@ -68,9 +73,9 @@ class OptimizerMirror:
                 raise ProtocolError("shape", f"key {key!r}: update shape {tuple(grad.shape)} != {tuple(param.shape)}")
             if not all_finite(grad):
                 raise ProtocolError("non-finite", f"gradient-domain update of {key!r} has NaN/Inf; rejected")
-        by_hyper: dict[Hyper | None, list[str]] = {}
+        by_hyper: dict[Hyper | None, set[str]] = {}
         for key in grads:
-            by_hyper.setdefault(hyper.get(key), []).append(key)
+            by_hyper.setdefault(hyper.get(key), set()).add(key)
         try:
             for group_hyper, keys in by_hyper.items():
                 for key, param in self.params.items():

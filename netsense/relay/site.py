@@ -390,7 +390,8 @@ class SiteStore:
         if mirror is None or mirror.optimizer is None:
             return Params(self.version, True, tensors)
         keys = {k: mirror.params[k] for k in self._core.params if k in mirror.params}
-        return Params(self.version, True, tensors, optimizer=mirror.settings.to_dict(), optim_state=optimizer_state_payloads(mirror.optimizer, keys))
+        state = optimizer_state_payloads(mirror.optimizer, keys)
+        return Params(self.version, True, tensors, optimizer=mirror.settings.to_dict(), optim_state=state)
 
     def want(self, keys: Iterable[str], step: int) -> int:
         """A keyed PULL: checked as the PS checks it; nothing runs ahead at a relay."""
@@ -409,7 +410,7 @@ class SiteStore:
         last, keys = self.update, list(keys)
         if last is not None and last.version == self.version == have_version + 1 and (last.full or last.base_version == have_version):
             if all(k in last.tensors for k in keys):
-                return Params(last.version, last.full, {k: last.tensors[k] for k in keys}, base_version=last.base_version, gradient=last.gradient)
+                return replace(last, tensors={k: last.tensors[k] for k in keys})  # the same update, those keys
         return self.full_params()
 
     def state(self) -> dict[str, Any]:

@@ -19,6 +19,7 @@ and a step whose downlink codec is chosen on its whole update (`UpdateEncoder.de
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 import torch
 
@@ -80,7 +81,7 @@ class PipelinedStep:
             last is not None and last.version == version == have_version + 1 and (last.full or last.base_version == have_version)
             and all(k in last.tensors for k in keys)
         ):  # fmt: skip
-            return Params(last.version, last.full, {k: last.tensors[k] for k in keys}, base_version=last.base_version, gradient=last.gradient)
+            return replace(last, tensors={k: last.tensors[k] for k in keys})  # the same update, those keys
         return self._encoder.full_params(version)
 
     def step_workers(self) -> tuple[str, ...]:

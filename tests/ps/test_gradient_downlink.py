@@ -177,6 +177,13 @@ def test_a_mirror_refuses_what_its_ps_could_not_have_sent() -> None:
             OptimizerMirror(full.optimizer).load(values, {key: payload})
     with pytest.raises(ProtocolError, match="NaN"):
         OptimizerMirror(full.optimizer).load(values, {"momentum_buffer:b": FP32.encode(torch.full((5,), float("nan")))})
+    adam = gradient_store(ADAM)
+    push(adam, 0, 0, "fp32")
+    push(adam, 1, 0, "fp32")
+    full_adam = adam.pull(-1)
+    partial = {k: p for k, p in full_adam.optim_state.items() if not k.startswith("step:")}
+    with pytest.raises(ProtocolError, match="needs"):  # Adam's moments without its step count
+        OptimizerMirror(full_adam.optimizer).load({k: FP32.decode(p) for k, p in full_adam.tensors.items()}, partial)
     with pytest.raises(ProtocolError, match="optimizer settings"):
         OptimizerMirror({"name": "lion"})
     m = OptimizerMirror(full.optimizer)
