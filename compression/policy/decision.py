@@ -35,10 +35,16 @@ class ChooseRequest:
     pad_ok: bool = False
     """Whether the sender can add filler to this send (`Decision.pad_bytes`): a probe then pads the
     committed level's send to a bandwidth sample instead of sending a lighter level."""
+    wire_passes: int = 1
+    """How many times a level's bytes cross a path like this one per step: 2 when a
+    gradient-domain PS sends the step back at the level each key was pushed in (`Policy.passes`);
+    the predicted wire time is that many sends."""
 
     def __post_init__(self) -> None:
         if self.payload_bytes < 0:
             raise ValueError(f"payload_bytes must be >= 0, got {self.payload_bytes}")
+        if self.wire_passes < 1:
+            raise ValueError(f"wire_passes must be >= 1, got {self.wire_passes}")
         if not (math.isfinite(self.compute_s) and self.compute_s >= 0):
             raise ValueError(f"compute_s must be finite and >= 0, got {self.compute_s}")
 
@@ -185,10 +191,12 @@ def predict(
     compute_s: float,
     overlap: bool,
     per_byte_s: float = 0.0,
+    wire_passes: int = 1,
 ) -> Prediction:
     """The step-time model for one level; `per_byte_s` is the transport's measured cost of a
-    wire byte (`TransportCost`), which bounds the rate where the hosts, not the link, limit it."""
-    wire_s = level.wire_bytes(payload_bytes) * max(1.0 / bandwidth_Bps, per_byte_s)
+    wire byte (`TransportCost`), which bounds the rate where the hosts, not the link, limit it;
+    `wire_passes` sends of its bytes per step (`ChooseRequest.wire_passes`)."""
+    wire_s = wire_passes * level.wire_bytes(payload_bytes) * max(1.0 / bandwidth_Bps, per_byte_s)
     comm = wire_s + min_rtt_s + level.codec_s(payload_bytes)
     return Prediction(comm, max(compute_s, comm) if overlap else compute_s + comm)
 
@@ -205,6 +213,7 @@ def predict_request(
         compute_s=request.compute_s,
         overlap=request.overlap,
         per_byte_s=per_byte_s,
+        wire_passes=request.wire_passes,
     )
 
 

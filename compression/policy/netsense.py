@@ -176,6 +176,7 @@ class NetsensePolicy(Policy):
         return self.bandwidth.effective(link, queue_tolerance_s=self.settings.queue_tolerance_s)
 
     def choose(self, request: ChooseRequest) -> Decision:
+        request = replace(request, wire_passes=self.passes)  # a gradient-domain downlink sends the level back
         s, link = self.settings, request.link
         self._decisions += 1
         if link.min_rtt_s is not None:
@@ -231,7 +232,7 @@ class NetsensePolicy(Policy):
         if bw is None:
             return None
         self._now_s = link.time_s
-        request = sent.request(link)
+        request = replace(sent.request(link), wire_passes=self.passes)
         levels, per_byte, rtt = self._levels_now(), self._per_byte_s(), link.min_rtt_s or 0.0
         q = self._qs()
         preds = predict_steps(levels, request, bandwidth_Bps=bw, per_byte_s=per_byte)

@@ -13,9 +13,11 @@ from netsense.compression import make_codec
 from netsense.config import load_config
 from netsense.errors import ConfigError
 from netsense.models import load_task
+from netsense.ps.server import ServerSettings
 from netsense.worker.device import model_device, parse_device, resolve_device
 from netsense.worker.optimizer import NetSenseOptimizer
 from netsense.worker.trainer import TrainSettings, build_model, evaluate, train
+from tests.conftest import start_ps, stop_ps
 
 HAS_CUDA = torch.cuda.is_available()
 skip_without_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
@@ -110,6 +112,21 @@ def test_training_on_an_explicit_cpu_device(ps) -> None:  # type: ignore[no-unty
     assert summary["device"] == "cpu" and summary["steps"] == 3 and 0.0 <= summary["test_accuracy"] <= 1.0
     assert model_device(model) == torch.device("cpu")
     _assert_replica_equals_ps(ps, model)
+
+
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, skip_without_cuda])]
+)
+def test_a_gradient_domain_ps_steps_the_replica_as_the_ps(certs, device: str) -> None:  # type: ignore[no-untyped-def]
+    """The worker's copy of the PS's optimizer runs on CPU whatever the model's device
+    (worker/mirror.py): the replica, on the GPU too, equals the PS bit for bit under a lossy codec."""
+    ps = start_ps(certs, ServerSettings(port=0, downlink_domain="gradient"))
+    try:
+        model, _, _ = _train(ps, device, steps=4, codec="powersgd:2")
+        assert all(p.device.type == device for p in model.parameters())
+        _assert_replica_equals_ps(ps, model)
+    finally:
+        stop_ps(ps)
 
 
 def test_model_device_of_a_model_without_parameters() -> None:
