@@ -45,9 +45,9 @@ class Pending:
     """The worker sits the step out (a skip PUSH: its AMP scaler found Inf/NaN): done, no gradient."""
     hparams: dict[str, Hyper] = field(default_factory=dict)
     """Key -> the hyper-parameters its pushes carried for this step (none: the PS's settings)."""
-    specs: dict[str, str] = field(default_factory=dict)
-    """Key -> the codec its gradient came in (a gradient-domain downlink sends the key's update
-    at it: gradient.py)."""
+    specs: dict[str, tuple[int, str]] = field(default_factory=dict)
+    """Key -> (wire bytes, codec) its gradient came in (a gradient-domain downlink sends the key's
+    update at the smallest of its workers': gradient.py)."""
 
 
 @dataclass(frozen=True)
@@ -250,7 +250,7 @@ class StoreCore:
         if pending is None:
             pending = self.pending[worker_id] = Pending(msg.samples, step=msg.step, skipped=msg.skip)
         pending.grads.update((k, g) for k, g in grads.items() if k not in skip and k not in self.state)
-        pending.specs.update((k, p.codec) for k, p in msg.grads.items() if k not in skip and k not in self.state)
+        pending.specs.update((k, (p.wire_size, p.codec)) for k, p in msg.grads.items() if k not in skip and k not in self.state)
         pending.state.update((k, g) for k, g in grads.items() if k in self.state)
         pending.hparams.update(key_hparams(msg))
 
@@ -322,12 +322,16 @@ class StoreCore:
 
     def _compress(self, keys: list[str], workers: list[str]) -> None:
         """Gradient-domain downlink: each key's gradient becomes what the downlink sends of it
-        (`GradientDownlink.compress`, at the codec its first contributor pushed it in)."""
+        (`GradientDownlink.compress`), at the codec of the smallest push of it (the first such
+        worker in id order): the update goes to every worker, so at the level the slowest path's
+        sender chose. (The first worker's codec sent a relay's LAN-sized choice for its own site's
+        shard back over the WAN to the other site: docs/BENCHMARKS.md, "A gradient-domain downlink".)"""
         if self.gradient is None:
             return
         for key in keys:
             param = self.params[key]
-            spec = next((self.pending[w].specs[key] for w in workers if key in self.pending[w].specs), "fp32")
+            pushed = [self.pending[w].specs[key] for w in workers if key in self.pending[w].specs]
+            spec = min(pushed, key=lambda s: s[0])[1] if pushed else "fp32"  # min keeps the first of equals
             param.grad = self.gradient.compress(self.version, key, param.grad, spec)
 
     def _step(self, keys: list[str], workers: list[str], *, keep: bool = False) -> None:

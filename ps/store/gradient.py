@@ -10,8 +10,9 @@ feedback (m = g + e; sent C(m); e = m - C(m)) and steps its optimizer on what it
 worker runs the same optimizer on the same C(m), so every replica still equals the PS's parameters
 bit for bit, as DDP's ranks each apply the same all-reduced sum.
 
-Each key goes at the codec its pushes came in (the first contributing worker's, in worker-id
-order): the uplink's policy already picked that level for this step's link. Lossless specs send
+Each key goes at the codec of its smallest push (ties: the first contributing worker's, in id
+order): the uplink's policies already picked the levels for this step's links, and the update goes
+to every worker, the slowest path's too. Lossless specs send
 the gradient whole, with what was owed (the residual is flushed). Residuals change only when the
 step commits (`commit`), so a refused step leaves none behind.
 """

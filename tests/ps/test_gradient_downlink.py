@@ -238,3 +238,21 @@ def test_a_lossless_step_flushes_what_was_owed() -> None:
         push(plain, 1, step, spec)
     for k in s.params:  # plain SGD: the same total step, whatever the split over steps
         torch.testing.assert_close(s.params[k] - init[k], plain.params[k] - init[k], rtol=0, atol=1e-5)
+
+
+def test_a_key_goes_down_at_its_smallest_push() -> None:
+    """Two workers push a key at different levels (a relay's own-site shard over a LAN, the other
+    site's over the WAN): the update goes to both, so at the smaller push's level, whoever's id
+    comes first."""
+    s = gradient_store(SGD)
+    codecs = {0: make_codec("fp16"), 1: make_codec("powersgd:1")}
+    sizes: dict[str, list[tuple[int, str]]] = {k: [] for k in s.params}
+    for w in (0, 1):
+        grads = {k: torch.randn(v.shape, generator=torch.Generator().manual_seed(w)) for k, v in s.params.items()}
+        payloads = {k: codecs[w].encode(g) for k, g in grads.items()}
+        for k, p in payloads.items():
+            sizes[k].append((p.wire_size, p.codec))
+        s.push(f"w{w}", Push(0, 4, 3, payloads))
+    update = s.pull(0)
+    assert {k: p.codec for k, p in update.tensors.items()} == {k: min(v, key=lambda x: x[0])[1] for k, v in sizes.items()}
+    assert update.tensors["a"].codec == "powersgd:1"  # 6 x 5: the rank-1 push is the smaller
