@@ -105,7 +105,7 @@ class ServerSettings:
     downlink_domain: str = "params"
     """What a lossy downlink compresses (docs/ARCHITECTURE.md, "Gradient-domain downlink"):
     ``params``, the change of the parameters, the PS stepping on the exact gradient; ``gradient``,
-    the step's aggregated gradient under error feedback, at the codec each key was pushed in, with
+    the step's aggregated gradient under error feedback, at the codec of each key's smallest push, with
     every worker and relay running the PS's optimizer on it (synchronous mode; the downlink codec
     and policy are not used)."""
 

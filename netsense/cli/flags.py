@@ -107,7 +107,7 @@ def add_staleness_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--downlink-domain", choices=["params", "gradient"],
         help="what a lossy downlink compresses: the parameters' change (default) or the step's gradient, "
-        "at the codec it was pushed in, every worker and relay running the PS's optimizer (synchronous only)",
+        "at its smallest push's codec, every worker and relay running the PS's optimizer (synchronous only)",
     )  # fmt: skip
 
 
