@@ -141,7 +141,7 @@ class PSServer:
             log.warning("async mode (staleness %d) sends full fp32 parameters; the downlink codec/policy is ignored", settings.staleness)
         gradient = settings.downlink_domain == "gradient"
         if gradient and (settings.policy or settings.downlink_codec != "fp32"):
-            log.info("gradient-domain downlink: each key goes at the codec it was pushed in; the downlink codec/policy is not used")
+            log.info("gradient-domain downlink: each key goes down at its smallest push's codec; the downlink codec/policy is not used")
         self.downlink = (
             DownlinkController(
                 settings.policy or f"fixed:{settings.downlink_codec}",

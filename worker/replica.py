@@ -56,8 +56,8 @@ class Replica:
 
     @property
     def gradient_domain(self) -> bool:
-        """Every shard's downlink is in the gradient domain: each key comes back at the codec it
-        was pushed in, compressed a second time (the uplink's policy prices that: `Policy.passes`)."""
+        """Every shard's downlink is in the gradient domain: each key comes back at the level of
+        its smallest push, compressed a second time (the uplink's policy prices that: `Policy.passes`)."""
         return all(m is not None for m in self.mirrors)
 
     def hyper(self, key: str) -> Hyper | None:

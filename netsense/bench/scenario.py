@@ -104,7 +104,7 @@ def register(kinds: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="`netsense calibrate`'s table for the netsense rows (netns:netsense too); the other rows ignore it")  # fmt: skip
     p.add_argument("--downlink", choices=["same", "none", "gradient"], default="same",
                    help="PS -> worker: the same policy (default), fp32 for every policy, or the gradient domain "
-                   "(each key at the codec it was pushed in, every worker running the PS's optimizer)")  # fmt: skip
+                   "(each key at its smallest push's codec, every worker and relay running the PS's optimizer)")  # fmt: skip
     p.add_argument("--netns-link", metavar="SPEC",
                    help="tbf link of the ddp:* and netns:* runs (default --link; rate and queue only)")  # fmt: skip
     p.add_argument("--topology", choices=TOPOLOGIES, default="sites",
