@@ -8,7 +8,8 @@ import os
 import random
 import socket
 import time
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,25 @@ from netsense.worker.netthread import NetThread
 @pytest.fixture(scope="session")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> CertPaths:
     return make_dev_certs(tmp_path_factory.mktemp("certs"))
+
+
+def run_ranks(work: Callable[[int], None], ranks: int = 2, timeout_s: float = 120.0) -> None:
+    """`work(rank)` for each rank, each on its own thread (one training worker each, started in
+    rank order); fails with what they raised."""
+    errors: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        try:
+            work(rank)
+        except BaseException as exc:  # surfaced in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)
+    assert not errors, errors
 
 
 @dataclass

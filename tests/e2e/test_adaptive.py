@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from netsense.ps.server import ServerSettings
 from netsense.transport.tls import CertPaths
 from netsense.worker.optimizer import NetSenseOptimizer
 
-from ..conftest import start_ps, stop_ps
+from ..conftest import run_ranks, start_ps, stop_ps
 
 BATCH = 2048
 """Per worker. On 2 loaded cores loopback QUIC moves a 150 kB fp32 push in 30-40 ms, and the
@@ -29,23 +28,6 @@ RECORD_FIELDS = {
     "t", "step", "policy", "level", "spec", "reason", "payload_bytes", "predicted_bytes", "bytes_sent", "compute_s",
     "predicted_comm_s", "comm_s", "bw_Bps", "min_rtt_s", "srtt_s", "loss_rate", "direction",
 }  # fmt: skip
-
-
-def _run_workers(n: int, work) -> None:  # type: ignore[no-untyped-def]
-    errors: list[BaseException] = []
-
-    def guarded(rank: int) -> None:
-        try:
-            work(rank)
-        except BaseException as exc:  # surfaced in the main thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=guarded, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
 
 
 def _mlp() -> torch.nn.Module:
@@ -76,7 +58,7 @@ def test_decision_logs_both_directions_and_replicas_stay_exact(certs: CertPaths,
                     torch.nn.functional.cross_entropy(models[rank](x), y).backward()
                     opt.step(samples=8)
 
-        _run_workers(2, work)
+        run_ranks(work)
         shadow = ps.call(lambda: {k: v.clone() for k, v in ps.server.store.shadow.items()})
     finally:
         stop_ps(ps)

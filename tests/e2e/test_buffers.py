@@ -4,7 +4,6 @@ averages them), they are in the PS checkpoint, and `netsense export` writes a st
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from netsense.ps import checkpoint
 from netsense.ps.server import ServerSettings
 from netsense.worker.optimizer import NetSenseOptimizer
 
-from ..conftest import RunningPS, start_ps, stop_ps
+from ..conftest import RunningPS, run_ranks, start_ps, stop_ps
 
 STEPS = 5
 
@@ -36,33 +35,24 @@ def _train(
 ) -> list[list[torch.Tensor]]:
     """Train both ranks; returns, per rank, the BatchNorm layer's input of every step (`opts`
     collects the optimizers)."""
-    errors: list[BaseException] = []
     seen: list[list[torch.Tensor]] = [[], []]
     for rank, m in enumerate(models):
         m[1].register_forward_pre_hook(lambda mod, args, r=rank: seen[r].append(args[0].detach().clone()))
 
     def work(rank: int) -> None:
-        try:
-            with NetSenseOptimizer(
-                models[rank], connect=[p.connect_settings() for p in (ps if isinstance(ps, list) else [ps])], rank=rank, world_size=2, worker_id=f"w{rank}",
-                optimizer={"name": "sgd", "lr": 0.1}, **kw,  # type: ignore[arg-type]
-            ) as opt:  # fmt: skip
-                if opts is not None:
-                    opts.append(opt)
-                for step in range(STEPS):
-                    x, y = _batch(step, rank)
-                    opt.zero_grad()
-                    torch.nn.functional.cross_entropy(models[rank](x), y).backward()
-                    opt.step(samples=len(x))
-        except BaseException as exc:  # surfaced in the main thread
-            errors.append(exc)
+        with NetSenseOptimizer(
+            models[rank], connect=[p.connect_settings() for p in (ps if isinstance(ps, list) else [ps])], rank=rank, world_size=2, worker_id=f"w{rank}",
+            optimizer={"name": "sgd", "lr": 0.1}, **kw,  # type: ignore[arg-type]
+        ) as opt:  # fmt: skip
+            if opts is not None:
+                opts.append(opt)
+            for step in range(STEPS):
+                x, y = _batch(step, rank)
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(models[rank](x), y).backward()
+                opt.step(samples=len(x))
 
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
+    run_ranks(work)
     return seen
 
 

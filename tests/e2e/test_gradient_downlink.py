@@ -4,7 +4,6 @@ schedule, BatchNorm buffers, keyed pulls (overlap) and a worker that rejoins mid
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import pytest
@@ -13,7 +12,7 @@ import torch
 from netsense.ps.server import ServerSettings
 from netsense.worker.optimizer import NetSenseOptimizer
 
-from ..conftest import RunningPS, start_ps, stop_ps
+from ..conftest import RunningPS, run_ranks, start_ps, stop_ps
 
 
 def _model() -> torch.nn.Module:
@@ -35,31 +34,21 @@ def shards(certs) -> list[RunningPS]:  # type: ignore[no-untyped-def]
 
 
 def _train(shards: list[RunningPS], models: list[torch.nn.Module], steps: range, overlap: bool, done: list[NetSenseOptimizer]) -> None:
-    errors: list[BaseException] = []
-
     def work(rank: int) -> None:
-        try:
-            opt = NetSenseOptimizer(
-                models[rank], connect=[ps.connect_settings() for ps in shards], rank=rank, world_size=2, worker_id=f"w{rank}",
-                optimizer={"name": "sgd", "lr": 0.2, "momentum": 0.9}, codec="powersgd:2", overlap=overlap,
-            )  # fmt: skip
-            done.append(opt)
-            for step in steps:
-                for group in opt.param_groups:  # a step schedule, as StepLR(step_size=2, gamma=0.5) sets it
-                    group["lr"] = 0.2 * 0.5 ** (step // 2)
-                x, y = _batch(step, rank)
-                opt.zero_grad()
-                torch.nn.functional.cross_entropy(models[rank](x), y).backward()
-                opt.step(samples=len(x))
-        except BaseException as exc:  # surfaced in the main thread
-            errors.append(exc)
+        opt = NetSenseOptimizer(
+            models[rank], connect=[ps.connect_settings() for ps in shards], rank=rank, world_size=2, worker_id=f"w{rank}",
+            optimizer={"name": "sgd", "lr": 0.2, "momentum": 0.9}, codec="powersgd:2", overlap=overlap,
+        )  # fmt: skip
+        done.append(opt)
+        for step in steps:
+            for group in opt.param_groups:  # a step schedule, as StepLR(step_size=2, gamma=0.5) sets it
+                group["lr"] = 0.2 * 0.5 ** (step // 2)
+            x, y = _batch(step, rank)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(models[rank](x), y).backward()
+            opt.step(samples=len(x))
 
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(90)
-    assert not errors, errors
+    run_ranks(work, timeout_s=90)
 
 
 def _assert_replicas_equal(shards: list[RunningPS], models: list[torch.nn.Module]) -> None:

@@ -3,7 +3,6 @@ single-process training on the concatenated batches, as exactly as tests/e2e/tes
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -12,7 +11,7 @@ import torch
 
 from netsense.worker.optimizer import NetSenseOptimizer
 
-from ..conftest import RunningPS, start_ps, stop_ps
+from ..conftest import RunningPS, run_ranks, start_ps, stop_ps
 
 Sched = Callable[[torch.optim.Optimizer], Any]
 
@@ -40,44 +39,37 @@ def _train(
     """`world` workers on threads; `poison` = (rank, step) whose gradient gets an Inf (AMP only)."""
     models = [_model() for _ in range(world)]
     opts: list[NetSenseOptimizer | None] = [None] * world
-    errors: list[BaseException] = []
 
     def work(rank: int) -> None:
-        try:
-            m = models[rank]
-            opt = opts[rank] = NetSenseOptimizer(
-                m, connect=connect, rank=rank, world_size=world, worker_id=f"w{rank}", optimizer=optimizer,
-                params=_groups(m) if groups else None, **kw,
-            )  # fmt: skip
-            scheduler = sched(opt) if sched is not None else None
-            scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if amp else None
-            for step in range(steps):
-                x, y = _batch(step, rank)
-                opt.zero_grad()
-                loss = torch.nn.functional.cross_entropy(m(x), y)
-                if scaler is None:
-                    loss.backward()
-                    opt.step(samples=len(x))
-                else:
-                    scaler.scale(loss).backward()
-                    if poison == (rank, step):
-                        m[0].weight.grad[0, 0] = float("inf")
-                    scaler.step(opt, samples=len(x))
-                    scaler.update()
-                if scheduler is not None:
-                    scheduler.step()
-        except BaseException as exc:  # surfaced in the main thread
-            errors.append(exc)
+        m = models[rank]
+        opt = opts[rank] = NetSenseOptimizer(
+            m, connect=connect, rank=rank, world_size=world, worker_id=f"w{rank}", optimizer=optimizer,
+            params=_groups(m) if groups else None, **kw,
+        )  # fmt: skip
+        scheduler = sched(opt) if sched is not None else None
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if amp else None
+        for step in range(steps):
+            x, y = _batch(step, rank)
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(m(x), y)
+            if scaler is None:
+                loss.backward()
+                opt.step(samples=len(x))
+            else:
+                scaler.scale(loss).backward()
+                if poison == (rank, step):
+                    m[0].weight.grad[0, 0] = float("inf")
+                scaler.step(opt, samples=len(x))
+                scaler.update()
+            if scheduler is not None:
+                scheduler.step()
 
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(90)
-    for o in opts:
-        if o is not None:
-            o.close()
-    assert not errors, errors
+    try:
+        run_ranks(work, world, timeout_s=90)
+    finally:
+        for o in opts:
+            if o is not None:
+                o.close()
     return models, [o for o in opts if o is not None]
 
 
