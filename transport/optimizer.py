@@ -141,14 +141,20 @@ STATE_NAMES = ("momentum_buffer", "exp_avg", "exp_avg_sq", "step")
 """The per-parameter optimizer state a gradient-domain full PARAMS carries (SGD, Adam, AdamW)."""
 
 
-def optimizer_state_payloads(optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor]) -> dict[str, Payload]:
+def optimizer_state_payloads(
+    optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor], before: Mapping[str, Mapping[str, Any] | None] | None = None
+) -> dict[str, Payload]:
     """Each key's optimizer state, ``<state name>:<key>`` -> lossless payload (a replica running the
     same optimizer needs it to step as the PS does: docs/ARCHITECTURE.md, "Gradient-domain
-    downlink"). States not yet made (before a key's first step) are left out."""
+    downlink"). States not yet made (before a key's first step) are left out. `before`: keys whose
+    state to send as it was before a step still under way (a pipelined step's keys applied ahead:
+    the parameters sent are the previous version's, `StepGuard.kept`)."""
     fp32 = make_codec("fp32")
     out = {}
+    before = before or {}
     for key, param in params.items():
-        for name, value in optimizer.state.get(param, {}).items():
+        state = before[key] if key in before else optimizer.state.get(param)
+        for name, value in (state or {}).items():
             if name in STATE_NAMES and isinstance(value, torch.Tensor):
                 out[f"{name}:{key}"] = fp32.encode(value.detach())
     return out

@@ -118,7 +118,9 @@ class ParameterStore:
         settings, optimizer = self._core.optimizer_settings, self._core.optimizer
         if settings is None or optimizer is None:
             return {}, {}
-        return settings.to_dict(), optimizer_state_payloads(optimizer, self._core.params)
+        # Keys a pipelined step applied ahead: the shadow (what is sent) is still the previous
+        # version, so is their state (the guard kept it for a refusal).
+        return settings.to_dict(), optimizer_state_payloads(optimizer, self._core.params, self._core.guard.kept())
 
     def update_metric(self) -> dict[str, torch.Tensor] | None:
         """Per key, the optimizer's diagonal metric of a parameter change (`adam_metric`: Adam's

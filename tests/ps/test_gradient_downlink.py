@@ -256,3 +256,24 @@ def test_a_key_goes_down_at_its_smallest_push() -> None:
     update = s.pull(0)
     assert {k: p.codec for k, p in update.tensors.items()} == {k: min(v, key=lambda x: x[0])[1] for k, v in sizes.items()}
     assert update.tensors["a"].codec == "powersgd:1"  # 6 x 5: the rank-1 push is the smaller
+
+
+def test_a_full_pull_during_a_pipelined_step_sends_the_previous_version_whole() -> None:
+    """Keys applied ahead of the version (a keyed pull) have stepped their optimizer already: a
+    full pull before the step is whole still sends the previous version, parameters and their
+    state, so a worker that joins then steps on with the others."""
+    s = gradient_store(SGD)
+    for step in range(2):
+        push(s, 0, step, "powersgd:2")
+        push(s, 1, step, "powersgd:2")
+    s.want(["a"], 2)
+    codec, g = make_codec("powersgd:2"), torch.Generator().manual_seed(5)
+    grads = {w: {k: torch.randn(v.shape, generator=g) for k, v in s.params.items()} for w in (0, 1)}
+    s.push("w0", Push(2, 4, 3, {k: codec.encode(x) for k, x in grads[0].items()}))
+    s.push("w1", Push(2, 5, 3, {"a": codec.encode(grads[1]["a"])}))
+    assert s.version == 2 and s.applied_keys == 1  # "a" stepped ahead
+    mid = mirror_of(s.pull(-1))
+    s.push("w1", Push(2, 5, 3, {k: codec.encode(x) for k, x in grads[1].items() if k != "a"}))
+    assert s.version == 3
+    apply(mid, s.pull(2))
+    assert_equal(mid, s)
