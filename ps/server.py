@@ -37,6 +37,9 @@ from .warmup import warm_up_torch
 
 log = logging.getLogger(__name__)
 
+DOMAIN_CHOICES = ("auto", *DOWNLINK_DOMAINS)
+"""`ServerSettings.downlink_domain`'s values: ``auto`` resolves to one of the store's."""
+
 
 MIN_BARRIER_TIMEOUT_S = 0.1
 """Below this the barrier watchdog (a tick every quarter timeout) would all but spin."""
@@ -102,12 +105,14 @@ class ServerSettings:
     """At a PS told its site (`netsense ps --site`), answer the pulls of workers and relays at other
     sites before those of its own (synchronous mode; docs/ARCHITECTURE.md, "WAN-first release"); at
     a relay or worker, push the shards at other sites before its own site's ("WAN pushes first")."""
-    downlink_domain: str = "params"
+    downlink_domain: str = "auto"
     """What a lossy downlink compresses (docs/ARCHITECTURE.md, "Gradient-domain downlink"):
     ``params``, the change of the parameters, the PS stepping on the exact gradient; ``gradient``,
     the step's aggregated gradient under error feedback, at the codec of each key's smallest push, with
     every worker and relay running the PS's optimizer on it (synchronous mode; the downlink codec
-    and policy are not used)."""
+    and policy are not used); ``auto``, ``gradient`` unless `staleness`, `policy` or a
+    `downlink_codec` other than fp32 is set, which keep ``params`` (docs/BENCHMARKS.md, "The
+    gradient domain by default")."""
 
     def __post_init__(self) -> None:
         if self.preauth_window_bytes < 4096:
@@ -119,10 +124,19 @@ class ServerSettings:
             )
         if self.staleness is not None and self.staleness < 0:
             raise ConfigError(f"server.staleness must be >= 0 (or unset for synchronous training), got {self.staleness}")
-        if self.downlink_domain not in DOWNLINK_DOMAINS:
-            raise ConfigError(f"server.downlink_domain must be one of {', '.join(DOWNLINK_DOMAINS)}, got {self.downlink_domain!r}")
+        if self.downlink_domain not in DOMAIN_CHOICES:
+            raise ConfigError(f"server.downlink_domain must be one of {', '.join(DOMAIN_CHOICES)}, got {self.downlink_domain!r}")
         if self.downlink_domain == "gradient" and self.staleness is not None:
             raise ConfigError("server.downlink_domain 'gradient' needs synchronous training (unset server.staleness)")
+
+    @property
+    def domain(self) -> str:
+        """`downlink_domain` with ``auto`` resolved: async pulls send whole parameters, and a
+        downlink policy or codec the user set only runs in the parameter domain."""
+        if self.downlink_domain != "auto":
+            return self.downlink_domain
+        explicit = self.staleness is not None or self.policy is not None or self.downlink_codec != "fp32"
+        return "params" if explicit else "gradient"
 
 
 class PSServer:
@@ -135,11 +149,11 @@ class PSServer:
         self.secret = secret
         self.limits = limits
         self.store = ParameterStore(
-            downlink_codec=settings.downlink_codec, staleness=settings.staleness, downlink_domain=settings.downlink_domain
+            downlink_codec=settings.downlink_codec, staleness=settings.staleness, downlink_domain=settings.domain
         )
         if settings.staleness is not None and (settings.policy or settings.downlink_codec != "fp32"):
             log.warning("async mode (staleness %d) sends full fp32 parameters; the downlink codec/policy is ignored", settings.staleness)
-        gradient = settings.downlink_domain == "gradient"
+        gradient = settings.domain == "gradient"
         if gradient and (settings.policy or settings.downlink_codec != "fp32"):
             log.info("gradient-domain downlink: each key goes down at its smallest push's codec; the downlink codec/policy is not used")
         self.downlink = (

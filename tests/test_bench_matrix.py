@@ -263,7 +263,8 @@ def test_scenario_argv_passes_link_trace_and_settings(tmp_path: Path) -> None:
     assert (pairs["--policies"], pairs["--seed"], pairs["--max-time"], pairs["--target-accuracy"]) == ("dc2", "1", "60.0", "0.7")
     assert pairs["--steps"] == "40" and "--batch-size" not in argv and argv[-1] == "--insecure"
     bare = matrix.scenario_argv(matrix.Cell("m", "unshaped", "dc2", 0), results, tmp_path, insecure=False)
-    assert "--link" not in bare and "--trace" not in bare and "--insecure" not in bare and "--downlink" not in bare
+    assert "--link" not in bare and "--trace" not in bare and "--insecure" not in bare
+    assert bare[bare.index("--downlink") + 1] == "same"  # a results.json from before the flag ran the parameter domain
     gradient = matrix.scenario_argv(matrix.Cell("m", "unshaped", "dc2", 0), {**results, "settings": {**results["settings"], "downlink": "gradient"}}, tmp_path, insecure=False)
     assert gradient[gradient.index("--downlink") + 1] == "gradient"
 

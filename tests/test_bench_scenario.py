@@ -220,11 +220,12 @@ def test_tiny_scenario_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         assert f["time_to_target_s"] is not None and f["time_to_target_s"] <= f["wall_s"]
         assert 0 < f["ideal_step_s"] and math.isfinite(f["mean_step_s"])
         assert f["levels"] == {"fp32" if name == "none" else "fp16": 12}
-        assert f["levels_down"] == {"fp32" if name == "none" else "fp16": 6}  # one PS update per step
+        assert f["levels_down"] == {}  # the gradient domain (the default) runs no downlink policy: the push's codec
         assert all(t is not None and t >= 0 for t in f["timeline"]["t_s"])
         assert set(f["timeline"]["true_bps"]) == {50e6}
-    # fp16 halves the uplink payload (framing aside).
+    # fp16 halves the uplink payload (framing aside), and the update comes down at the push's codec.
     assert results["policies"]["fp16"]["bytes_up"] < 0.6 * results["policies"]["none"]["bytes_up"]
+    assert results["policies"]["fp16"]["bytes_down"] < 0.6 * results["policies"]["none"]["bytes_down"]
     for name in FIGURES:
         assert (out / name).stat().st_size > 1000
     assert "| `fp16` |" in (out / "results.md").read_text()

@@ -34,7 +34,7 @@ ROWS: list[tuple[list[str], str]] = [
     (["launch", "--staleness", "-1"], "--staleness must be >= 0"),
     (["ps", "--downlink-domain", "both"], "argument --downlink-domain: invalid choice: 'both'"),
     (["launch", "--downlink-domain", "gradient", "--staleness", "1"], "server.downlink_domain 'gradient' needs synchronous training"),
-    (["ps", "--config", "{toml:[server]\ndownlink_domain = 'grad'\n}"], "server.downlink_domain must be one of params, gradient"),
+    (["ps", "--config", "{toml:[server]\ndownlink_domain = 'grad'\n}"], "server.downlink_domain must be one of auto, params, gradient"),
     (["worker", "--world-size", "0", "--insecure"], "--world-size must be >= 1, got 0"),
     (["worker", "--config", "{toml:[transport]\nidle_timeout_s = -1\n}", "--insecure"], "transport.idle_timeout_s must be > 0, got -1"),
     (["ps", "--max-datagram-size", "10"], "--max-datagram-size must be in 1200..65507, got 10"),

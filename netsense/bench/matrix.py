@@ -88,8 +88,8 @@ def register(kinds: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--eval-every", type=int, default=10, help="rank 0 evaluates every N steps (default 10)")
     p.add_argument("--insecure", action="store_true", help="no TLS verification / worker auth")
-    p.add_argument("--downlink", choices=["same", "none", "gradient"], default="same",
-                   help="each run's bench scenario --downlink: the policy's (default), fp32, or the gradient domain")  # fmt: skip
+    p.add_argument("--downlink", choices=["same", "none", "gradient"], default="gradient",
+                   help="each run's bench scenario --downlink: the gradient domain (default), the policy's, or fp32")  # fmt: skip
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
     p.add_argument("--resume", action="store_true", help="keep the runs already in DIR/results.json, run the rest")
     p.add_argument("--calibrate", action="store_true",
@@ -252,7 +252,7 @@ def scenario_argv(cell: Cell, results: dict[str, Any], out: Path, insecure: bool
         table = None
     for flag, value in (("--link", link["link"]), ("--trace", link["trace"]), ("--steps", s["steps"]),
                         ("--batch-size", s["batch_size"]), ("--progress-table", table),
-                        ("--downlink", None if s.get("downlink", "same") == "same" else s["downlink"])):  # fmt: skip
+                        ("--downlink", s.get("downlink", "same"))):  # fmt: skip
         if value is not None:
             argv += [flag, str(value)]
     return argv + (["--insecure"] if insecure else [])

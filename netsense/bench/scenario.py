@@ -1,9 +1,10 @@
 """`netsense bench scenario`: one training scenario run once per policy, side by side, same seeds.
 
 Each policy is one `Launcher` job (1 PS + N workers, and the `netsense emulate` child when a link
-is given) with the same model, seed, batch order and link. The policy drives both directions: the
-workers' uplink and the PS's downlink (the same bytes to every worker), as DDP's communication
-hooks compress both halves of an all-reduce.
+is given) with the same model, seed, batch order and link. The policy drives both directions, as
+DDP's communication hooks compress both halves of an all-reduce: by default (``--downlink
+gradient``, the product's default) the PS sends the step's aggregated gradient at the codec the
+workers' pushes came in; ``--downlink same`` runs the policy on the PS's parameter-domain downlink.
 
 Stopping. Every worker runs the same number of synchronous steps (``--steps``, default the task's).
 ``--max-time S`` is a guard, not a coordinated stop: when rank 0 reports a step past S seconds the
@@ -102,9 +103,10 @@ def register(kinds: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--ladder", help="levels for adaptive policies (default: the policy's default ladder)")
     p.add_argument("--progress-table", metavar="FILE",
                    help="`netsense calibrate`'s table for the netsense rows (netns:netsense too); the other rows ignore it")  # fmt: skip
-    p.add_argument("--downlink", choices=["same", "none", "gradient"], default="same",
-                   help="PS -> worker: the same policy (default), fp32 for every policy, or the gradient domain "
-                   "(each key at its smallest push's codec, every worker and relay running the PS's optimizer)")  # fmt: skip
+    p.add_argument("--downlink", choices=["same", "none", "gradient"], default="gradient",
+                   help="PS -> worker: the gradient domain, the product's default (each key at its smallest push's "
+                   "codec, every worker and relay running the PS's optimizer), or in the parameter domain the same "
+                   "policy as the uplink or fp32 for every policy")  # fmt: skip
     p.add_argument("--netns-link", metavar="SPEC",
                    help="tbf link of the ddp:* and netns:* runs (default --link; rate and queue only)")  # fmt: skip
     p.add_argument("--topology", choices=TOPOLOGIES, default="sites",

@@ -57,9 +57,9 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, help="samples per worker per step")
     p.add_argument("--seed", type=int, help="seed of the model init and the batch order")
     p.add_argument("--codec", help="uplink codec: fp32, fp16, bf16, qsgd:8, topk:0.01+fp16, ...")
-    p.add_argument("--downlink-codec", help="PS -> worker codec (default fp32)")
+    p.add_argument("--downlink-codec", help="PS -> worker codec in the parameter domain (default fp32)")
     add_policy_flags(p)
-    p.add_argument("--downlink-policy", help="the PS's downlink policy (default none: --downlink-codec)")
+    p.add_argument("--downlink-policy", help="the PS's parameter-domain downlink policy (default none: --downlink-codec; setting either keeps the parameter domain)")
     p.add_argument("--eval-every", type=int, help="rank 0 evaluates every N steps")
     p.add_argument("--lr", type=float, help="PS optimizer learning rate")
     p.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], help="PS optimizer")
@@ -105,9 +105,10 @@ def add_staleness_flag(p: argparse.ArgumentParser) -> None:
         "default: synchronous",
     )  # fmt: skip
     p.add_argument(
-        "--downlink-domain", choices=["params", "gradient"],
-        help="what a lossy downlink compresses: the parameters' change (default) or the step's gradient, "
-        "at its smallest push's codec, every worker and relay running the PS's optimizer (synchronous only)",
+        "--downlink-domain", choices=["auto", "params", "gradient"],
+        help="what a lossy downlink compresses: the step's gradient, at its smallest push's codec, every worker "
+        "and relay running the PS's optimizer (synchronous only), or the parameters' change; default auto: "
+        "gradient unless --staleness or a downlink policy/codec is set",
     )  # fmt: skip
 
 

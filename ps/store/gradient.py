@@ -13,8 +13,12 @@ bit for bit, as DDP's ranks each apply the same all-reduced sum.
 Each key goes at the codec of its smallest push (ties: the first contributing worker's, in id
 order): the uplink's policies already picked the levels for this step's links, and the update goes
 to every worker, the slowest path's too. Lossless specs send
-the gradient whole, with what was owed (the residual is flushed). Residuals change only when the
-step commits (`commit`), so a refused step leaves none behind.
+the gradient whole, with what was owed (the residual is flushed). A key pushed sparse (top-k,
+random-k, threshold) goes down exact too, the aggregate's nonzeros at fp32 (`EXACT_SPARSE`) or
+dense fp32 where that is smaller: the sum of sparse pushes is sparse already, as a sparse
+all-gather returns it, and a second sparsification under error feedback lagged (digits-cnn at
+top-k 1 %: 0.88 test accuracy at step 200 against 0.95; random-k 25 %: 0.27 at step 100 against
+0.45). Residuals change only when the step commits (`commit`), so a refused step leaves none behind.
 """
 
 from __future__ import annotations
@@ -22,9 +26,14 @@ from __future__ import annotations
 import torch
 
 from netsense.compression import Codec, Payload, make_codec
+from netsense.compression.sparse import SparseCodec
 
 LOSSLESS = ("fp32", "none")
 """Specs sent as fp32, whole, with nothing left over."""
+
+EXACT_SPARSE = "threshold:1e-45"
+"""Every entry at or above the least fp32 subnormal, at fp32: a tensor's nonzeros, exactly (a CPU
+that flushes subnormals to zero compares with 0 and sends every entry, still exact)."""
 
 
 class GradientDownlink:
@@ -35,6 +44,8 @@ class GradientDownlink:
         """Key -> what the downlink has not sent yet of the aggregated gradients (e)."""
         self._codecs: dict[tuple[str, str], Codec] = {}  # (key, spec) -> encoder (PowerSGD keeps its Q)
         self._fp32 = make_codec("fp32")
+        self._nonzeros = make_codec(EXACT_SPARSE)
+        self._sparse: dict[str, bool] = {}  # spec -> whether its codec sparsifies
         self._pending: dict[str, tuple[Payload, torch.Tensor | None]] = {}  # key -> (payload, new residual)
         self._version = -1  # the step the pending payloads belong to
 
@@ -46,8 +57,8 @@ class GradientDownlink:
             self._version = version
         old = self.residual.get(key)
         m = grad + old if old is not None and old.shape == grad.shape else grad.clone()
-        if spec in LOSSLESS:  # sent whole: what was owed goes with it
-            self._pending[key] = (self._fp32.encode(m), None)
+        if spec in LOSSLESS or self._is_sparse(spec):  # sent exact: what was owed goes with it
+            self._pending[key] = (self._fp32.encode(m) if spec in LOSSLESS else self._exact(m), None)
             return m
         codec = self._codecs.get((key, spec))
         if codec is None:
@@ -58,6 +69,20 @@ class GradientDownlink:
         sent = codec.decode(payload).to(grad.dtype).view_as(grad)
         self._pending[key] = (payload, m.sub_(sent))
         return sent
+
+    def _is_sparse(self, spec: str) -> bool:
+        sparse = self._sparse.get(spec)
+        if sparse is None:
+            sparse = self._sparse[spec] = isinstance(make_codec(spec), SparseCodec)
+        return sparse
+
+    def _exact(self, m: torch.Tensor) -> Payload:
+        """`m` without loss: its nonzeros and their indices, or dense fp32 where that is smaller."""
+        if 2 * int(torch.count_nonzero(m)) < m.numel():
+            payload = self._nonzeros.encode(m)
+            if sum(len(p) for p in payload.parts) < 4 * m.numel():
+                return payload
+        return self._fp32.encode(m)
 
     def commit(self, version: int) -> dict[str, Payload]:
         """The step from `version` applied: its residuals replace the old ones; its payloads (every

@@ -12,6 +12,7 @@ import threading
 import pytest
 import torch
 
+from netsense.ps.server import ServerSettings
 from netsense.ps.store.encode import UpdateEncoder
 from netsense.worker.optimizer import NetSenseOptimizer
 
@@ -32,10 +33,10 @@ def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g)
 
 
-def _train(certs, shards: int, overlap: bool, codec: str, sites: tuple[str, str] | None = None) -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]:  # type: ignore[no-untyped-def]
+def _train(certs, shards: int, overlap: bool, codec: str, sites: tuple[str, str] | None = None, domain: str = "auto") -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]:  # type: ignore[no-untyped-def]
     """Two workers, `STEPS` steps on fresh PS shards; (the PS's parameters, each replica's).
     `sites`: shard i and worker i at sites[i] (WAN-first release on)."""
-    servers = [start_ps(certs, site=sites[i] if sites else None) for i in range(shards)]
+    servers = [start_ps(certs, ServerSettings(port=0, downlink_domain=domain), site=sites[i] if sites else None) for i in range(shards)]
     models = [_model(), _model()]
     opts: list[NetSenseOptimizer | None] = [None, None]
     errors: list[BaseException] = []
@@ -104,8 +105,9 @@ def test_wan_first_release_keeps_the_step_exact(certs, overlap: bool) -> None:  
 
 def test_a_stale_pull_is_caught(certs, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """A PS whose keyed pulls send a key's value from before the update (its shadow advances as
-    usual): the replicas compute on stale parameters, and the bit-for-bit comparison says so."""
-    plain, _ = _train(certs, 1, overlap=False, codec="fp32")
+    usual): the replicas compute on stale parameters, and the bit-for-bit comparison says so.
+    The parameter domain's encoder is the one made stale."""
+    plain, _ = _train(certs, 1, overlap=False, codec="fp32", domain="params")
     fresh = UpdateEncoder.encode_key
 
     def stale(self, key, param, spec):  # type: ignore[no-untyped-def]
@@ -113,7 +115,7 @@ def test_a_stale_pull_is_caught(certs, monkeypatch: pytest.MonkeyPatch) -> None:
         return payload, fresh(self, key, param, spec)[1]
 
     monkeypatch.setattr(UpdateEncoder, "encode_key", stale)
-    duplex, replicas = _train(certs, 1, overlap=True, codec="fp32")
+    duplex, replicas = _train(certs, 1, overlap=True, codec="fp32", domain="params")
     assert _mismatches(duplex, plain) != []
     assert _mismatches(replicas[0], duplex) != []
 

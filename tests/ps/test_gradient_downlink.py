@@ -8,6 +8,7 @@ import torch
 
 from netsense.compression import make_codec
 from netsense.errors import ConfigError, ProtocolError
+from netsense.ps.server import PSServer, ServerSettings
 from netsense.ps.store import ParameterStore
 from netsense.transport.wire import Params, Push, decode_message, encode_message
 from netsense.worker.mirror import OptimizerMirror
@@ -65,7 +66,10 @@ def test_mirror_follows_the_ps_bit_for_bit(optimizer: dict, spec: str) -> None:
         applied = push(s, 1, step, spec)
         assert applied is not None and s.version == step + 1
         update = s.pull(step)
-        assert all(p.codec == spec for p in update.tensors.values())  # each key at its push's codec
+        if spec.startswith("topk"):  # the sum of sparse pushes goes down exact
+            assert all(p.codec in ("threshold:1e-45", "fp32") for p in update.tensors.values())
+        else:
+            assert all(p.codec == spec for p in update.tensors.values())  # each key at its push's codec
         apply(m, update)
         assert_equal(m, s)
     # a worker that joins now: the full PARAMS carries the optimizer's state, and it keeps up
@@ -106,6 +110,29 @@ def test_the_step_applies_what_was_sent_and_error_feedback_keeps_the_rest() -> N
         torch.testing.assert_close(s.params[k], init[k] - 0.1 * sent[k], rtol=0, atol=1e-5)
         torch.testing.assert_close(sent[k] + gd.residual[k], exact[k], rtol=0, atol=1e-5)
     assert gd.residual["a"].abs().sum() > 0  # rank 1 of a rank-2 sum leaves something owed
+
+
+@pytest.mark.parametrize("spec", ["topk:0.1", "randk:0.2+fp16", "threshold:2.0"])
+def test_sparse_pushes_go_down_exact(spec: str) -> None:
+    """The mean of sparse pushes is sparse: sent as its nonzeros (dense fp32 where smaller), with
+    nothing owed after it; a residual owed from a lossy step goes with the first."""
+    a = gradient_store(SGD)
+    push(a, 0, 0, "powersgd:1")
+    push(a, 1, 0, "powersgd:1")  # leaves a residual on a and c
+    assert a._core.gradient is not None and a._core.gradient.residual
+    m = mirror_of(a.pull(-1))
+    codecs = set()
+    for step in range(1, 5):
+        pa = [push(a, w, step, spec) for w in (0, 1)]
+        update = a.pull(step)
+        codecs |= {p.codec for p in update.tensors.values()}
+        apply(m, update)
+        assert_equal(m, a)
+        assert not a._core.gradient.residual, "the residual went with the exact send"
+        assert pa[1] is not None
+    assert "threshold:1e-45" in codecs  # nonzeros, not dense fp32, for sparse pushes of these sizes
+    sizes = {k: sum(len(p) for p in t.parts) for k, t in update.tensors.items()}
+    assert sizes["a"] < 4 * 30, sizes
 
 
 def test_lossless_pushes_make_the_parameter_domain_step() -> None:
@@ -202,6 +229,22 @@ def test_gradient_domain_needs_the_barrier() -> None:
         ParameterStore(downlink_domain="gradient", staleness=1)
     with pytest.raises(ConfigError, match="downlink_domain"):
         ParameterStore(downlink_domain="both")
+
+
+@pytest.mark.parametrize(
+    ("settings", "domain"),
+    [
+        ({}, "gradient"),  # the default: synchronous, no downlink policy or codec set
+        ({"staleness": 1}, "params"),  # async pulls send whole parameters
+        ({"policy": "dc2"}, "params"),  # a downlink policy the user set runs in the parameter domain
+        ({"downlink_codec": "fp16"}, "params"),
+        ({"downlink_domain": "params"}, "params"),
+        ({"downlink_domain": "gradient", "policy": "dc2"}, "gradient"),  # said outright: the policy is not used
+    ],
+)
+def test_the_auto_domain(settings: dict, domain: str) -> None:
+    assert ServerSettings(**settings).domain == domain
+    assert PSServer(ServerSettings(**settings), secret=None).store.downlink_domain == domain
 
 
 def test_a_restored_store_sends_its_optimizer_and_owes_nothing() -> None:

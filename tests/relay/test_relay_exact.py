@@ -15,9 +15,9 @@ STEPS = 6
 
 
 def _direct(
-    certs: CertPaths, world: int, spread: int = 4, hook: Any = None, **options: Any
+    certs: CertPaths, world: int, spread: int = 4, hook: Any = None, domain: str = "auto", **options: Any
 ) -> tuple[dict[str, torch.Tensor], list[Worker]]:
-    ps = start_ps(certs)
+    ps = start_ps(certs, downlink_domain=domain)
     try:
         here = connect(certs, ps.port)
         workers = [Worker(r, world, here, STEPS, digits(), spread=spread, hook=hook, options=options) for r in range(world)]
@@ -40,9 +40,13 @@ def test_relay_of_two_workers_is_bit_exact(certs: CertPaths, options: dict[str, 
     Equal batches: the weights (1/2) are powers of two, so each product is exact and the sum does
     not depend on which push came first. With unequal ones the PS itself depends on arrival order
     (it rounds the first product, then adds the second with a fused multiply-add), which no two
-    runs share: `test_unequal_batches_weight_by_samples` compares those to rounding."""
-    reference, _ = _direct(certs, 2, spread=0, **options)
-    ps = start_ps(certs)
+    runs share: `test_unequal_batches_weight_by_samples` compares those to rounding.
+
+    A lossy uplink in the parameter domain: in the gradient domain the update goes down at the
+    codec it was pushed in, the workers' fp16 directly and the relay's own codec through it."""
+    domain = "params" if options.get("codec") else "auto"
+    reference, _ = _direct(certs, 2, spread=0, domain=domain, **options)
+    ps = start_ps(certs, downlink_domain=domain)
     site = relay(certs, ps.port, site_workers=2)
     try:
         workers = [Worker(r, 2, connect(certs, site.ports[0]), STEPS, digits(), spread=0, options=options) for r in range(2)]
