@@ -310,7 +310,8 @@ class Launcher:
             "levels": _merge_levels(d.get("levels", {}) for d in done.values()),
             **({"sites": self._site_summary()} if self.config.sites else {}),
             **({"relays": [{k: v for k, v in x.items() if k != "events"} for x in self.relays]} if self.relays else {}),
-            "decision_logs": [*down_logs, *(self._up_log(r) for r in range(n))],
+            # the logs written: a gradient-domain PS runs no downlink policy, so it writes none
+            "decision_logs": [p for p in (*down_logs, *(self._up_log(r) for r in range(n))) if Path(p).exists()],
             **({"metrics_ports": self.metrics_ports} if self.metrics_port is not None else {}),
         }
 

@@ -62,6 +62,7 @@ def test_default_job_reaches_accuracy_and_cleans_up(tmp_path: Path) -> None:
     assert summary["test_accuracy"] >= 0.95, summary
     assert summary["steps"] == 200 and summary["workers"] == 2
     assert summary["bytes_up"] > 0 and summary["bytes_down"] > 0 and summary["samples_per_s"] > 0
+    assert all(Path(p).exists() for p in summary["decision_logs"]), summary  # the gradient domain logs no downlink
     assert (tmp_path / "cache" / "netsense" / "dev-certs" / "ca.pem").exists()  # TLS on by default
     assert not _procs_mentioning(str(tmp_path / "run"))
     events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]

@@ -28,7 +28,9 @@ def test_launch_through_emulated_link_with_netsense_policy(tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(summary_path.read_text())
     assert summary["steps"] == steps and sum(summary["levels"].values()) == 2 * steps, summary
-    for name in ("decisions-up-0.jsonl", "decisions-up-1.jsonl", "decisions-down.jsonl"):
+    names = ("decisions-down.jsonl", "decisions-up-0.jsonl", "decisions-up-1.jsonl")
+    assert [Path(p).name for p in summary["decision_logs"]] == list(names), summary  # a downlink policy: the parameter domain
+    for name in names:
         recs = read_decision_log(tmp_path / "run" / name)
         assert len(recs) >= steps - 1, name
         rtts = [r["min_rtt_s"] for r in recs if r["min_rtt_s"] is not None]
