@@ -54,3 +54,14 @@ def test_children_import_their_parents_netsense_from_any_folder(tmp_path) -> Non
     bare = subprocess.run([PYTHON[0], "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert "the folder netsense was imported" in bare.stderr  # what -P prevents
     assert Launcher(JobConfig(), run_dir=tmp_path / "run")._cmd("ps")[: len(PYTHON)] == list(PYTHON)
+
+
+def test_children_share_the_cores_unless_told() -> None:
+    """`netsense launch`'s children split this host's cores between them (one torch thread each on
+    2 cores); the user's OMP_NUM_THREADS stands."""
+    from netsense.launch.launcher import thread_env
+
+    assert thread_env(4, env={}, cores=2) == {"OMP_NUM_THREADS": "1"}
+    assert thread_env(3, env={}, cores=16) == {"OMP_NUM_THREADS": "5"}
+    assert thread_env(0, env={}, cores=2) == {"OMP_NUM_THREADS": "2"}
+    assert thread_env(4, env={"OMP_NUM_THREADS": "3"}, cores=2) == {}

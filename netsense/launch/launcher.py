@@ -25,7 +25,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -58,6 +58,19 @@ def _reader(rank: int, stream: IO[str], out: queue.Queue[tuple[int, dict[str, An
                 out.put((rank, json.loads(line)))
             except json.JSONDecodeError:
                 log.debug("rank %d printed non-JSON: %s", rank, line)
+
+
+def thread_env(processes: int, env: Mapping[str, str] | None = None, cores: int | None = None) -> dict[str, str]:
+    """OMP_NUM_THREADS for `processes` children on this host: its cores shared out, at least one
+    each (torchrun sets 1 for several processes per node), unless the user set it. Each torch
+    process otherwise runs one intra-op thread per core, and their spinning threads oversubscribe
+    the cores: the README's job took 29 s where one thread each took 14 (docs/BENCHMARKS.md, "The
+    README's main job")."""
+    env = os.environ if env is None else env
+    if "OMP_NUM_THREADS" in env:
+        return {}
+    cores = cores or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    return {"OMP_NUM_THREADS": str(max(1, cores // max(1, processes)))}
 
 
 def stop_processes(procs: list[subprocess.Popen[str]], grace_s: float = _GRACE_S) -> None:
@@ -106,6 +119,8 @@ class Launcher:
         self.metrics_ports: dict[str, list[int]] = {"ps": [], "workers": []}
         """The ports the children reported, for the summary."""
         self.procs: list[subprocess.Popen[str]] = []
+        self._thread_env: dict[str, str] = {}
+        """What `_spawn` adds to each child's environment (`thread_env`), set once the count is known."""
         self.relays: list[dict[str, Any]] = []
         """Per relayed site: its plan's fields, the ports it serves and, once stopped, its WAN bytes."""
         self._checked = False
@@ -124,7 +139,7 @@ class Launcher:
 
     def _spawn(self, cmd: list[str], site: str | None = None) -> subprocess.Popen[str]:
         """Start one child; `site` is where it runs (None: the emulator, or a job without sites)."""
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self._thread_env}
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
         self.procs.append(p)
         return p
@@ -192,6 +207,10 @@ class Launcher:
         shard_site: list[str | None] = list(shard_sites(self.config.sites)) or [None] * servers
         rank_site: list[str | None] = list(rank_sites(self.config.sites)) or [None] * n
         down_logs = [self._down_log(i) for i in range(servers)]
+        emulated_paths = servers if self.link or self.trace else 0
+        self._thread_env = thread_env(servers + n + len(plan_relays(self.config)) + emulated_paths)
+        if self._thread_env:
+            log.info("each child runs %s torch thread(s) (OMP_NUM_THREADS; set it to override)", self._thread_env["OMP_NUM_THREADS"])
         shards = []
         for i in range(servers):
             args = ["ps", "--config", str(cfg_path), "--decision-log", down_logs[i], *self._metrics_args(i)]
