@@ -3,7 +3,8 @@ synchronous step: same seeds, same batches, sync PS, one PS or two shards, fp32 
 
 This is what makes it the default (docs/ARCHITECTURE.md, "Overlap"): a test that compares with a
 tolerance would not notice a step pulled one version late, so the comparison here is `torch.equal`,
-and `test_a_stale_pull_is_caught` shows it catches one."""
+and `test_a_stale_pull_is_caught` (the parameter domain) and `test_a_stale_gradient_pull_is_caught`
+(the gradient domain, the default) show it catches one."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 
 from netsense.ps.server import ServerSettings
 from netsense.ps.store.encode import UpdateEncoder
+from netsense.ps.store.gradient import GradientDownlink
 from netsense.worker.optimizer import NetSenseOptimizer
 
 from ..conftest import start_ps, stop_ps
@@ -118,6 +120,26 @@ def test_a_stale_pull_is_caught(certs, monkeypatch: pytest.MonkeyPatch) -> None:
     duplex, replicas = _train(certs, 1, overlap=True, codec="fp32", domain="params")
     assert _mismatches(duplex, plain) != []
     assert _mismatches(replicas[0], duplex) != []
+
+
+def test_a_stale_gradient_pull_is_caught(certs, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The gradient domain's keyed pulls (the default domain): a PS that sends a key applied ahead
+    at the previous step's payload leaves the replicas behind its parameters, and the bit-for-bit
+    comparison says so."""
+    plain, _ = _train(certs, 1, overlap=False, codec="fp16")
+    fresh = GradientDownlink.payload
+    last: dict[str, object] = {}
+
+    def stale(self, key):  # type: ignore[no-untyped-def]
+        now = fresh(self, key)
+        before = last.get(key, now)
+        last[key] = now
+        return before
+
+    monkeypatch.setattr(GradientDownlink, "payload", stale)
+    duplex, replicas = _train(certs, 1, overlap=True, codec="fp16")
+    assert last, "the keyed pulls went through GradientDownlink.payload"
+    assert _mismatches(replicas[0], duplex) != [] or _mismatches(duplex, plain) != []
 
 
 class _WithBuffer(torch.nn.Module):
