@@ -3,7 +3,8 @@
 
 Plain containers of copied tensors, so a snapshot taken on the PS loop can be serialised on another
 thread while training goes on. Pending pushes are not part of it: workers re-push after they
-reconnect. Stateful downlink encoders restart empty; workers pull the full shadow after a restart.
+reconnect. Stateful downlink encoders restart empty; workers pull the full shadow after a restart;
+what the gradient-domain downlink's error feedback still owed is kept (`residuals`).
 The state keys (buffers), the key -> state_dict name map and the job id are in it too, so a
 checkpoint can be exported as a plain `state_dict` (ps/checkpoint.py, `export_state_dict`) and a
 restarted PS still knows its job.
@@ -42,6 +43,7 @@ def snapshot(core: StoreCore, encoder: UpdateEncoder) -> dict[str, object]:
         "state": {k: v.clone() for k, v in core.state.items()},
         "model": {k: info_to_dict(i) for k, i in core.model.items()},
         "job_id": core.job_id,
+        "downlink_residual": {k: v.clone() for k, v in core.gradient.residual.items()} if core.gradient else {},
     }
 
 
@@ -73,6 +75,21 @@ def restore(core: StoreCore, encoder: UpdateEncoder, state: dict[str, object]) -
     encoder.restart_codecs(params)
     core.pending.clear()
     encoder.last_update = None
+
+
+def residuals(state: dict[str, object], params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What the gradient-domain downlink still owed at the snapshot (none from a parameter-domain
+    one or a PS from before it was kept), checked as the parameters are: a key of the store, its
+    shape, finite."""
+    out = {}
+    for key, value in dict(state.get("downlink_residual", {})).items():  # type: ignore[call-overload]
+        param = params.get(str(key))
+        if param is None or not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(param.shape):
+            raise ProtocolError("checkpoint", f"downlink residual {key!r} matches no parameter of its shape; not restored")
+        if not bool(torch.isfinite(value).all()):
+            raise ProtocolError("checkpoint", f"downlink residual {key!r} holds NaN/Inf; not restored")
+        out[str(key)] = value.to(param.dtype).clone()
+    return out
 
 
 def info_to_dict(info: TensorInfo) -> dict[str, object]:

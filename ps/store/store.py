@@ -354,12 +354,14 @@ class ParameterStore:
         """
         if self.initialized:
             raise ProtocolError("initialized", "restore needs a fresh store")
+        owed = checkpoint_state.residuals(state, {str(k): v for k, v in dict(state.get("params", {})).items()})  # type: ignore[call-overload]
         checkpoint_state.restore(self._core, self._encoder, state)
         self._encoder.state = self._core.state
         if self._core.gradient is not None:
             # The replicas are the parameters (a checkpoint of the parameter domain kept its shadow
-            # apart); what error feedback still owed is not in a checkpoint and starts at zero.
+            # apart); what error feedback still owed goes on being owed.
             self._core.gradient.reset()
+            self._core.gradient.residual.update(owed)
             self._encoder.shadow = {k: v.clone() for k, v in self._core.params.items()}
         self._mode.reset()
         log.info(

@@ -232,6 +232,25 @@ def test_gradient_domain_needs_the_barrier() -> None:
 
 
 @pytest.mark.parametrize(
+    ("residual", "message"),
+    [({"a": torch.full((6, 5), float("nan"))}, "NaN/Inf"), ({"a": torch.zeros(5, 6)}, "no parameter"), ({"zz": torch.zeros(2)}, "no parameter")],
+)
+def test_a_checkpoint_with_a_bad_residual_is_refused_whole(residual: dict, message: str) -> None:
+    s = gradient_store(SGD)
+    push(s, 0, 0, "powersgd:1")
+    push(s, 1, 0, "powersgd:1")
+    state = s.state()
+    state["downlink_residual"] = residual
+    back = ParameterStore(downlink_domain="gradient")
+    with pytest.raises(ProtocolError, match=message):
+        back.restore(state)
+    assert not back.initialized  # nothing taken
+    del state["downlink_residual"]  # a checkpoint from before residuals were kept: nothing owed
+    back.restore(state)
+    assert back._core.gradient is not None and not back._core.gradient.residual
+
+
+@pytest.mark.parametrize(
     ("settings", "domain"),
     [
         ({}, "gradient"),  # the default: synchronous, no downlink policy or codec set
@@ -247,7 +266,7 @@ def test_the_auto_domain(settings: dict, domain: str) -> None:
     assert PSServer(ServerSettings(**settings), secret=None).store.downlink_domain == domain
 
 
-def test_a_restored_store_sends_its_optimizer_and_owes_nothing() -> None:
+def test_a_restored_store_sends_its_optimizer_and_owes_what_it_owed() -> None:
     s = gradient_store(ADAM)
     for step in range(3):
         push(s, 0, step, "powersgd:1")
@@ -255,7 +274,10 @@ def test_a_restored_store_sends_its_optimizer_and_owes_nothing() -> None:
     assert s._core.gradient is not None and s._core.gradient.residual
     back = ParameterStore(downlink_domain="gradient")
     back.restore(s.state())
-    assert back._core.gradient is not None and not back._core.gradient.residual  # not checkpointed: starts at zero
+    assert back._core.gradient is not None
+    owed, kept = s._core.gradient.residual, back._core.gradient.residual
+    assert owed.keys() == kept.keys() and all(torch.equal(owed[k], kept[k]) for k in owed)
+    assert all(kept[k] is not owed[k] for k in kept)  # copies: the snapshot does not alias the live store
     m = mirror_of(back.pull(-1))
     assert_equal(m, back)
     for w in ("w0", "w1"):
