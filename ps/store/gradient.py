@@ -58,7 +58,7 @@ class GradientDownlink:
         old = self.residual.get(key)
         m = grad + old if old is not None and old.shape == grad.shape else grad.clone()
         if spec in LOSSLESS or self._is_sparse(spec):  # sent exact: what was owed goes with it
-            self._pending[key] = (self._fp32.encode(m) if spec in LOSSLESS else self._exact(m), None)
+            self._pending[key] = (self._exact(m, dense=spec in LOSSLESS), None)
             return m
         codec = self._codecs.get((key, spec))
         if codec is None:
@@ -76,9 +76,10 @@ class GradientDownlink:
             sparse = self._sparse[spec] = isinstance(make_codec(spec), SparseCodec)
         return sparse
 
-    def _exact(self, m: torch.Tensor) -> Payload:
-        """`m` without loss: its nonzeros and their indices, or dense fp32 where that is smaller."""
-        if 2 * int(torch.count_nonzero(m)) < m.numel():
+    def _exact(self, m: torch.Tensor, *, dense: bool) -> Payload:
+        """`m` without loss: dense fp32 (a lossless spec), or for a sparse one its nonzeros and
+        their indices where that is smaller."""
+        if not dense and 2 * int(torch.count_nonzero(m)) < m.numel():
             payload = self._nonzeros.encode(m)
             if sum(len(p) for p in payload.parts) < 4 * m.numel():
                 return payload

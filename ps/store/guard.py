@@ -222,6 +222,7 @@ class StepGuard:
                 return None
             out[key] = (p_new * SLACK, tuple(b * SLACK for b in new_state))
         return out
+
     def kept(self) -> dict[str, dict[str, torch.Tensor] | None]:
         """Key -> its optimizer state before the step under way, for the keys a pipelined step
         applied ahead (None: it had none yet); copies the next step reuses, read them at once."""

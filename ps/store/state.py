@@ -77,13 +77,14 @@ def restore(core: StoreCore, encoder: UpdateEncoder, state: dict[str, object]) -
     encoder.last_update = None
 
 
-def residuals(state: dict[str, object], params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def residuals(state: dict[str, object]) -> dict[str, torch.Tensor]:
     """What the gradient-domain downlink still owed at the snapshot (none from a parameter-domain
-    one or a PS from before it was kept), checked as the parameters are: a key of the store, its
-    shape, finite."""
+    one or a PS from before it was kept), checked as the parameters are: a key of the snapshot's
+    parameters, its shape, finite. Read before `restore`, so a bad one changes nothing."""
+    params = dict(state.get("params", {}))  # type: ignore[call-overload]
     out = {}
     for key, value in dict(state.get("downlink_residual", {})).items():  # type: ignore[call-overload]
-        param = params.get(str(key))
+        param = params.get(key)
         if param is None or not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(param.shape):
             raise ProtocolError("checkpoint", f"downlink residual {key!r} matches no parameter of its shape; not restored")
         if not bool(torch.isfinite(value).all()):

@@ -354,7 +354,7 @@ class ParameterStore:
         """
         if self.initialized:
             raise ProtocolError("initialized", "restore needs a fresh store")
-        owed = checkpoint_state.residuals(state, {str(k): v for k, v in dict(state.get("params", {})).items()})  # type: ignore[call-overload]
+        owed = checkpoint_state.residuals(state)
         checkpoint_state.restore(self._core, self._encoder, state)
         self._encoder.state = self._core.state
         if self._core.gradient is not None:
