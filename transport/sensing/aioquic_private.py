@@ -57,7 +57,7 @@ PRIVATE_PATHS: tuple[str, ...] = (
 )
 """Every private attribute path of `QuicConnection` this module reads (checked by `check_internals`)."""
 
-PROTOCOL_PRIVATE_PATHS: tuple[str, ...] = ("_quic", "_loop", "_transport", "_connected_waiter")
+PROTOCOL_PRIVATE_PATHS: tuple[str, ...] = ("_quic", "_loop", "_transport", "_connected_waiter", "_process_events")
 """Private attributes of aioquic's asyncio `QuicConnectionProtocol` read here."""
 SERVER_PRIVATE_PATHS: tuple[str, ...] = ("_transport", "_configuration")
 """Private attributes of aioquic's asyncio `QuicServer` read here."""
@@ -228,6 +228,12 @@ def drop_connect_waiter(protocol: QuicConnectionProtocol) -> None:
     waiter = getattr(protocol, "_connected_waiter", None)
     if waiter is not None:
         waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+
+def receive_datagram(protocol: QuicConnectionProtocol, data: bytes, addr: Any) -> None:
+    """aioquic's `datagram_received` without the transmit at its end (the caller transmits)."""
+    protocol._quic.receive_datagram(data, addr, now=protocol._loop.time())
+    protocol._process_events()
 
 
 def transport_of(endpoint: QuicConnectionProtocol | QuicServer) -> Any:
