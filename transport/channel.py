@@ -129,7 +129,7 @@ class MessageProtocol(QuicConnectionProtocol):
     def datagram_received(self, data: bytes | str, addr: Any) -> None:
         """aioquic transmits after every datagram; here one transmit follows the datagrams the
         loop hands over in one pass (libuv reads up to 32 a wake-up): every transmit builds
-        packets even when it has nothing to send, ~2.5 passes per datagram received in a 2 x 1
+        packets even when it has nothing to send, 2.5-3 passes per datagram received in a 2 x 1
         digits-cnn step (docs/ARCHITECTURE.md, "One transmit per burst")."""
         receive_datagram(self, data, addr)  # type: ignore[arg-type]  # a UDP datagram: bytes
         if self._transmit_handle is None and self._event_loop is not None:
