@@ -20,7 +20,7 @@ import numpy as np
 from aioquic.asyncio import QuicConnectionProtocol, connect
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
-from aioquic.quic.events import ConnectionTerminated, QuicEvent, StreamDataReceived, StreamReset
+from aioquic.quic.events import ConnectionTerminated, HandshakeCompleted, QuicEvent, StreamDataReceived, StreamReset
 
 from netsense.errors import PeerError, PeerTimeout, ProtocolError, RequestAbandoned
 
@@ -118,6 +118,7 @@ class MessageProtocol(QuicConnectionProtocol):
         (transport/gso.py; `transport.udp_gso`)."""
         self._event_loop: asyncio.AbstractEventLoop | None = None
         self._transmit_handle: asyncio.Handle | None = None  # the coalesced transmit to come
+        self._handshake_done = False  # until then every datagram is answered at once
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._event_loop = asyncio.get_running_loop()
@@ -127,15 +128,17 @@ class MessageProtocol(QuicConnectionProtocol):
         tune_socket(transport, self.socket_buffer_bytes)
 
     def datagram_received(self, data: bytes | str, addr: Any) -> None:
-        """aioquic transmits after every datagram; here one transmit follows the datagrams the
-        loop hands over in one pass (libuv reads up to 32 a wake-up): every transmit builds
-        packets even when it has nothing to send, 2.5-3 passes per datagram received in a 2 x 1
-        digits-cnn step (docs/ARCHITECTURE.md, "One transmit per burst")."""
+        """aioquic transmits after every datagram; once the handshake is done, here one transmit
+        follows the datagrams the loop hands over in one pass (libuv reads up to 32 a wake-up):
+        every transmit builds packets even when it has nothing to send, 2.5-3 passes per datagram
+        received in a 2 x 1 digits-cnn step (docs/ARCHITECTURE.md, "One transmit per burst").
+        The handshake's flights still leave at once, before anything a callback may do to the
+        connection (a PS refuses a connection over its caps one loop pass after it opened)."""
         receive_datagram(self, data, addr)  # type: ignore[arg-type]  # a UDP datagram: bytes
-        if self._transmit_handle is None and self._event_loop is not None:
-            self._transmit_handle = self._event_loop.call_soon(self._coalesced_transmit)
-        elif self._event_loop is None:
+        if not self._handshake_done or self._event_loop is None:
             self.transmit()
+        elif self._transmit_handle is None:
+            self._transmit_handle = self._event_loop.call_soon(self._coalesced_transmit)
 
     def _coalesced_transmit(self) -> None:
         self._transmit_handle = None
@@ -158,7 +161,9 @@ class MessageProtocol(QuicConnectionProtocol):
         return self._connection
 
     def quic_event_received(self, event: QuicEvent) -> None:
-        if isinstance(event, StreamDataReceived):
+        if isinstance(event, HandshakeCompleted):
+            self._handshake_done = True
+        elif isinstance(event, StreamDataReceived):
             self._on_data(event)
         elif isinstance(event, StreamReset):
             self._buffers.pop(event.stream_id, None)

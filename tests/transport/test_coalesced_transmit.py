@@ -1,5 +1,7 @@
-"""Datagrams handed over in one loop pass are answered by one transmit, not one each; a transmit
-made meanwhile sends for the coalesced one, which then does not run."""
+"""Once the handshake is done, datagrams handed over in one loop pass are answered by one
+transmit, not one each; a transmit made meanwhile sends for the coalesced one, which then does not
+run; before it, every datagram is answered at once (the handshake's flights leave before a
+callback can close the connection)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
+from aioquic.quic.events import HandshakeCompleted
 
 from netsense.transport.channel import MessageProtocol
 from netsense.transport.sensing.aioquic_private import connection_of
@@ -27,7 +30,7 @@ class _Transport:
         return False
 
 
-def _protocol() -> tuple[MessageProtocol, list[float]]:
+def _protocol(*, handshake_done: bool = True) -> tuple[MessageProtocol, list[float]]:
     """A connected protocol and the list each of its transmits appends to."""
     protocol = MessageProtocol(QuicConnection(configuration=QuicConfiguration(is_client=True)))
     protocol.connection_made(_Transport())  # type: ignore[arg-type]
@@ -41,6 +44,8 @@ def _protocol() -> tuple[MessageProtocol, list[float]]:
         return real(now=now)
 
     quic.datagrams_to_send = counted  # type: ignore[method-assign]
+    if handshake_done:
+        protocol.quic_event_received(HandshakeCompleted(alpn_protocol=None, early_data_accepted=False, session_resumed=False))
     return protocol, passes
 
 
@@ -65,3 +70,12 @@ async def test_a_transmit_meanwhile_replaces_the_coalesced_one() -> None:
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     assert len(passes) == 1
+
+
+async def test_before_the_handshake_every_datagram_is_answered_at_once() -> None:
+    protocol, passes = _protocol(handshake_done=False)
+    for _ in range(3):
+        protocol.datagram_received(b"\x00" * 40, ("127.0.0.1", 9))
+    assert len(passes) == 3
+    await asyncio.sleep(0)
+    assert len(passes) == 3
