@@ -116,12 +116,10 @@ class MessageProtocol(QuicConnectionProtocol):
         self.segmenting: SegmentingTransport | None = None
         """The transport aioquic sends through: a transmit's datagrams leave as GSO runs
         (transport/gso.py; `transport.udp_gso`)."""
-        self._event_loop: asyncio.AbstractEventLoop | None = None
         self._transmit_handle: asyncio.Handle | None = None  # the coalesced transmit to come
         self._handshake_done = False  # until then every datagram is answered at once
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._event_loop = asyncio.get_running_loop()
         enabled = getattr(self._connection.configuration, "udp_gso", True)
         self.segmenting = SegmentingTransport(transport, enabled=enabled)
         super().connection_made(self.segmenting)  # type: ignore[arg-type]  # a DatagramTransport's face
@@ -135,10 +133,10 @@ class MessageProtocol(QuicConnectionProtocol):
         The handshake's flights still leave at once, before anything a callback may do to the
         connection (a PS refuses a connection over its caps one loop pass after it opened)."""
         receive_datagram(self, data, addr)  # type: ignore[arg-type]  # a UDP datagram: bytes
-        if not self._handshake_done or self._event_loop is None:
+        if not self._handshake_done:
             self.transmit()
         elif self._transmit_handle is None:
-            self._transmit_handle = self._event_loop.call_soon(self._coalesced_transmit)
+            self._transmit_handle = asyncio.get_running_loop().call_soon(self._coalesced_transmit)
 
     def _coalesced_transmit(self) -> None:
         self._transmit_handle = None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from netsense.compression.limits import all_finite
 from netsense.errors import ProtocolError
 from netsense.transport.wire import TensorInfo
 
@@ -87,7 +88,7 @@ def residuals(state: dict[str, object]) -> dict[str, torch.Tensor]:
         param = params.get(key)
         if param is None or not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(param.shape):
             raise ProtocolError("checkpoint", f"downlink residual {key!r} matches no parameter of its shape; not restored")
-        if not bool(torch.isfinite(value).all()):
+        if not all_finite(value):
             raise ProtocolError("checkpoint", f"downlink residual {key!r} holds NaN/Inf; not restored")
         out[str(key)] = value.to(param.dtype).clone()
     return out
