@@ -28,6 +28,7 @@ from netsense.bench.results import (
     step_at_target,
     step_compute,
     step_records,
+    start_skew,
     time_to_target,
     training_clock,
     transfer_s,
@@ -55,6 +56,24 @@ def test_training_clock_removes_eval_pauses() -> None:
     evals = [{"step": 2, "wall_s": 4.0, "test_accuracy": 0.5}, {"step": 4, "wall_s": 6.0, "test_accuracy": 0.9}]
     clock = training_clock(walls, evals)
     assert clock == {1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0}
+
+
+def test_the_clock_runs_from_the_last_workers_start() -> None:
+    """Rank 1 started 0.8 s after rank 0: rank 0's first step held that wait at the barrier."""
+    assert start_skew({0: 10.0, 1: 10.8, 2: 10.3}) == pytest.approx(0.8)
+    assert start_skew({0: 10.0, 1: 9.5}) == 0.0  # an earlier start waits on its own clock
+    assert start_skew({1: 10.0}) == 0.0 and start_skew({}) == 0.0
+    walls = {1: 1.0, 2: 1.5, 3: 4.0}  # an eval after step 2 took 2 s
+    evals = [{"step": 2, "wall_s": 3.5, "test_accuracy": 0.5}]
+    assert training_clock(walls, evals, start_skew=0.8) == pytest.approx({1: 0.2, 2: 0.7, 3: 1.2})
+    assert training_clock({1: 0.5}, [], start_skew=0.8) == {1: 0.0}  # never below zero
+    steps = _events(n=10)
+    evals = [{"step": 10, "wall_s": 5.0, "test_accuracy": 0.85}]
+    figs = policy_figures(steps=steps, evals=evals, decisions={}, link_t0=None, spec=None, target=0.8,
+                          global_batch=64, starts={0: 50.0, 1: 50.5})  # fmt: skip
+    assert figs["start_skew_s"] == pytest.approx(0.5)
+    assert figs["time_to_target_s"] == pytest.approx(4.5) and figs["wall_s"] == pytest.approx(4.5)
+    assert figs["mean_step_s"] == pytest.approx(0.45)
 
 
 def test_time_to_target_is_the_first_eval_at_or_above_it() -> None:

@@ -41,12 +41,17 @@ FIXED_PREFIXES = ("none", "fp16", "fixed:")
 # --- time --------------------------------------------------------------------------------------
 
 
-def training_clock(step_walls: Mapping[int, float], evals: Sequence[Mapping[str, Any]]) -> dict[int, float]:
+def training_clock(
+    step_walls: Mapping[int, float], evals: Sequence[Mapping[str, Any]], *, start_skew: float = 0.0
+) -> dict[int, float]:
     """Training time at the end of each step of rank 0, eval pauses removed.
 
     `step_walls` maps step -> rank 0's ``wall_s`` in that step's event; `evals` are rank 0's eval
     events, each emitted after the step event of the same step (its ``wall_s`` minus the step's is
-    the pause).
+    the pause). `start_skew`: how long after rank 0 the last worker started (`start_skew`), which
+    rank 0's first step spent waiting at the barrier: taken off, so the clock runs from the last
+    worker's start, as DDP's ranks start theirs after a barrier (docs/BENCHMARKS.md, "Machine and
+    method").
     """
     pauses = sorted(
         (int(e["step"]), max(0.0, float(e["wall_s"]) - step_walls[int(e["step"])]))
@@ -59,8 +64,17 @@ def training_clock(step_walls: Mapping[int, float], evals: Sequence[Mapping[str,
         while i < len(pauses) and pauses[i][0] < step:
             paused += pauses[i][1]
             i += 1
-        clock[step] = step_walls[step] - paused
+        clock[step] = max(0.0, step_walls[step] - paused - start_skew)
     return clock
+
+
+def start_skew(starts: Mapping[int, float]) -> float:
+    """How long after rank 0 the last worker started (0 if none did): `starts` maps rank -> when
+    its ``start`` event arrived, on one clock. A rank that starts before rank 0 waits on its own
+    clock, not on rank 0's, so only later starts count."""
+    if 0 not in starts:
+        return 0.0
+    return max(0.0, max(starts.values()) - starts[0])
 
 
 def eval_curve(clock: Mapping[int, float], evals: Iterable[Mapping[str, Any]]) -> list[tuple[float, int, float]]:
@@ -230,11 +244,15 @@ def policy_figures(
     spec: DuplexSpec | None,
     target: float,
     global_batch: int,
+    starts: Mapping[int, float] | None = None,
 ) -> dict[str, Any]:
-    """The figures of one policy's run from its events and decision logs (see `POLICY_FIELDS`)."""
+    """The figures of one policy's run from its events and decision logs (see `POLICY_FIELDS`);
+    `starts`: rank -> when its ``start`` event arrived (`start_skew`; none: no skew, as after
+    DDP's barrier)."""
     if 0 not in steps or not steps[0]:
         raise ValueError("rank 0 finished no step: nothing to report")
-    clock = training_clock({s: float(e["wall_s"]) for s, e in steps[0].items()}, evals)
+    skew = start_skew(starts or {})
+    clock = training_clock({s: float(e["wall_s"]) for s, e in steps[0].items()}, evals, start_skew=skew)
     curve = eval_curve(clock, evals)
     records = step_records(steps, decisions, link_t0=link_t0, evals=evals)
     n = len(records)
@@ -252,6 +270,7 @@ def policy_figures(
         "wall_s": wall,
         "mean_step_s": wall / n if n else 0.0,
         "ideal_step_s": ideal_step_s(records, spec),
+        "start_skew_s": skew,
         "evals": [[t, s, a] for t, s, a in curve],
         "timeline": timeline(decisions.get(0, ()), link_t0=link_t0, spec=spec),
     }

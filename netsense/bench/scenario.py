@@ -180,10 +180,13 @@ def run_policy(
         shutil.rmtree(run_dir)  # decision logs append: a stale one would mix two runs
     steps: dict[int, dict[int, dict[str, Any]]] = {r: {} for r in range(config.workers)}
     evals: list[dict[str, Any]] = []
+    starts: dict[int, float] = {}  # rank -> when its first start event arrived (`start_skew`)
 
     def on_event(rank: int, e: dict[str, Any]) -> None:
         kind = e.get("event")
-        if kind == "step":
+        if kind == "start":
+            starts.setdefault(rank, time.monotonic())
+        elif kind == "step":
             steps[rank][int(e["step"])] = {**e, "mono": time.monotonic()}
             if rank == 0 and float(e["wall_s"]) > max_time_s:
                 raise _TimeUp
@@ -232,7 +235,7 @@ def run_policy(
         decisions[rank] = read_decision_log(path) if path.exists() else []
     figures = policy_figures(
         steps=steps, evals=evals, decisions=decisions, link_t0=launcher.link_t0, spec=spec, target=target,
-        global_batch=global_batch,
+        global_batch=global_batch, starts=starts,
     )  # fmt: skip
     figures["stopped_at_max_time"] = stopped
     if launcher.relays:
@@ -433,7 +436,8 @@ def run(args: argparse.Namespace) -> int:
         ttt = figs["time_to_target_s"]
         print(
             f"   {figs['steps']} steps in {figs['wall_s']:.1f} s, {figs['samples_per_s']:.0f} samples/s, "
-            f"target {'not reached' if ttt is None else f'at {ttt:.1f} s'}, final accuracy {figs['final_accuracy']:.4f}",
+            f"target {'not reached' if ttt is None else f'at {ttt:.1f} s'}, final accuracy {figs['final_accuracy']:.4f}"
+            + (f", the last worker started {figs['start_skew_s']:.2f} s after rank 0" if figs.get("start_skew_s") else ""),
             flush=True,
         )
         write_outputs(results, out, plots=False)
