@@ -3,12 +3,14 @@
 The training thread (`NetSenseOptimizer`) calls the public methods, and each of them is ONE
 crossing to the network thread (one `run_coroutine_threadsafe`); the private coroutines run
 there. A step's push + pull on every shard, with reconnects and retries, is one coroutine
-(`start_step`), so a step with a given codec crosses once. A step whose level an adaptive policy
-chooses crosses once more before it, to read the path (`read_link`): the choice needs the path as
-it is when `step()` starts, and the connection's state may only be read on the loop that runs it.
-A fixed policy only logs the path, so for it (`link_after_step`) the step's coroutine reads the
-path as its last act and the next `read_link` takes that snapshot: one crossing per step.
-Redeciding a slow push (worker/redecide.py) adds one crossing (progress, the policy's verdict and
+(`start_step`), so a step crosses once. The policy's choice needs the path (`read_link`), whose
+state may only be read on the loop that runs the connection: the step's coroutine reads it as its
+last act and the next `read_link` takes that snapshot. Between a step's pull and the next `step()`
+nothing of this worker's crosses the path but its acknowledgements of the pull, which its sending
+state (cwnd, bytes in flight, RTT samples, delivery rate) does not see, so the snapshot is the path
+at `step()` start; a crossing of its own for it cost every adaptive step two thread hand-overs (on
+a busy 2-core host ~1.5 % of a wide-mlp worker's step: docs/BENCHMARKS.md, "The clock from the last
+worker's start"). A probe (`probe`) moves the path: the snapshot before it is dropped. Redeciding a slow push (worker/redecide.py) adds one crossing (progress, the policy's verdict and
 the withdrawal at once) and, when pushes were withdrawn, one to hand over their re-encoded
 buckets. With overlap each bucket pushed from a gradient hook is a crossing of its own.
 
@@ -99,10 +101,7 @@ class Exchange:
         shard's bucket list, and that list (a replacement is written back for reconnect retries)."""
         self._reconnecting: set[int] = set()
         """Shards whose connection is being replaced: their link and pushes are not to be read."""
-        self.link_after_step = False
-        """The path is read at the end of each step, for the next `read_link` (a fixed policy, which
-        only logs it), instead of by a crossing of its own."""
-        self._link_after: LinkState | None = None  # that snapshot, taken once
+        self._link_after: LinkState | None = None  # the path as the last step left it, taken once
         self._wan_first = wan_first and all(x.wan_first for x in shards)
         self._wan: WanPushes | None = None
         """With shards both at this site and at others: the far pushes go first (`_start`)."""
@@ -123,14 +122,16 @@ class Exchange:
     # --- crossings: called on the training thread, one run_coroutine_threadsafe each ----------
 
     def read_link(self) -> LinkState:
-        """The path now; with shards, the one that bounds the push (`UplinkController.read_shards`).
-        With `link_after_step`, the path as the last step left it (no crossing)."""
+        """The path now; with shards, the one that bounds the push (`UplinkController.read_shards`):
+        as the last step left it (no crossing), or by a crossing before the first step and after a
+        probe."""
         link, self._link_after = self._link_after, None
         return link if link is not None else self.net.run(self._read_link())
 
     def probe(self, nbytes: int) -> tuple[int, float]:
         """Push `nbytes` of filler through the path, split over the shards as a push is: (bytes
         sent, seconds from the first byte to the last shard's ack)."""
+        self._link_after = None  # the filler moves the path
         return self.net.run(self._probe(nbytes))
 
     def start_step(
@@ -268,7 +269,7 @@ class Exchange:
                 for i, b in enumerate(buckets)
             )
         )
-        if self.link_after_step and all(c.conn is not None for c in self.clients):
+        if all(c.conn is not None for c in self.clients):
             self._link_after = await self._read_link()  # read by the training thread after this returns
         return StepResult(list(params), max(tally.push_s), max(tally.staleness))  # the slowest shard bounds the step
 

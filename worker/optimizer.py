@@ -26,7 +26,7 @@ import torch
 
 from netsense.compression import Payload, make_codec
 from netsense.compression.feedback import ErrorFeedback
-from netsense.compression.policy import Decision, FixedPolicy, Policy, build_policy
+from netsense.compression.policy import Decision, Policy, build_policy
 from netsense.compression.policy.link import LinkState
 from netsense.errors import ConfigError, NetSenseError
 from netsense.transport.hparams import scales_per_coordinate
@@ -178,7 +178,6 @@ class NetSenseOptimizer(torch.optim.Optimizer):
             # would be re-encoded with the far ones', so such policies push every shard at once.
             wan_first=not redecides,
         )
-        self._exchange.link_after_step = isinstance(self.uplink.policy, FixedPolicy)  # it only logs the path
         if self._exchange.start_probe is not None:  # taken while connecting (`Exchange._start`)
             sent, seconds, what = self._exchange.start_probe
             self.uplink.observe_probe(bytes_sent=sent, comm_s=seconds, link=self._exchange.read_link(), source=what)

@@ -63,15 +63,23 @@ def _still_running_at_redecide(opt: NetSenseOptimizer) -> None:
     opt._exchange.start_step = lambda *a, **k: _SlowPush(start_step(*a, **k))  # type: ignore[method-assign]
 
 
-def test_an_adaptive_policy_reads_the_path_when_the_step_starts(ps) -> None:  # type: ignore[no-untyped-def]
+def test_an_adaptive_policy_reads_the_path_the_last_step_left(ps) -> None:  # type: ignore[no-untyped-def]
+    """One crossing a step: the step's coroutine reads the path for the next choice; the first
+    step, with no step before it, reads it by a crossing of its own."""
     model = torch.nn.Linear(8, 4)
     with NetSenseOptimizer(model, connect=ps.connect_settings(), worker_id="w0", policy="netsense") as opt:
         crossings = _count_crossings(opt)
-        for _ in range(2):
+        for step in range(3):
             model(torch.randn(3, 8)).sum().backward()
             opt.step(samples=3)
-            assert crossings == ["Exchange._read_link", "Exchange._step"]
+            reads = ["Exchange._read_link"] if step == 0 else []
+            assert crossings == [*reads, "Exchange._step"], f"step {step}"
             crossings.clear()
+        opt._exchange.probe(1000)  # filler moves the path: the snapshot before it is dropped
+        crossings.clear()
+        model(torch.randn(3, 8)).sum().backward()
+        opt.step(samples=3)
+        assert crossings == ["Exchange._read_link", "Exchange._step"]
 
 
 def test_overlap_crosses_once_per_bucket_and_once_for_the_step(ps) -> None:  # type: ignore[no-untyped-def]
