@@ -182,7 +182,8 @@ class UplinkController:
         # fresh connections (1.04 s for fp16 on wide-mlp at 50 Mbit/s, where later updates took
         # 0.03 s), and as Tc it held the uplink at the safe level's size for 3 more steps.
         timed = isinstance(wire_s, float) and math.isfinite(wire_s) and self._step >= STARTUP_STEPS
-        self._waited_s = max(0.0, wire_s - comm_s) if timed else 0.0
+        waited = max(0.0, wire_s - comm_s) if timed else 0.0
+        self._waited_s = max(0.0, waited - self._second_send_s(decision, bytes_sent - pad_bytes))
         if self._step >= STARTUP_STEPS:
             if decision.level is not None and codec_s is not None:
                 self.loop.observe_encode(decision.level, self.payload_bytes, codec_s)
@@ -195,6 +196,18 @@ class UplinkController:
         if self._step == 1 and self._probe is not None:
             fields.update(self._probe)
         return self.loop.write(decision, link, bytes_sent=bytes_sent, comm_s=comm_s, **fields)
+
+    def _second_send_s(self, decision: Decision, nbytes: int) -> float:
+        """What the law predicts for the update's return at `decision`'s level: against a
+        gradient-domain PS (`Policy.passes` > 1) every level's P_l already holds the update's bytes
+        coming back at that level, so the wait for the update, which holds the return at the level
+        just sent, gives that part back and the return is counted once (docs/POLICIES.md, "Wiring:
+        where policies run"). 0 while the bandwidth is unknown or with one pass."""
+        passes = self.policy.passes
+        bw = decision.bandwidth_Bps
+        if passes <= 1 or bw is None or not bw > 0 or nbytes <= 0:
+            return 0.0
+        return (passes - 1) * nbytes * max(1.0 / bw, decision.per_byte_s or 0.0)
 
     def redecide(self, link: LinkState, *, bytes_acked: int, elapsed_s: float) -> Decision | None:
         """Mid-push: ask the policy whether the pending decision's push, running `elapsed_s` with

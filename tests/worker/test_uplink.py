@@ -65,6 +65,26 @@ def test_step_encode_time_and_candidate_rounds_become_measured_costs() -> None:
     assert policy.costs.measured(2) == (True, True) and policy.costs.measured(1) == (False, False)
 
 
+def test_the_updates_return_is_counted_once_against_a_gradient_domain_ps() -> None:
+    """With two passes the law prices every level's return itself, so the wait for the update
+    gives back the law's figure for the return at the level just sent: (passes - 1) x its bytes at
+    the decision's bandwidth; with one pass (or no bandwidth yet) the wait stays whole."""
+    up, policy = controller()
+    link = LinkState(0.0, None, 0.002, 0.002)
+    for step in range(STARTUP_STEPS + 1):  # the policy learns 10 MB/s
+        up.choose(link, started=float(step))
+        up.observe(bytes_sent=S, comm_s=1.0 if step < STARTUP_STEPS else 0.102)
+    for passes, bytes_sent in ((1, 500_000), (2, 500_000), (2, 5_000_000)):
+        policy.passes = passes
+        decision = up.choose(link, started=10.0)
+        assert decision.bandwidth_Bps is not None and decision.bandwidth_Bps > 0
+        up.observe(bytes_sent=bytes_sent, comm_s=0.2, wire_s=0.5)  # the update came 0.3 s after the push
+        back = (passes - 1) * bytes_sent * max(1 / decision.bandwidth_Bps, decision.per_byte_s or 0.0)
+        assert up._waited_s == pytest.approx(max(0.0, 0.3 - back))
+        assert (up._waited_s < 0.3) == (passes == 2)
+    assert up._waited_s == 0.0  # a return longer than the wait leaves none, never less
+
+
 def test_compute_time_holds_the_wait_for_the_update(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Tc is the step less what this direction's level costs: the compute since the last step ended
     plus that step's wait for its update (wire_s - comm_s: the barrier, the PS and the downlink),
