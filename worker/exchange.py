@@ -8,10 +8,11 @@ state may only be read on the loop that runs the connection: the step's coroutin
 last act and the next `read_link` takes that snapshot. Between a step's pull and the next `step()`
 nothing of this worker's crosses the path but its acknowledgements of the pull, which its sending
 state (cwnd, bytes in flight, RTT samples, delivery rate) does not see, so the snapshot is the path
-at `step()` start; a crossing of its own for it cost every adaptive step two thread hand-overs (on
-a busy 2-core host ~1.5 % of a wide-mlp worker's step: docs/BENCHMARKS.md, "The clock from the last
-worker's start"). A probe (`probe`) moves the path: the snapshot before it is dropped. Redeciding a slow push (worker/redecide.py) adds one crossing (progress, the policy's verdict and
-the withdrawal at once) and, when pushes were withdrawn, one to hand over their re-encoded
+at `step()` start; a crossing of its own for it cost every adaptive step two thread hand-overs
+(~1 % of a wide-mlp worker's training thread on a busy 2-core host: docs/BENCHMARKS.md, "The clock
+from the last worker's start"). A probe (`probe`) moves the path: the snapshot before it is
+dropped. Redeciding a slow push (worker/redecide.py) adds one crossing (progress, the policy's
+verdict and the withdrawal at once) and, when pushes were withdrawn, one to hand over their re-encoded
 buckets. With overlap each bucket pushed from a gradient hook is a crossing of its own.
 
 The connections, the reconnect counter and the pushes in flight are written only here. The uplink
