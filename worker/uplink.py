@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from netsense.compression.policy import Decision, Policy
+from netsense.compression.policy.decision import byte_s
 from netsense.compression.policy.link import LinkState
 from netsense.compression.policy.loop import PolicyLoop
 from netsense.transport.sensing.estimator import SensingConfig
@@ -207,7 +208,7 @@ class UplinkController:
         bw = decision.bandwidth_Bps
         if passes <= 1 or bw is None or not bw > 0 or nbytes <= 0:
             return 0.0
-        return (passes - 1) * nbytes * max(1.0 / bw, decision.per_byte_s or 0.0)
+        return (passes - 1) * nbytes * byte_s(bw, decision.per_byte_s)
 
     def redecide(self, link: LinkState, *, bytes_acked: int, elapsed_s: float) -> Decision | None:
         """Mid-push: ask the policy whether the pending decision's push, running `elapsed_s` with

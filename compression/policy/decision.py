@@ -182,6 +182,12 @@ class Prediction:
     """P_l = Tc + T_l, or max(Tc, T_l) when communication overlaps compute."""
 
 
+def byte_s(bandwidth_Bps: float, per_byte_s: float | None = 0.0) -> float:
+    """Seconds a wire byte takes: the link's 1 / B, or the transport's measured cost per byte
+    (`TransportCost`) where the hosts, not the link, bound the rate."""
+    return max(1.0 / bandwidth_Bps, per_byte_s or 0.0)
+
+
 def predict(
     level: Level,
     *,
@@ -196,7 +202,7 @@ def predict(
     """The step-time model for one level; `per_byte_s` is the transport's measured cost of a
     wire byte (`TransportCost`), which bounds the rate where the hosts, not the link, limit it;
     `wire_passes` sends of its bytes per step (`ChooseRequest.wire_passes`)."""
-    wire_s = wire_passes * level.wire_bytes(payload_bytes) * max(1.0 / bandwidth_Bps, per_byte_s)
+    wire_s = wire_passes * level.wire_bytes(payload_bytes) * byte_s(bandwidth_Bps, per_byte_s)
     comm = wire_s + min_rtt_s + level.codec_s(payload_bytes)
     return Prediction(comm, max(compute_s, comm) if overlap else compute_s + comm)
 

@@ -19,7 +19,7 @@ from ..window import WINDOW_SAMPLE_NUMEL, WindowResult, sees_whole_keys
 from .bandwidth import BandwidthEstimate
 from .base import Policy
 from .costs import CodecCosts, StepJitter, TransportCost
-from .decision import ChooseRequest, Decision, SendReport, predict_steps
+from .decision import ChooseRequest, Decision, SendReport, byte_s, predict_steps
 from .ladder import NOMINAL_NUMEL, Ladder, Level
 from .law import LevelHold
 from .link import LinkState
@@ -423,7 +423,7 @@ class NetsensePolicy(Policy):
     def _sent(self, decision: Decision, bw: float, rtt: float) -> Decision:
         """Remember the wire time predicted for this decision (codec time excluded, as `comm_s`)."""
         wire = decision.predicted_bytes + decision.pad_bytes
-        self._predicted_wire_s = wire / bw + rtt, wire * max(1.0 / bw, decision.per_byte_s or 0.0) + rtt
+        self._predicted_wire_s = wire / bw + rtt, wire * byte_s(bw, decision.per_byte_s) + rtt
         return decision
 
     def _qs(self) -> list[float]:

@@ -18,7 +18,7 @@ from collections import deque
 
 from .bandwidth import BandwidthEstimate
 from .costs import TransportCost
-from .decision import ChooseRequest, predict_steps
+from .decision import ChooseRequest, byte_s, predict_steps
 from .ladder import Ladder, Level
 from .law import LevelHold
 from .link import LinkState
@@ -114,7 +114,7 @@ class Probes:
         pad = round(enough - levels[index].wire_bytes(request.payload_bytes))
         if request.pad_ok and self.settings.probe_pad and pad > 0:
             move = index, f"probe: {self.ladder[index].spec} padded by {pad} B", pad
-            extra = pad * max(1.0 / bw, per_byte)
+            extra = pad * byte_s(bw, per_byte)
         else:
             level = self._probe_level(index, levels, request.payload_bytes, enough)
             move = level, f"probe: {index - level} lighter than {self.ladder[index].spec}", 0
