@@ -23,6 +23,7 @@ from netsense.compression import Codec, make_codec
 from netsense.models import load_task
 from netsense.ps.optim import OptimizerSettings
 from netsense.worker.task import TrainTask
+from netsense.worker.trainer import evaluate
 from netsense.worker.trials import TaskSampler
 
 WAYS = ("recompress", "exact", "ddp")
@@ -30,16 +31,6 @@ WAYS = ("recompress", "exact", "ddp")
 
 def _round_trip(codec: Codec, tensor: torch.Tensor) -> torch.Tensor:
     return codec.decode(codec.encode(tensor)).view_as(tensor)
-
-
-def _accuracy(task: TrainTask, net: torch.nn.Module) -> float:
-    assert task.test_inputs is not None and task.test_targets is not None
-    net.eval()
-    try:
-        with torch.no_grad():
-            return float(task.accuracy(net(task.test_inputs), task.test_targets))
-    finally:
-        net.train()
 
 
 def steps_to_target(task: TrainTask, spec: str, way: str, seed: int, *, workers: int, target: float, every: int, max_steps: int) -> int | None:
@@ -54,7 +45,7 @@ def steps_to_target(task: TrainTask, spec: str, way: str, seed: int, *, workers:
     residual: list[list[torch.Tensor | None]] = [[None] * len(params) for _ in range(workers)]
     server_residual: list[torch.Tensor | None] = [None] * len(params)
     for step in range(max_steps + 1):
-        if step % every == 0 and _accuracy(task, net) >= target:
+        if step % every == 0 and evaluate(task, net)[0] >= target:
             return step
         grads = []
         for batch in sampler.step():
