@@ -63,10 +63,27 @@ class PowerSGD(Codec):
 
     def encode(self, tensor: torch.Tensor) -> Payload:
         shape = tuple(tensor.shape)
-        dims = matrix_dims(shape)
         dtype = DTYPE_NAMES[tensor.dtype]
-        if dims is None or not factors_pay(*dims, self.rank):
+        factors = self._factors(tensor)
+        if factors is None:
             return Payload(self.spec, shape, dtype, (tensor_to_bytes(tensor),), (float(DENSE),))
+        parts = tuple(tensor_to_bytes(f.reshape(-1)) for f in factors)
+        return Payload(self.spec, shape, dtype, parts, (float(FACTORS),))
+
+    def roundtrip(self, tensor: torch.Tensor) -> torch.Tensor:
+        """P @ Q.T from the factors as they would travel, without their bytes."""
+        factors = self._factors(tensor)
+        if factors is None:
+            return tensor.detach().clone()
+        p, q = factors
+        return (p.float() @ q.float().T).to(tensor.dtype).reshape(tensor.shape)
+
+    def _factors(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """P [rows, r] and Q [cols, r] in the wire dtype, contiguous (one power iteration from the
+        warm start, which it updates); None where the tensor travels dense."""
+        dims = matrix_dims(tuple(tensor.shape))
+        if dims is None or not factors_pay(*dims, self.rank):
+            return None
         rows, cols = dims
         m = tensor.detach().reshape(rows, cols).float()
         require_finite(m, self.spec)
@@ -82,9 +99,9 @@ class PowerSGD(Codec):
         # clamped, it still decodes finite, and error feedback keeps the difference.
         wire = [cast_clamped(f, self.factor_dtype) for f in (p, q)]
         self.clamped += sum(cut for _, cut in wire)
-        # Flatten: a [rows, 1] QR factor is "contiguous" with a non-unit last stride.
-        parts = tuple(tensor_to_bytes(f.contiguous().reshape(-1)) for f, _ in wire)
-        return Payload(self.spec, shape, dtype, parts, (float(FACTORS),))
+        # Contiguous, as the decoder rebuilds them from the bytes (a [rows, 1] QR factor counts as
+        # "contiguous" with a non-unit last stride).
+        return wire[0][0].contiguous(), wire[1][0].contiguous()
 
     def decode(self, payload: Payload, *, device: torch.device | str = "cpu") -> torch.Tensor:
         if len(payload.meta) != 1:

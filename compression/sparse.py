@@ -240,13 +240,26 @@ class SparseCodec(Codec):
         return 0, numel
 
     def encode(self, tensor: torch.Tensor) -> Payload:
+        flat, idx, values = self._pick(tensor)
+        parts = (encode_indices(idx, flat.numel()), *values)
+        meta = (float(idx.numel()),)
+        return Payload(self.spec, tuple(tensor.shape), DTYPE_NAMES[tensor.dtype], parts, meta)
+
+    def roundtrip(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The decoded tensor without coding the indices (most of an encode and a decode of a
+        small tensor): the same selection and values, scattered directly."""
+        flat, idx, values = self._pick(tensor)
+        sent = decode_values(values, self.value_mode, idx.numel(), tensor.dtype, tensor.device, self.spec)
+        return scatter_dense(flat.numel(), idx, sent).reshape(tensor.shape)
+
+    def _pick(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[bytes, ...]]:
+        """`tensor` flat, the sorted indices to send and their values' wire parts (counting what
+        the value cast clamped)."""
         flat = tensor.detach().reshape(-1)
         idx = self.select(flat)
         values, cut = encode_values(gather(flat, idx), self.value_mode)
         self.clamped += cut
-        parts = (encode_indices(idx, flat.numel()), *values)
-        meta = (float(idx.numel()),)
-        return Payload(self.spec, tuple(tensor.shape), DTYPE_NAMES[tensor.dtype], parts, meta)
+        return flat, idx, values
 
     def decode(self, payload: Payload, *, device: torch.device | str = "cpu") -> torch.Tensor:
         nv = value_part_count(self.value_mode)
@@ -403,6 +416,8 @@ class RandomK(SparseCodec):
             return torch.zeros(0, dtype=torch.int64)
         gen = torch.Generator().manual_seed(seed)
         return torch.from_numpy(_sorted_unique(torch.randint(numel, (k,), generator=gen).numpy()))
+
+    roundtrip = Codec.roundtrip  # its indices come from a seed, not `select`
 
     def encode(self, tensor: torch.Tensor) -> Payload:
         flat = tensor.detach().reshape(-1)

@@ -332,7 +332,7 @@ class WindowProbe:
         try:
             for i, (codec, x) in enumerate(zip(codecs, sample)):
                 v = x + residual[i]
-                sent = codec.decode(codec.encode(v)).float()
+                sent = codec.roundtrip(v).float()
                 left = v - sent
                 if not all_finite(left):
                     raise CompressionError(f"{codec.spec} decoded NaN or inf")

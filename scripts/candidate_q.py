@@ -33,7 +33,7 @@ def warm_plus_one(spec: str, keys: list[torch.Tensor]) -> float:
     for key in keys:
         codec = make_codec(spec)
         codec.encode(key)
-        err = key - codec.decode(codec.encode(key)).float()
+        err = key - codec.roundtrip(key).float()
         energy, error = energy + float((key * key).sum()), error + float((err * err).sum())
         unbiased = codec.unbiased
     return progress_from_error(energy, error, unbiased=unbiased)
@@ -71,7 +71,7 @@ def main() -> None:
         update = [params[k] - shadow[k] for k in params]
         energy = error = 0.0
         for k, v in zip(params, update):
-            shadow[k] += sent[k].decode(sent[k].encode(v)).float()
+            shadow[k] += sent[k].roundtrip(v).float()
             err = params[k] - shadow[k]
             energy, error = energy + float((v * v).sum()), error + float((err * err).sum())
         if t % 10 == 0:

@@ -250,7 +250,7 @@ class _Feedback:
         r = self.residual[key]
         v = x.float() if r is None else x.float() + r
         codec = self.codecs[key]
-        sent = codec.decode(codec.encode(v.contiguous())).float().reshape(v.shape)
+        sent = codec.roundtrip(v.contiguous()).float().reshape(v.shape)
         if self.keep:
             self.residual[key] = v - sent
         return sent.to(x.dtype)
