@@ -36,7 +36,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -183,6 +183,11 @@ class WindowResult:
     """Thread CPU seconds the window's feeds took so far (what it cost, for its budget)."""
     level_steps: int = 0
     """Error-feedback steps behind `cpu_s` (`WindowProbe.level_steps`)."""
+    level_cpu_s: dict[int, float] = field(default_factory=dict)
+    """Thread CPU seconds of one step of each level, with its share of what the levels' steps
+    share (the subsample, the packing, the sums): the levels differ 3-5x (top-k and PowerSGD per
+    key, the element-wise ones packed), so a window of a few dear levels costs more per level than
+    one of all of them."""
     first: bool = False
     """From the run's first window (`PolicyLoop.window_due`: it starts with the run): a fresh
     model's first steps, whose gradients are of lower rank than later ones, so its figures stand
@@ -249,6 +254,7 @@ class WindowProbe:
         """Thread CPU seconds of every feed so far, the base's and restarted ones' too."""
         self.level_steps = 0
         """Error-feedback steps run so far, over the same feeds as `cpu_s` (a restart keeps both)."""
+        self._level_cpu: dict[int, tuple[float, int]] = {}  # level -> (its own step CPU s, its steps)
 
     @property
     def done(self) -> bool:
@@ -271,7 +277,14 @@ class WindowProbe:
             self.cpu_s += time.thread_time() - t0
             if threads > 1:
                 torch.set_num_threads(threads)
-        return None if result is None else replace(result, cpu_s=self.cpu_s)
+        return None if result is None else replace(result, cpu_s=self.cpu_s, level_cpu_s=self.level_cpu_s())
+
+    def level_cpu_s(self) -> dict[int, float]:
+        """Thread CPU seconds of one step of each level run so far (`WindowResult.level_cpu_s`):
+        its own error-feedback steps' mean plus the shared work spread over every level-step."""
+        own = sum(cpu for cpu, _ in self._level_cpu.values())
+        shared = max(0.0, self.cpu_s - own) / self.level_steps if self.level_steps else 0.0
+        return {level: cpu / steps + shared for level, (cpu, steps) in self._level_cpu.items() if steps}
 
     def _feed(self, tensors: Sequence[torch.Tensor]) -> WindowResult | None:
         kinds = {level in self._whole for level in self.specs} or {False}
@@ -313,7 +326,10 @@ class WindowProbe:
             self._start = {lv: [r.clone() for r in rs] for lv, rs in self._residual.items()}
         self.level_steps += len(self.specs)
         for level in list(self.specs):
+            t0 = time.thread_time()
             self._step_level(level, packed if level in self._packed else samples[level in self._whole], measuring)
+            own, steps = self._level_cpu.get(level, (0.0, 0))
+            self._level_cpu[level] = (own + time.thread_time() - t0, steps + 1)
         for whole, sample in samples.items():
             self._feeds[whole].add(sample, measuring=measuring, squares=self.precondition)
         self.fed += 1

@@ -85,6 +85,7 @@ class NetsensePolicy(Policy):
         self._round: tuple[int, float] | None = None  # step and link time of the latest candidate round
         self._window_at: float | None = None  # link time the latest progress window started
         self._window_step_s: float | None = None  # CPU seconds per level-step of the latest window
+        self._window_level_s: dict[int, float] = {}  # CPU seconds of one window step per level, as last measured
         self._ratios: dict[int, float] = {}  # wire ratios measured on the run's shapes (`observe_ratio`)
         self._contenders: list[int] | None = None  # levels the law could accept at q = 1 (last decision)
         self._worst_q = [worst_case_q(lv) for lv in ladder]  # each codec's own, not the ladder's figure
@@ -315,6 +316,7 @@ class NetsensePolicy(Policy):
             self.progress.update_noise(result.noise)
         if result.level_steps > 0 and math.isfinite(result.cpu_s) and result.cpu_s > 0:
             self._window_step_s = result.cpu_s / result.level_steps
+        self._window_level_s.update({i: c for i, c in result.level_cpu_s.items() if math.isfinite(c) and c > 0})
 
     def observe_ratio(self, *, level: int, ratio: float) -> None:
         """A level's wire ratio on the run's shapes replaces the nominal one (PowerSGD's nominal
@@ -354,13 +356,14 @@ class NetsensePolicy(Policy):
 
     def window_cost(self, levels: list[int]) -> float:
         """Predicted CPU seconds of a window over `levels`: 1.5 W error-feedback steps per level,
-        each at what the latest window's steps cost (`WindowResult.cpu_s`); before any window, at
-        its codec's measured cost on its sample (whole keys for low-rank levels, else the fixed
-        subsample), which leaves out a step's per-key calls and checks (docs/POLICIES.md,
-        "Schedule and cost": 1.1-20x short)."""
+        each at what that level's steps cost in the latest window that ran it (`WindowResult.
+        level_cpu_s`), a level no window ran yet at the latest window's mean per level-step;
+        before any window, at its codec's measured cost on its sample (whole keys for low-rank
+        levels, else the fixed subsample), which leaves out a step's per-key calls and checks
+        (docs/POLICIES.md, "Schedule and cost": 1.1-20x short)."""
         steps = 1.5 * self.settings.progress_window
         if self._window_step_s is not None:
-            return steps * len(levels) * self._window_step_s
+            return steps * sum(self._window_level_s.get(i, self._window_step_s) for i in levels)
         sample = {i: self._payload_bytes if sees_whole_keys(self.ladder[i].spec) else 4 * WINDOW_SAMPLE_NUMEL for i in levels}
         return steps * sum(self.costs.level(i).codec_s(sample[i]) for i in levels)
 

@@ -130,7 +130,26 @@ def test_a_window_result_carries_its_cpu_time() -> None:
         step += 1
     lossy = [i for i, lv in enumerate(LADDER) if not lv.lossless]
     assert result.level_steps == 16 * len(lossy) and result.cpu_s > 0
-    assert abs(p.window_cost([Q4]) - 1.5 * 16 * result.cpu_s / result.level_steps) < 1e-12
+    # Each level's own step cost, the shared work spread over every level-step: they add up.
+    assert set(result.level_cpu_s) == set(lossy) and all(c > 0 for c in result.level_cpu_s.values())
+    assert abs(16 * sum(result.level_cpu_s.values()) - result.cpu_s) < 1e-9
+    assert abs(p.window_cost([Q4]) - 1.5 * 16 * result.level_cpu_s[Q4]) < 1e-12
+
+
+def test_a_window_of_dear_levels_is_charged_their_cost() -> None:
+    """A window's cost is each level's own: top-k and PowerSGD steps cost 3-5x the packed fp16 and
+    QSGD ones, so charged the mean of a window of all levels, a window of the dear ones alone was
+    held to 0.6x of its cost. A level no window ran yet is charged that mean."""
+    p = policy(progress_budget=0.01, window_drift=0.0)
+    lossy = [i for i, lv in enumerate(LADDER) if not lv.lossless]
+    p2, topk = LADDER.find("powersgd:2"), LADDER.find("topk:0.01+fp16")
+    assert p2 is not None and topk is not None
+    costs = {Q4: 0.001, p2: 0.01}
+    p.observe_window(replace(result({Q4: 0.9}), cpu_s=0.011 * 24, level_steps=2 * 24, level_cpu_s=costs))
+    assert abs(p.window_cost([p2]) - 24 * 0.01) < 1e-12
+    assert abs(p.window_cost([Q4, p2]) - 24 * 0.011) < 1e-12
+    assert abs(p.window_cost([topk]) - 24 * 0.011 / 2) < 1e-12  # not run yet: the mean
+    assert set(lossy) >= {Q4, p2, topk}
 
 
 def test_a_restart_keeps_the_windows_cost_and_its_steps_together() -> None:
