@@ -328,8 +328,9 @@ class WindowProbe:
         for level in list(self.specs):
             t0 = time.thread_time()
             self._step_level(level, packed if level in self._packed else samples[level in self._whole], measuring)
-            own, steps = self._level_cpu.get(level, (0.0, 0))
-            self._level_cpu[level] = (own + time.thread_time() - t0, steps + 1)
+            if level in self.specs:  # not dropped by a failing codec
+                own, steps = self._level_cpu.get(level, (0.0, 0))
+                self._level_cpu[level] = (own + time.thread_time() - t0, steps + 1)
         for whole, sample in samples.items():
             self._feeds[whole].add(sample, measuring=measuring, squares=self.precondition)
         self.fed += 1
@@ -363,7 +364,7 @@ class WindowProbe:
                 self._lag[level] = self._lag.get(level, 0.0) + self.lag_energy(level, residual)
         except (CompressionError, ValueError, RuntimeError) as exc:
             log.warning("progress window: level %d (%s) dropped: %s", level, self.specs[level], exc)
-            for store in (self.specs, self._codecs, self._residual, self._start, self._error_sq, self._lag):
+            for store in (self.specs, self._codecs, self._residual, self._start, self._error_sq, self._lag, self._level_cpu):
                 store.pop(level, None)
 
     def _result(self, steps: int) -> WindowResult:

@@ -11,6 +11,7 @@ import torch
 from netsense.compression import Codec, Payload, register_codec
 from netsense.compression.progress import measure_progress
 from netsense.compression.window import WindowProbe, noise_scale, window_progress
+from netsense.errors import CompressionError
 
 D = 4096  # elements per stream: below the probe's sample size, so it sees every one
 
@@ -62,7 +63,20 @@ class SendHalf(_Fake):
         return 0.5 * x
 
 
+class FailOnThird(_Fake):
+    """Sends what it is given until its third call, which fails as a codec does on bad input."""
+
+    calls = 0
+
+    def transform(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == 3:
+            raise CompressionError("winfakefail: third call")
+        return x.clone()
+
+
 NOISE_ENERGY = 50.0
+register_codec("winfakefail", lambda arg: FailOnThird("winfakefail"))
 register_codec("winfakehalf", lambda arg: SendHalf("winfakehalf"))
 register_codec("winfakedrop", lambda arg: DropHalf("winfakedrop"))
 register_codec("winfakenoise", lambda arg: AddNoise("winfakenoise"))
@@ -430,3 +444,16 @@ def test_a_window_prices_a_stream_the_same_whatever_else_draws_random_numbers() 
         assert result is not None and not result.interim
         results.append(result.progress)
     assert results[0] == results[1]
+
+
+def test_a_failing_codec_drops_its_level_and_its_cost_not_the_window() -> None:
+    """A level whose codec fails mid-window leaves it (no q, no step cost charged for it); the
+    others run on and are priced and costed as before."""
+    gen = torch.Generator().manual_seed(5)
+    probe = WindowProbe({1: "winfakefail", 2: "winfakehalf"}, window=4, warm=0, interim=0)
+    result = None
+    for _ in range(4):
+        result = probe.feed([torch.randn(D, generator=gen)])
+    assert result is not None and not result.interim
+    assert set(result.progress) == {2} and set(result.level_cpu_s) == {2}
+    assert result.level_cpu_s[2] > 0 and result.level_steps == 2 + 2 + 2 + 1  # both counted for 3 feeds (the failing one too), then one
