@@ -202,16 +202,18 @@ class Exchange:
         """Connect to every shard (rank 0 seeds the empty ones), take the uplink's start-up probe
         when `probe_bytes` asks for one, then pull the first parameters. The probe is taken here,
         where it costs no time of its own: rank 0's INIT is the sample when it seeded every shard
-        (the whole model through the path), and any other rank sends its filler while the PS waits
-        for that INIT. At step 0 it held each worker's first push 0.08-0.24 s on the matrix's
+        (the whole model through the path) with at least `probe_bytes` (a smaller model's rank 0
+        sends filler after it), and any other rank sends its filler while the PS waits for that
+        INIT. At step 0 it held each worker's first push 0.08-0.24 s on the matrix's
         links (docs/BENCHMARKS.md, "Start-up: update 0 chosen on itself, the probe while
         connecting"). A rank that finds the PS running sends its filler here as it did at step 0:
         its first push waits for it either way."""
         seeded = await asyncio.gather(*(self._connect_shard(i) for i in range(len(self.clients))))
         self._order_pushes()
         if probe_bytes > 0:
-            if all(n > 0 for n, _ in seeded):  # the shards' INITs ran side by side, as a push's parts do
-                self.start_probe = (sum(n for n, _ in seeded), max(t for _, t in seeded), "init")
+            init = sum(n for n, _ in seeded)
+            if all(n > 0 for n, _ in seeded) and init >= probe_bytes:  # the INITs ran side by side, as a push's parts do
+                self.start_probe = (init, max(t for _, t in seeded), "init")
             else:
                 try:
                     self.start_probe = (*await self._probe(probe_bytes), "probe")

@@ -280,9 +280,11 @@ class NetsensePolicy(Policy):
 
     def probe_bytes(self, payload_bytes: int) -> int:
         """`min_sample_bytes` before the first decision (`start_probe`): the least send the estimate
-        trusts as bandwidth. 0 once a decision was taken, or for a payload smaller than that."""
+        trusts as bandwidth, whatever `payload_bytes` (a payload under that size is no sample
+        itself: without the probe such a run was priced on lower bounds throughout). 0 once a
+        decision was taken."""
         s = self.settings
-        if not s.start_probe or self._decisions or payload_bytes < s.min_sample_bytes:
+        if not s.start_probe or self._decisions:
             return 0
         return s.min_sample_bytes
 

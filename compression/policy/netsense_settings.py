@@ -100,8 +100,11 @@ class NetsensePolicySettings:
     """Before the first decision, push `min_sample_bytes` of filler through the path (`probe_bytes`)
     and take its rate as the first bandwidth sample, so the first steps are chosen by the law, not
     sent at the unknown-bandwidth level (on wide-mlp at 20 Mbit/s two 340 kB qsgd:8 pushes cost
-    ~0.35 s each where a PowerSGD step took 0.05 s). Off for a payload smaller than
-    `min_sample_bytes`: its pushes are latency samples anyway, and cost little at any level."""
+    ~0.35 s each where a PowerSGD step took 0.05 s). Whatever the payload's size (since
+    2026-12-06; before, off under `min_sample_bytes`): a payload that small never makes a sample
+    itself, and on digits-cnn rank 1 ran 98 of 100 decisions on a lower bound of 0.35-0.6 MB/s on
+    a 2.5 MB/s link, pushed powersgd:2 where rank 0 pushed powersgd:4, and the gradient-domain PS
+    sent each key back at the smaller (docs/BENCHMARKS.md, "A start-up probe for small payloads")."""
     min_sample_rtts: float = 8.0
     """...unless it lasted at least this many min RTTs (and carried >= min_sample_bytes / 16): then
     the ramp-up is a small part of it, as for a 150 kB push taking 30 ms over a 2 ms loopback RTT

@@ -30,7 +30,7 @@ def unknown(step: int = 0) -> ChooseRequest:
 def test_the_probe_is_asked_for_once_before_the_first_decision() -> None:
     p = policy()
     assert p.probe_bytes(S) == PROBE == p.settings.min_sample_bytes
-    assert p.probe_bytes(PROBE - 1) == 0  # a payload under a sample's size: its pushes are latency samples
+    assert p.probe_bytes(1000) == PROBE  # a payload under a sample's size: it never makes one itself
     assert policy(start_probe=False).probe_bytes(S) == 0
     p.choose(unknown())
     assert p.probe_bytes(S) == 0  # a decision was taken: too late to probe

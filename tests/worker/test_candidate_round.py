@@ -12,7 +12,10 @@ from netsense.worker.optimizer import NetSenseOptimizer
 def test_the_first_decision_is_taken_on_the_first_rounds_measurements(ps) -> None:  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
-    with NetSenseOptimizer(model, connect=ps.connect_settings(), worker_id="w0", policy="netsense") as opt:
+    # No start-up probe: the first step then goes out at the unknown-bandwidth level, which the round decides.
+    with NetSenseOptimizer(
+        model, connect=ps.connect_settings(), worker_id="w0", policy="netsense", policy_settings={"start_probe": False}
+    ) as opt:
         policy = opt.uplink.policy
         prior = list(policy.progress.values)
         loss = torch.nn.functional.cross_entropy(model(torch.randn(32, 64)), torch.randint(0, 10, (32,)))
