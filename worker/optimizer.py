@@ -200,6 +200,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         self._hooks = (
             [s.param.register_post_accumulate_grad_hook(self._grad_ready) for s in self.slots if s.start == 0] if overlap else []
         )
+        self.uplink.ready()  # connected, first parameters in: the caller's step 0 computes from here
 
     # --- public ----------------------------------------------------------------------------
 

@@ -70,6 +70,7 @@ class UplinkController:
         self._reader_quic: Any = None
         self._shard_readers: dict[int, tuple[Any, SignalReader]] = {}
         self._last_end: float | None = None
+        self._ready_at: float | None = None  # when the first parameters arrived (`ready`): step 0's compute starts
         self._waited_s = 0.0  # the last step's wait for its update (push acked to update received)
         self._pending: tuple[Decision, LinkState] | None = None
         self._step = 0
@@ -158,7 +159,17 @@ class UplinkController:
             # predicted step was ~60 % of the measured one on wide-mlp, which overstated how much
             # a lighter push shortens a step.
             self.loop.time_compute(max(0.0, started - self._last_end) + self._waited_s)
-        decision = self.loop.choose(link, payload_bytes=self.payload_bytes, step=self._step)
+        first = None
+        if self.loop.compute_s is None and self._ready_at is not None:
+            # Step 0: no compute time yet, and weighed on its push alone the fewest bytes look best
+            # however long the compute. Its own compute since the first parameters arrived stands
+            # in (for this decision only: it may hold the caller's set-up), and the next decision,
+            # on a measured one, is the law's afresh, no hysteresis holding this one (as the
+            # downlink's update 0: docs/POLICIES.md, "Warm-up").
+            first = max(0.0, started - self._ready_at)
+        decision = self.loop.choose(link, payload_bytes=self.payload_bytes, step=self._step, compute_s=first)
+        if first is not None:
+            self.loop.policy.provisional()
         self._pending = (decision, link)
         self._redecide = None
         self.last = (decision, link)  # read by the metrics endpoint
@@ -277,6 +288,10 @@ class UplinkController:
     def mark_end(self) -> None:
         """The step finished (also when it was dropped): compute time counts from now."""
         self._last_end = time.perf_counter()
+
+    def ready(self) -> None:
+        """The first parameters arrived: step 0's compute counts from now (`choose`)."""
+        self._ready_at = time.perf_counter()
 
     def close(self) -> None:
         self.loop.close()

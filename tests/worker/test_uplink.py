@@ -112,3 +112,30 @@ def test_compute_time_holds_the_wait_for_the_update(monkeypatch) -> None:  # typ
     assert up.loop.compute_s == pytest.approx(0.3 * (0.5 + 0.3) + 0.7 * 0.1)
     up.observe(bytes_sent=S, comm_s=0.2)  # no wire time reported: no wait counted
     assert up._waited_s == 0.0
+
+
+def test_step_0_is_weighed_on_its_compute_since_the_parameters_arrived_and_not_held(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Step 0 has no compute time: weighed on its push alone the fewest bytes win however long the
+    compute. Its compute since the first parameters arrived (`ready`) stands in for that decision
+    only (not folded into the EWMA: it may hold the caller's set-up), and the policy's hold is
+    released, so the next decision, on a measured compute time, is the law's afresh."""
+    import netsense.worker.uplink as uplink
+
+    now = [0.0]
+    monkeypatch.setattr(uplink.time, "perf_counter", lambda: now[0])
+    up, policy = controller()
+    link = LinkState(0.0, 1e8, 0.002, 0.002)
+    seen: list[float] = []
+    choose = policy.choose
+    policy.choose = lambda request: (seen.append(request.compute_s), choose(request))[1]  # type: ignore[method-assign]
+    up.ready()
+    now[0] = 0.25
+    up.choose(link)
+    assert seen == [0.25] and up.loop.compute_s is None  # this decision only
+    assert policy.hold.level is None  # provisional: nothing committed
+    up.observe(bytes_sent=S, comm_s=0.02)
+    up.mark_end()
+    now[0] = 0.35
+    up.choose(link)  # a measured compute time now: an ordinary decision, held as usual
+    assert seen[-1] == pytest.approx(0.1) and up.loop.compute_s == pytest.approx(0.1)
+    assert policy.hold.level is not None
