@@ -19,7 +19,7 @@ import argparse
 
 import torch
 
-from netsense.compression import Codec, make_codec
+from netsense.compression import make_codec
 from netsense.models import load_task
 from netsense.ps.optim import OptimizerSettings
 from netsense.worker.task import TrainTask
@@ -27,10 +27,6 @@ from netsense.worker.trainer import evaluate
 from netsense.worker.trials import TaskSampler
 
 WAYS = ("recompress", "exact", "ddp")
-
-
-def _round_trip(codec: Codec, tensor: torch.Tensor) -> torch.Tensor:
-    return codec.roundtrip(tensor).view_as(tensor)
 
 
 def steps_to_target(task: TrainTask, spec: str, way: str, seed: int, *, workers: int, target: float, every: int, max_steps: int) -> int | None:
@@ -55,19 +51,19 @@ def steps_to_target(task: TrainTask, spec: str, way: str, seed: int, *, workers:
         for k, param in enumerate(params):
             fed = [g[k] if r[k] is None else g[k] + r[k] for g, r in zip(grads, residual)]
             if way == "ddp":
-                update = _round_trip(server[k], sum(fed) / workers)
+                update = server[k].roundtrip(sum(fed) / workers)
                 for w in range(workers):
                     residual[w][k] = fed[w] - update
             else:
                 sent = []
                 for w in range(workers):
-                    decoded = _round_trip(pushers[w][k], fed[w])
+                    decoded = pushers[w][k].roundtrip(fed[w])
                     residual[w][k] = fed[w] - decoded
                     sent.append(decoded)
                 update = sum(sent) / workers
                 if way == "recompress":
                     m = update if server_residual[k] is None else update + server_residual[k]
-                    update = _round_trip(server[k], m)
+                    update = server[k].roundtrip(m)
                     server_residual[k] = m - update
             param.grad = update
         optimizer.step()
