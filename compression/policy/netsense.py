@@ -90,6 +90,8 @@ class NetsensePolicy(Policy):
         self._contenders: list[int] | None = None  # levels the law could accept at q = 1 (last decision)
         self._worst_q = [worst_case_q(lv) for lv in ladder]  # each codec's own, not the ladder's figure
         self._bandwidth_seen = False  # the bandwidth (or a lower bound) was known at a decision
+        self._window_seen = False  # a progress window (interim or final) has priced levels
+        self._blind = False  # the committed level was chosen before any window's figure (`choose`)
         self._pin_table(s.progress_table or {})
 
     def _pin_table(self, table: Mapping[str, float]) -> None:
@@ -208,7 +210,9 @@ class NetsensePolicy(Policy):
             preds = self._under_bound(levels, request, preds, q, bound=bw, per_byte=per_byte)
         best = min(p / qi for p, qi in zip(preds, q))
         self._contenders = [i for i, p in enumerate(preds) if p <= (1 + s.eps) * best]
-        reason = self.hold.step(preds, q, bw) + (" (lower bound B)" if bound is not None else "")
+        blind = self._release_blind()
+        reason = self.hold.step(preds, q, bw) + (" (lower bound B)" if bound is not None else "") + blind
+        self._blind = not self._window_seen
         index = self.level
         assert index is not None
         if self._decisions <= s.warmup_steps and index > s.warmup_level:
@@ -217,6 +221,23 @@ class NetsensePolicy(Policy):
             request, reason, levels=levels, bw=bw, per_byte=per_byte, q=q, last_send_slow=self._last_send_slow
         )
         return self._sent(emit(*move) if move is not None else emit(index, reason), bw, rtt)
+
+    def _release_blind(self) -> str:
+        """Release the committed level if it was chosen before any progress window's figure, while
+        windows run and the first is young (`progress_window` decisions): the law then decides
+        afresh, no headroom holding the old choice; returns the note for the reason. Until the first
+        window's interim figure (W/4 steps in) every lossy level is priced by one step of a fresh
+        model's gradient, which is of low rank: charlm's first round priced powersgd:1 at 0.94 (its
+        window 0.62 four steps later, and rank 2 never reaches charlm's target), and the hold kept
+        rank 1 five steps more and relaxed to powersgd:4 where the law had moved on to qsgd:4
+        (docs/POLICIES.md, "Warm-up"). The hysteresis guards a choice against the link's jitter, not
+        against the first evidence of what error feedback delivers."""
+        if not self._blind or self.hold.level is None or self._window_at is None:
+            return ""
+        if self._decisions > self.settings.progress_window:  # no window came (failed, or too slow)
+            return ""
+        self.hold.level = None
+        return " (before the first window: no hold)"
 
     def redecide(self, *, link: LinkState, sent: Decision, bytes_acked: int, elapsed_s: float) -> Decision | None:
         """The law again, mid-push, with the push so far as a bandwidth sample (its pipe is full:
@@ -314,6 +335,7 @@ class NetsensePolicy(Policy):
         for level, q in result.progress.items():
             if 0 <= level < len(self.ladder) and math.isfinite(q):
                 self.progress.update_window(level, q, interim=result.interim, first=result.first)
+                self._window_seen = True
         if not result.interim and math.isfinite(result.noise.signal) and math.isfinite(result.noise.noise):
             self.progress.update_noise(result.noise)
         if result.level_steps > 0 and math.isfinite(result.cpu_s) and result.cpu_s > 0:

@@ -293,3 +293,44 @@ def test_the_loop_marks_the_first_windows_results_only() -> None:
                 marks.append((got.interim, got.first))
     assert marks == [(True, True), (False, True), (True, False), (False, False)]
     assert not any(p.progress.start)
+
+
+def test_a_level_chosen_before_the_first_window_is_not_held_by_the_hysteresis() -> None:
+    # A fresh model's first gradients are of low rank: one step prices powersgd:1 nearly lossless,
+    # and the law sends it. The first window's interim figure says otherwise; the hold would keep
+    # rank 1 for k more steps on the evidence it replaced (charlm: five steps, then a relax to
+    # the heaviest level seen on the way). Before the first window the law decides afresh, after
+    # it the hysteresis holds as before, and without windows it holds from the start.
+    p1, p2, p4 = (LADDER.find(f"powersgd:{r}") for r in (1, 2, 4))
+    interim = {i: 0.5 if lv.spec.startswith("topk") else 0.97 for i, lv in enumerate(LADDER) if not lv.lossless}
+    interim.update({p1: 0.3, p2: 0.6})
+
+    def run(**settings: object) -> tuple[NetsensePolicy, list[tuple[int, str]]]:
+        p = policy(**settings)
+        for i, lv in enumerate(LADDER):
+            if not lv.lossless:
+                p.observe_costs(level=i, dense_bytes=S, encode_s=0.0005, decode_s=0.0002)
+                p.observe_ratio(level=i, ratio=measure_ratio(lv.spec, [torch.zeros(s) for s in SHAPES]) or 1.0)
+                p.observe_progress(level=i, progress=0.5 if lv.spec.startswith("topk") else 0.95)
+        p.progress_window(0)  # the run's first window starts with it (none when windows are off)
+        out = []
+        for step in range(4):
+            if step == 2:
+                p.observe_window(WindowResult(interim, NoiseScale(1.0, 1.0), steps=4, interim=True, first=True))
+            lk = LinkState(time_s=0.05 * step, bandwidth_Bps=6.25e6, min_rtt_s=0.02, srtt_s=0.02)
+            d = p.choose(ChooseRequest(link=lk, payload_bytes=S, compute_s=0.001, step=step))
+            assert d.level is not None
+            out.append((d.level, d.reason))
+        return p, out
+
+    _, steps = run()
+    assert [lv for lv, _ in steps[:2]] == [p1, p1], steps  # one step's figures: rank 1 wins
+    assert steps[2][0] != p1 and "before the first window" in steps[2][1], steps  # moved at once
+    p, _ = run()
+    assert p.level == p4
+    p.observe_window(WindowResult({p4: 0.9}, NoiseScale(1.0, 1.0), steps=16))
+    lk = LinkState(time_s=0.5, bandwidth_Bps=1e9, min_rtt_s=0.02, srtt_s=0.02)  # now a lossless level wins
+    held = p.choose(ChooseRequest(link=lk, payload_bytes=S, compute_s=0.001, step=4))
+    assert held.reason.startswith("hold: headroom"), held.reason  # chosen on a window's figure: held
+    _, off = run(progress_window=0)
+    assert [lv for lv, _ in off[:3]] == [p1] * 3 and off[2][1].startswith("hold: headroom"), off
