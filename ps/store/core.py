@@ -114,6 +114,13 @@ class StoreCore:
         counts them (ssp.py), but checkpoints carry them whatever the mode."""
         self.applied_steps = 0
         self.start_quorum = 1
+        """Workers a step waits for while `gathering`: the job's world size (INIT), 1 once a barrier
+        timeout gave up on the rest."""
+        self.world_size = 1
+        """The job's world size, from INIT (1 for a PS restored from a checkpoint)."""
+        self.gathering = True
+        """The next step waits for `start_quorum` workers: the job's first step, and the first after
+        every worker left (a whole-job restart against a running PS, `regather`)."""
         self.state: dict[str, torch.Tensor] = {}
         """State keys (buffers, frozen parameters) -> value, in its wire dtype."""
         self.model: dict[str, TensorInfo] = {}
@@ -136,7 +143,7 @@ class StoreCore:
         model: dict[str, TensorInfo] | None = None, job_id: str = "",
     ) -> None:  # fmt: skip
         """Take rank 0's initial parameters (and state keys) and build the optimizer over them."""
-        self.start_quorum = world_size
+        self.start_quorum = self.world_size = world_size
         settings = OptimizerSettings.from_dict(dict(optimizer))
         model = dict(model or {})
         if not tensors:
@@ -271,6 +278,15 @@ class StoreCore:
         """One more update applied: the version moves."""
         self.version += 1
         self.applied_steps += 1
+        self.gathering = False
+
+    def regather(self) -> None:
+        """Every worker left: the next step waits for the whole job again (or the barrier timeout),
+        as the first does. Without it the first worker of a restarted job to reconnect stepped
+        alone, and the others' first pushes, one version late with the learning rate of the step
+        before, were refused (seen under load: tests/e2e/test_gradient_downlink.py)."""
+        self.gathering = True
+        self.start_quorum = self.world_size
 
     def optimizer_step(self, workers: list[str]) -> int:
         """One optimizer step on the sample-weighted mean of `workers`' gradients (those that sent

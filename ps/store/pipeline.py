@@ -103,7 +103,7 @@ class PipelinedStep:
         if self._encoder.deferred:
             return 0  # its codec is chosen on the whole update (`UpdateEncoder.defer_choice`)
         workers = self.step_workers()
-        if not workers or (core.version == 0 and self.members is None and len(workers) < core.start_quorum):
+        if not workers or (core.gathering and self.members is None and len(workers) < core.start_quorum):
             return 0
         ready = [
             k for k in dict.fromkeys(keys)

@@ -2,7 +2,8 @@
 
 A step is applied only when every live worker has pushed every key, so nothing is ever
 half-applied: partial pushes of a worker that leaves are discarded whole. The first step waits for
-the whole job (`start_quorum`) or the barrier timeout. Keyed pulls may apply keys of the step
+the whole job (`start_quorum`) or the barrier timeout, and so does the first after every worker
+left (a whole-job restart against a running PS). Keyed pulls may apply keys of the step
 ahead of the version (pipeline.py); the barrier then completes the step through it.
 """
 
@@ -51,8 +52,11 @@ class SyncBarrier:
         return self._maybe_apply()
 
     def leave(self, worker_id: str) -> StepApplied | None:
-        """Remove a worker and discard its partial step; may complete the barrier for the rest."""
+        """Remove a worker and discard its partial step; may complete the barrier for the rest. The
+        last to leave makes the next step wait for the whole job again (`StoreCore.regather`)."""
         self._discard(worker_id)
+        if not self._core.live and self._core.initialized:
+            self._core.regather()
         self._pipeline.apply_wanted()
         return self._maybe_apply()
 
@@ -103,8 +107,8 @@ class SyncBarrier:
         ready = [w for w in core.pending if pipeline.complete(w)]
         if not ready or any(not pipeline.complete(w) for w in core.live):
             return None
-        if core.version == 0 and len(ready) < core.start_quorum:
-            return None  # the first step waits for the whole job (see `ParameterStore.initialize`)
+        if core.gathering and len(ready) < core.start_quorum:
+            return None  # the first step (and the first after all left) waits for the whole job
         total = core.optimizer_step(ready)
         base = core.version
         core.advance()

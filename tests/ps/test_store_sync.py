@@ -55,3 +55,28 @@ def test_first_step_waits_for_the_whole_job_until_the_timeout() -> None:
     _push(s2, "a", 0, {"b": torch.ones(3)})
     dropped, result = s2.drop_incomplete()
     assert dropped == [] and result is not None and result.workers == ("a",)
+
+
+def test_the_first_step_after_every_worker_left_waits_for_the_whole_job_again() -> None:
+    # A whole-job restart against a running PS: the first worker back must not step alone (its
+    # peers' first pushes would then come a version late, with the schedule's step before).
+    s = ParameterStore()
+    s.initialize({"b": FP32.encode(torch.zeros(3))}, {"name": "sgd", "lr": 0.1}, world_size=2)
+    for w in ("a", "b"):
+        s.join(w)
+        _push(s, w, 0, {"b": torch.ones(3)})
+    assert s.version == 1
+    s.leave("a")
+    assert _push(s, "b", 1, {"b": torch.ones(3)}) is not None  # one left: the other goes on alone
+    s.leave("b")
+    s.join("a")
+    assert _push(s, "a", 2, {"b": torch.ones(3)}) is None  # back first: waits for the job
+    s.join("b")
+    result = _push(s, "b", 2, {"b": torch.ones(3)})
+    assert result is not None and result.workers == ("a", "b") and s.version == 3
+    s.leave("a")
+    s.leave("b")
+    s.join("a")
+    _push(s, "a", 3, {"b": torch.ones(3)})
+    dropped, result = s.drop_incomplete()  # b never comes back: the barrier timeout lets a go alone
+    assert dropped == [] and result is not None and result.workers == ("a",)
