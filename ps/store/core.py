@@ -121,6 +121,8 @@ class StoreCore:
         self.gathering = True
         """The next step waits for `start_quorum` workers: the job's first step, and the first after
         every worker left (a whole-job restart against a running PS, `regather`)."""
+        self.last_quorum = 0
+        """Workers in the last applied synchronous step (0: none yet)."""
         self.state: dict[str, torch.Tensor] = {}
         """State keys (buffers, frozen parameters) -> value, in its wire dtype."""
         self.model: dict[str, TensorInfo] = {}
@@ -281,12 +283,14 @@ class StoreCore:
         self.gathering = False
 
     def regather(self) -> None:
-        """Every worker left: the next step waits for the whole job again (or the barrier timeout),
-        as the first does. Without it the first worker of a restarted job to reconnect stepped
-        alone, and the others' first pushes, one version late with the learning rate of the step
-        before, were refused (seen under load: tests/e2e/test_gradient_downlink.py)."""
+        """Every worker left: the next step waits for as many workers as the last step had (the
+        world size before any step), or the barrier timeout, as the first step does. Without it the
+        first worker of a restarted job to reconnect stepped alone, and the others' first pushes,
+        one version late with the learning rate of the step before, were refused (seen under load:
+        tests/e2e/test_gradient_downlink.py). The last step's count, not the world size: a job that
+        lost a worker for good and whose survivor reconnects goes on at once."""
         self.gathering = True
-        self.start_quorum = self.world_size
+        self.start_quorum = self.last_quorum or self.world_size
 
     def optimizer_step(self, workers: list[str]) -> int:
         """One optimizer step on the sample-weighted mean of `workers`' gradients (those that sent

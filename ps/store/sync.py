@@ -2,9 +2,10 @@
 
 A step is applied only when every live worker has pushed every key, so nothing is ever
 half-applied: partial pushes of a worker that leaves are discarded whole. The first step waits for
-the whole job (`start_quorum`) or the barrier timeout, and so does the first after every worker
-left (a whole-job restart against a running PS). Keyed pulls may apply keys of the step
-ahead of the version (pipeline.py); the barrier then completes the step through it.
+the whole job (`start_quorum`) or the barrier timeout; the first after every worker left (a
+whole-job restart against a running PS) waits so for the last step's workers. Keyed pulls may
+apply keys of the step ahead of the version (pipeline.py); the barrier then completes the step
+through it.
 """
 
 from __future__ import annotations
@@ -101,6 +102,12 @@ class SyncBarrier:
         self._pipeline.drop(worker_id)
 
     def _maybe_apply(self) -> StepApplied | None:
+        result = self._apply()
+        if result is not None:
+            self._core.last_quorum = len(result.workers)
+        return result
+
+    def _apply(self) -> StepApplied | None:
         core, pipeline = self._core, self._pipeline
         if pipeline.applied:
             return pipeline.finish()

@@ -57,26 +57,38 @@ def test_first_step_waits_for_the_whole_job_until_the_timeout() -> None:
     assert dropped == [] and result is not None and result.workers == ("a",)
 
 
-def test_the_first_step_after_every_worker_left_waits_for_the_whole_job_again() -> None:
+def test_the_first_step_after_every_worker_left_waits_for_the_last_steps_workers() -> None:
     # A whole-job restart against a running PS: the first worker back must not step alone (its
     # peers' first pushes would then come a version late, with the schedule's step before).
     s = ParameterStore()
     s.initialize({"b": FP32.encode(torch.zeros(3))}, {"name": "sgd", "lr": 0.1}, world_size=2)
-    for w in ("a", "b"):
-        s.join(w)
-        _push(s, w, 0, {"b": torch.ones(3)})
-    assert s.version == 1
+    ones = {"b": torch.ones(3)}
+
+    def both_step(version: int) -> None:
+        for w in ("a", "b"):
+            s.join(w)
+            _push(s, w, version, ones)
+        assert s.version == version + 1
+
+    both_step(0)
     s.leave("a")
-    assert _push(s, "b", 1, {"b": torch.ones(3)}) is not None  # one left: the other goes on alone
     s.leave("b")
     s.join("a")
-    assert _push(s, "a", 2, {"b": torch.ones(3)}) is None  # back first: waits for the job
+    assert _push(s, "a", 1, ones) is None  # back first: waits for the job
     s.join("b")
-    result = _push(s, "b", 2, {"b": torch.ones(3)})
-    assert result is not None and result.workers == ("a", "b") and s.version == 3
+    result = _push(s, "b", 1, ones)
+    assert result is not None and result.workers == ("a", "b") and s.version == 2
     s.leave("a")
     s.leave("b")
     s.join("a")
-    _push(s, "a", 3, {"b": torch.ones(3)})
+    _push(s, "a", 2, ones)
     dropped, result = s.drop_incomplete()  # b never comes back: the barrier timeout lets a go alone
     assert dropped == [] and result is not None and result.workers == ("a",)
+    s.leave("a")  # a job down to one worker: that one's reconnect goes on at once
+    s.join("a")
+    result = _push(s, "a", 3, ones)
+    assert result is not None and result.workers == ("a",)
+    s.join("b")  # one leaving is no restart: the others go on without it
+    both_step(4)
+    s.leave("a")
+    assert _push(s, "b", 5, ones) is not None
