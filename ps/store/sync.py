@@ -54,7 +54,7 @@ class SyncBarrier:
 
     def leave(self, worker_id: str) -> StepApplied | None:
         """Remove a worker and discard its partial step; may complete the barrier for the rest. The
-        last to leave makes the next step wait for the whole job again (`StoreCore.regather`)."""
+        last to leave makes the next step wait for the last step's workers (`StoreCore.regather`)."""
         self._discard(worker_id)
         if not self._core.live and self._core.initialized:
             self._core.regather()
@@ -115,7 +115,7 @@ class SyncBarrier:
         if not ready or any(not pipeline.complete(w) for w in core.live):
             return None
         if core.gathering and len(ready) < core.start_quorum:
-            return None  # the first step (and the first after all left) waits for the whole job
+            return None  # the first step (and the first after all left) waits for the job's workers
         total = core.optimizer_step(ready)
         base = core.version
         core.advance()
