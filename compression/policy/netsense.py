@@ -90,7 +90,6 @@ class NetsensePolicy(Policy):
         self._contenders: list[int] | None = None  # levels the law could accept at q = 1 (last decision)
         self._worst_q = [worst_case_q(lv) for lv in ladder]  # each codec's own, not the ladder's figure
         self._bandwidth_seen = False  # the bandwidth (or a lower bound) was known at a decision
-        self._window_seen = False  # a progress window (interim or final) has priced levels
         self._blind = False  # the committed level was chosen before any window's figure (`choose`)
         self._pin_table(s.progress_table or {})
 
@@ -212,7 +211,7 @@ class NetsensePolicy(Policy):
         self._contenders = [i for i, p in enumerate(preds) if p <= (1 + s.eps) * best]
         blind = self._release_blind()
         reason = self.hold.step(preds, q, bw) + (" (lower bound B)" if bound is not None else "") + blind
-        self._blind = not self._window_seen
+        self._blind = not self.progress.windows_seen
         index = self.level
         assert index is not None
         if self._decisions <= s.warmup_steps and index > s.warmup_level:
@@ -236,7 +235,7 @@ class NetsensePolicy(Policy):
             return ""
         if self._decisions > self.settings.progress_window:  # no window came (failed, or too slow)
             return ""
-        self.hold.level = None
+        self.provisional()
         return " (before the first window: no hold)"
 
     def redecide(self, *, link: LinkState, sent: Decision, bytes_acked: int, elapsed_s: float) -> Decision | None:
@@ -335,7 +334,6 @@ class NetsensePolicy(Policy):
         for level, q in result.progress.items():
             if 0 <= level < len(self.ladder) and math.isfinite(q):
                 self.progress.update_window(level, q, interim=result.interim, first=result.first)
-                self._window_seen = True
         if not result.interim and math.isfinite(result.noise.signal) and math.isfinite(result.noise.noise):
             self.progress.update_noise(result.noise)
         if result.level_steps > 0 and math.isfinite(result.cpu_s) and result.cpu_s > 0:

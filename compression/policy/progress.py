@@ -102,6 +102,11 @@ class ProgressEstimate:
         if not self.windowed[level] and not self.interim[level] and not self.pinned[level]:
             self._fold(level, q)
 
+    @property
+    def windows_seen(self) -> bool:
+        """Whether a progress window (interim or full) has priced any level yet."""
+        return any(self.windowed) or any(self.interim)
+
     def update_window(self, level: int, q: float, *, interim: bool = False, first: bool = False) -> None:
         """Fold in a windowed q_W of `level`; the first replaces whatever one-step figure it had.
         An interim q_W (fewer steps credited) stands in only until the level's first full one. A
