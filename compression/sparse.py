@@ -419,6 +419,10 @@ class RandomK(SparseCodec):
 
     roundtrip = Codec.roundtrip  # its indices come from a seed, not `select`
 
+    def count_bounds(self, numel: int) -> tuple[int, int]:
+        k = k_for(numel, self.density)
+        return min(1, k), k
+
     def encode(self, tensor: torch.Tensor) -> Payload:
         flat = tensor.detach().reshape(-1)
         seed = self.seeds.getrandbits(48)
@@ -431,9 +435,9 @@ class RandomK(SparseCodec):
     def decode(self, payload: Payload, *, device: torch.device | str = "cpu") -> torch.Tensor:
         dtype = check_payload_header(payload, codec=self.spec, parts=value_part_count(self.value_mode), meta=2)
         n = checked_numel(payload, self.spec)
-        k = k_for(n, self.density)
+        lo, k = self.count_bounds(n)
         seed = meta_int(payload.meta[0], 0, _SEED_LIMIT - 1, f"{self.spec} seed")
-        count = meta_int(payload.meta[1], min(1, k), k, f"{self.spec} index count")
+        count = meta_int(payload.meta[1], lo, k, f"{self.spec} index count")
         check_values_size(payload.parts, self.value_mode, count, dtype, self.spec)
         idx = self.indices(seed, n, k)
         if idx.numel() != count:

@@ -352,7 +352,7 @@ class StoreCore:
             param = self.params[key]
             pushed = [self.pending[w].specs[key] for w in workers if key in self.pending[w].specs]
             spec = min(pushed, key=lambda s: s[0])[1] if pushed else "fp32"  # min keeps the first of equals
-            param.grad = self.gradient.compress(self.version, key, param.grad, spec)
+            param.grad = self.gradient.compress(self.version, key, param.grad, spec, len(pushed))
 
     def _step(self, keys: list[str], workers: list[str], *, keep: bool = False) -> None:
         """torch.optim's step over `keys` (their grads set), with each key's hyper-parameters for
