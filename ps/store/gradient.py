@@ -21,11 +21,11 @@ top-k 1 %: 0.88 test accuracy at step 200 against 0.95; random-k 25 %: 0.27 at s
 0.45). Exact only while that stays the size of a sparse all-gather (`_sparse_exact`): a sum with
 more nonzeros than the pushes' count times the codec's (a worker pushed a dense level this step)
 goes at the sparse codec under error feedback, and what an earlier lossy step left owed goes
-with the exact sum at most the codec's count of its largest entries a step, not whole: whole, it
-sent a 640k-parameter embedding model's update as 2.6 MB of dense fp32 on every step where one
-worker pushed top-k 1 % and the other PowerSGD (docs/ARCHITECTURE.md, "Gradient-domain
-downlink"). Residuals change only when the step commits (`commit`), so a refused step leaves none
-behind.
+with the exact sum only where an entry is as large as the sum's least (at most the codec's count
+of them a step). Until 2026-12-06 both went whole at fp32: a 640k-parameter embedding model's
+update was 2.6 MB on every step where one worker pushed top-k 1 % and the other PowerSGD, and on
+the first top-k step after a lossy one (docs/ARCHITECTURE.md, "Gradient-domain downlink").
+Residuals change only when the step commits (`commit`), so a refused step leaves none behind.
 """
 
 from __future__ import annotations
@@ -88,8 +88,10 @@ class GradientDownlink:
         self, key: str, grad: torch.Tensor, old: torch.Tensor | None, codec: SparseCodec, pushes: int
     ) -> torch.Tensor | None:
         """A sparse push's key sent exact, if its sum is as sparse as `pushes` sparse pushes can be
-        (None: not, the caller compresses it): the sum, and of what was owed its `count` largest
-        entries (all of it, for a codec whose count follows the data); the rest stays owed."""
+        (None: not, the caller compresses it): the sum, and what was owed (all of it for a codec
+        whose count follows the data, or if it has no more entries than the codec's count; else the
+        entries as large as the sum's least, the codec's count of them at most: an entry owed
+        goes when it would have been picked beside what is sent); the rest stays owed."""
         numel = grad.numel()
         count = codec.count_bounds(numel)[1]
         if int(torch.count_nonzero(grad)) > max(1, pushes) * count:
@@ -100,10 +102,14 @@ class GradientDownlink:
         elif count >= numel or int(torch.count_nonzero(old)) <= count:
             sent = grad + old
         else:
-            owed = old.reshape(-1)
-            idx = owed.abs().topk(count, sorted=False).indices
-            part = torch.zeros_like(owed)
-            part[idx] = owed[idx]
+            due = old.reshape(-1).abs()
+            sums = grad.reshape(-1).abs()
+            least = sums[sums > 0].min() if bool(sums.any()) else due.new_zeros(())
+            idx = torch.nonzero((due >= least) & (due > 0)).view(-1)
+            if idx.numel() > count:
+                idx = due.topk(count, sorted=False).indices
+            part = torch.zeros_like(due)
+            part[idx] = old.reshape(-1)[idx]
             sent = grad + part.view_as(grad)
             residual = old.clone()
             residual.view(-1)[idx] = 0
