@@ -21,8 +21,8 @@ top-k 1 %: 0.88 test accuracy at step 200 against 0.95; random-k 25 %: 0.27 at s
 0.45). Exact only while that stays the size of a sparse all-gather (`_sparse_exact`): a sum with
 more nonzeros than the pushes' count times the codec's (a worker pushed a dense level this step)
 goes at the sparse codec under error feedback, and what an earlier lossy step left owed goes
-with the exact sum only where an entry is as large as the sum's least (at most the codec's count
-of them a step). Until 2026-12-06 both went whole at fp32: a 640k-parameter embedding model's
+with the exact sum only where an entry is as large as the sum's count-th largest (at most the
+codec's count of them a step). Until 2026-12-06 both went whole at fp32: a 640k-parameter embedding model's
 update was 2.6 MB on every step where one worker pushed top-k 1 % and the other PowerSGD, and on
 the first top-k step after a lossy one (docs/ARCHITECTURE.md, "Gradient-domain downlink").
 Residuals change only when the step commits (`commit`), so a refused step leaves none behind.
@@ -90,8 +90,9 @@ class GradientDownlink:
         """A sparse push's key sent exact, if its sum is as sparse as `pushes` sparse pushes can be
         (None: not, the caller compresses it): the sum, and what was owed (all of it for a codec
         whose count follows the data, or if it has no more entries than the codec's count; else the
-        entries as large as the sum's least, the codec's count of them at most: an entry owed
-        goes when it would have been picked beside what is sent); the rest stays owed."""
+        entries as large as the sum's count-th largest, the codec's count of them at most: an entry
+        owed goes when the codec would have picked it from the sum); the rest stays owed. (The
+        sum's least nonzero drained the count every step: two pushes' values nearly cancel.)"""
         numel = grad.numel()
         count = codec.count_bounds(numel)[1]
         if int(torch.count_nonzero(grad)) > max(1, pushes) * count:
@@ -104,7 +105,8 @@ class GradientDownlink:
         else:
             due = old.reshape(-1).abs()
             sums = grad.reshape(-1).abs()
-            least = sums[sums > 0].min() if bool(sums.any()) else due.new_zeros(())
+            sums = sums[sums > 0]  # at most pushes x count entries
+            least = sums.topk(min(count, sums.numel())).values[-1] if sums.numel() else due.new_zeros(())
             idx = torch.nonzero((due >= least) & (due > 0)).view(-1)
             if idx.numel() > count:
                 idx = due.topk(count, sorted=False).indices
