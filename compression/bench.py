@@ -84,17 +84,21 @@ def matrix_shape(numel: int) -> tuple[int, int]:
 
 
 def run_codec_bench(
-    numel: int = 11_000_000, specs: list[str] | None = None, repeats: int = 3, device: str = "cpu"
+    numel: int = 11_000_000, specs: list[str] | None = None, repeats: int = 3, device: str = "cpu", rows: float = 1.0
 ) -> dict:
     """Median encode/decode seconds, wire ratio (wire_size / fp32 bytes) and the median of one
     clone timed alongside, per codec spec (`make_bench_codec`); `clone_s` is the median over every
-    clone timed."""
+    clone timed. `rows` < 1 keeps that share of the matrix's rows and zeroes the others, as in an
+    embedding's gradient (its untouched rows), where selection costs differ from a dense tensor."""
     dev = torch.device(device)
     gen = torch.Generator().manual_seed(0)
-    tensor = torch.randn(matrix_shape(numel), generator=gen).to(dev)
+    tensor = torch.randn(matrix_shape(numel), generator=gen)
+    if rows < 1.0:
+        tensor[torch.randperm(tensor.shape[0], generator=gen)[round(rows * tensor.shape[0]) :]] = 0.0
+    tensor = tensor.to(dev)
     _interleaved_times([tensor.clone], 3, dev)  # warm-up: the first fresh pages cost more
     clones: list[float] = []
-    result: dict = {"numel": numel, "clone_s": 0.0, "codecs": {}}
+    result: dict = {"numel": numel, "rows": rows, "clone_s": 0.0, "codecs": {}}
     for spec in specs if specs is not None else DEFAULT_SPECS:
         codec = make_bench_codec(spec)
         payload = codec.encode(tensor)  # warm-up: allocator, low-rank basis

@@ -59,6 +59,21 @@ def _first_equal(bits: np.ndarray, mask: int, t: int, need: int) -> np.ndarray:
     return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
 
+def _kth_largest(values: np.ndarray, r: int) -> int:
+    """The r-th largest of `values` (1 <= r <= size). numpy's partition runs ~15x slower over
+    heavy ties (23 ms against 1.6 on 256K int32 that are 96 % zero), and a sparse tensor's zeros
+    (an embedding's untouched rows) are such ties at the least value: the entries above the least
+    are partitioned alone where they are r or more, else the r-th largest is the least."""
+    least = values.min()
+    above = values > least
+    count = int(np.count_nonzero(above))
+    if count < r:
+        return int(least)
+    if 2 * count < values.size:  # mostly ties at the least: partition the rest alone
+        values = values[above]
+    return int(np.partition(values, values.size - r)[values.size - r])
+
+
 def _pick_k(idx: np.ndarray, mags: np.ndarray, k: int) -> np.ndarray:
     """The k of `idx` (sorted, >= k of them) with the largest `mags`, ties to the lowest index;
     a mask keeps them sorted, so no sort follows the selection."""
@@ -102,8 +117,7 @@ def topk_indices(flat: torch.Tensor, k: int, rng: np.random.Generator) -> torch.
     expected = k * s / n
     cap = 4 * k + 4096
     for hits in (expected + 4 * math.sqrt(expected) + 1, 4 * expected + 16):
-        r = min(s, math.ceil(hits))
-        t = int(np.partition(sample, s - r)[s - r])
+        t = _kth_largest(sample, min(s, math.ceil(hits)))
         found = _scan_magnitudes(bits, mask, t, False, cap)
         if found is None:
             picked = _at_threshold(bits, mask, t, k)
@@ -112,7 +126,7 @@ def topk_indices(flat: torch.Tensor, k: int, rng: np.random.Generator) -> torch.
             break
         if found[0].size >= k:
             return torch.from_numpy(_pick_k(found[0], found[1], k))
-    kth = int(np.partition(np.bitwise_and(bits, mask), n - k)[n - k])
+    kth = _kth_largest(np.bitwise_and(bits, mask), k)
     picked = _at_threshold(bits, mask, kth, k)
     assert picked is not None  # fewer than k magnitudes lie above the k-th largest
     return torch.from_numpy(picked)

@@ -38,6 +38,10 @@ def register(kinds: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--specs", metavar="A,B,C", help="comma-separated codec specs (default: one or more per family)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per figure; the median is kept (default 5)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    p.add_argument(
+        "--rows", type=float, default=1.0,
+        help="share of the matrix's rows that are nonzero, the rest zero as an embedding's untouched rows (default 1)",
+    )  # fmt: skip
     p.add_argument("--json", metavar="PATH", help="also write the figures as JSON here")
     p.set_defaults(func=run)
 
@@ -65,7 +69,8 @@ def format_table(result: dict[str, Any]) -> str:
     clone = result["clone_s"]
     width = max([5, *(len(s) for s in result["codecs"])])
     lines = [
-        f"numel {result['numel']}, clone {clone * 1e3:.2f} ms (median of all; each row divides by its own clone)",
+        f"numel {result['numel']}, nonzero rows {result.get('rows', 1.0):g}, clone {clone * 1e3:.2f} ms"
+        " (median of all; each row divides by its own clone)",
         f"{'codec':<{width}}  {'encode ms':>10} {'x clone':>8}  {'decode ms':>10} {'x clone':>8}  {'ratio':>7}  {'clone ms':>8}",
     ]
     for spec, f in result["codecs"].items():
@@ -82,9 +87,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--numel must be >= 1, got {args.numel}")
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
+    if not 0.0 < args.rows <= 1.0:
+        raise ConfigError(f"--rows must be in (0, 1], got {args.rows}")
     specs = parse_specs(args.specs)
     device = check_device(args.device)
-    result = run_codec_bench(numel=args.numel, specs=specs, repeats=args.repeats, device=device)
+    result = run_codec_bench(numel=args.numel, specs=specs, repeats=args.repeats, device=device, rows=args.rows)
     print(format_table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

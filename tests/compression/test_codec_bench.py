@@ -18,7 +18,7 @@ from netsense.errors import CompressionError
 
 def test_result_has_exactly_the_promised_keys() -> None:
     result = run_codec_bench(numel=20_000, specs=["fp32", "topk:0.01+fp16"], repeats=1)
-    assert set(result) == {"numel", "clone_s", "codecs"}
+    assert set(result) == {"numel", "rows", "clone_s", "codecs"}
     assert result["numel"] == 20_000 and result["clone_s"] > 0
     assert list(result["codecs"]) == ["fp32", "topk:0.01+fp16"]
     for figures in result["codecs"].values():
@@ -65,3 +65,17 @@ def test_reference_suffix_only_on_top_k(spec: str, capsys: pytest.CaptureFixture
         make_bench_codec(spec)
     assert main(["bench", "codecs", "--numel", "1000", "--specs", spec]) == 2
     assert spec in capsys.readouterr().err
+
+
+def test_a_share_of_nonzero_rows_is_what_the_codecs_see(capsys: pytest.CaptureFixture[str]) -> None:
+    """--rows 0.25: a quarter of the rows nonzero, as an embedding's gradient (threshold:1e-45
+    sends exactly the nonzeros); out of range is a one-line error before anything is timed."""
+    result = run_codec_bench(numel=20_000, specs=["threshold:1e-45"], repeats=1, rows=0.25)
+    rows, cols = matrix_shape(20_000)
+    nonzero = round(0.25 * rows) * cols
+    sent = make_codec("threshold:1e-45").encode(torch.ones(nonzero))
+    assert result["rows"] == 0.25
+    assert result["codecs"]["threshold:1e-45"]["ratio"] == pytest.approx(sent.wire_size / (4 * 20_000), rel=0.05)
+    for bad in ("0", "1.5", "-0.1"):
+        assert main(["bench", "codecs", "--numel", "1000", "--rows", bad]) != 0
+        assert "--rows must be in (0, 1]" in capsys.readouterr().err
