@@ -18,14 +18,15 @@ random-k, threshold) goes down exact too, the aggregate's nonzeros at fp32 (`EXA
 dense fp32 where that is smaller: the sum of sparse pushes is sparse already, as a sparse
 all-gather returns it, and a second sparsification under error feedback lagged (digits-cnn at
 top-k 1 %: 0.88 test accuracy at step 200 against 0.95; random-k 25 %: 0.27 at step 100 against
-0.45). Exact only while that stays the size of a sparse all-gather (`_sparse_exact`): a sum with
+0.45). Exact only while that stays the size of a sparse all-gather (`_sparse_exact`): a mean with
 more nonzeros than the pushes' count times the codec's (a worker pushed a dense level this step)
 goes at the sparse codec under error feedback, and what an earlier lossy step left owed goes
-with the exact sum only where an entry is as large as the sum's count-th largest (at most the
-codec's count of them a step). Until 2026-12-06 both went whole at fp32: a 640k-parameter embedding model's
-update was 2.6 MB on every step where one worker pushed top-k 1 % and the other PowerSGD, and on
-the first top-k step after a lossy one (docs/ARCHITECTURE.md, "Gradient-domain downlink").
-Residuals change only when the step commits (`commit`), so a refused step leaves none behind.
+with the exact mean only where an entry is as large as the mean's count-th largest (at most the
+codec's count of them a step). Until 2026-12-06 both went whole at fp32: a 640k-parameter
+embedding model's update was 2.6 MB on every step where one worker pushed top-k 1 % and the
+other PowerSGD, and on the first top-k step after a lossy one (docs/ARCHITECTURE.md,
+"Gradient-domain downlink"). Residuals change only when the step commits (`commit`), so a
+refused step leaves none behind.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class GradientDownlink:
         self._version = -1  # the step the pending payloads belong to
 
     def compress(self, version: int, key: str, grad: torch.Tensor, spec: str, pushes: int = 1) -> torch.Tensor:
-        """C(grad + e) for the step from `version` (`grad`: the sum of `pushes` pushes of `key`):
+        """C(grad + e) for the step from `version` (`grad`: the mean of `pushes` pushes of `key`):
         kept with its new residual until `commit`; returns what the optimizer steps on (a new float
         tensor of `grad`'s dtype)."""
         if version != self._version:
@@ -87,12 +88,13 @@ class GradientDownlink:
     def _sparse_exact(
         self, key: str, grad: torch.Tensor, old: torch.Tensor | None, codec: SparseCodec, pushes: int
     ) -> torch.Tensor | None:
-        """A sparse push's key sent exact, if its sum is as sparse as `pushes` sparse pushes can be
-        (None: not, the caller compresses it): the sum, and what was owed (all of it for a codec
-        whose count follows the data, or if it has no more entries than the codec's count; else the
-        entries as large as the sum's count-th largest, the codec's count of them at most: an entry
-        owed goes when the codec would have picked it from the sum); the rest stays owed. (The
-        sum's least nonzero drained the count every step: two pushes' values nearly cancel.)"""
+        """A sparse push's key sent exact, if its mean is as sparse as `pushes` sparse pushes can
+        make it (None: not, the caller compresses it): the mean, and what was owed (all of it for a
+        codec whose count follows the data, or if it has no more entries than the codec's count;
+        else the entries as large as the mean's count-th largest, the codec's count of them at
+        most: an entry owed goes when the codec would have picked it from the mean); the rest
+        stays owed. (The mean's least nonzero drained the count every step: two pushes' values
+        nearly cancel.)"""
         numel = grad.numel()
         count = codec.count_bounds(numel)[1]
         if int(torch.count_nonzero(grad)) > max(1, pushes) * count:
