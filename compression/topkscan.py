@@ -130,3 +130,11 @@ def topk_indices(flat: torch.Tensor, k: int, rng: np.random.Generator) -> torch.
     picked = _at_threshold(bits, mask, kth, k)
     assert picked is not None  # fewer than k magnitudes lie above the k-th largest
     return torch.from_numpy(picked)
+
+
+def largest_indices(flat: torch.Tensor, k: int, rng: np.random.Generator) -> torch.Tensor:
+    """Indices of the k largest magnitudes of a 1-D tensor (1 <= k <= numel): `topk_indices`
+    where its scan serves (a CPU float tensor, k at most a quarter of it), else torch.topk's."""
+    if flat.device.type == "cpu" and flat.dtype in _SCAN_DTYPES and 4 * k <= flat.numel():
+        return topk_indices(flat, k, rng)
+    return flat.abs().topk(k, sorted=False).indices

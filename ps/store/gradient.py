@@ -31,10 +31,12 @@ refused step leaves none behind.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from netsense.compression import Codec, Payload, make_codec
 from netsense.compression.sparse import SparseCodec
+from netsense.compression.topkscan import largest_indices
 
 LOSSLESS = ("fp32", "none")
 """Specs sent as fp32, whole, with nothing left over."""
@@ -53,6 +55,7 @@ class GradientDownlink:
         self._codecs: dict[tuple[str, str], Codec] = {}  # (key, spec) -> encoder (PowerSGD keeps its Q)
         self._fp32 = make_codec("fp32")
         self._nonzeros = make_codec(EXACT_SPARSE)
+        self._rng = np.random.default_rng()  # the top-k scan's sample: steers only its speed
         self._pending: dict[str, tuple[Payload, torch.Tensor | None]] = {}  # key -> (payload, new residual)
         self._version = -1  # the step the pending payloads belong to
 
@@ -105,20 +108,30 @@ class GradientDownlink:
         elif count >= numel or int(torch.count_nonzero(old)) <= count:
             sent = grad + old
         else:
-            due = old.reshape(-1).abs()
-            sums = grad.reshape(-1).abs()
-            sums = sums[sums > 0]  # at most pushes x count entries
-            least = sums.topk(min(count, sums.numel())).values[-1] if sums.numel() else due.new_zeros(())
-            idx = torch.nonzero((due >= least) & (due > 0)).view(-1)
-            if idx.numel() > count:
-                idx = due.topk(count, sorted=False).indices
-            part = torch.zeros_like(due)
-            part[idx] = old.reshape(-1)[idx]
-            sent = grad + part.view_as(grad)
-            residual = old.clone()
-            residual.view(-1)[idx] = 0
+            sent, residual = self._drain(grad, old, count)
         self._pending[key] = (self._exact(sent), residual)
         return sent
+
+    def _drain(self, grad: torch.Tensor, old: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`grad` plus the entries of `old` as large as its count-th largest magnitude (at most
+        `count` of them: the largest `count` of `old`, those of them that large), and what stays
+        owed. On the PS's step path every step while anything is owed, so the usual case, nothing
+        that large, costs one pass over `old` and no copy of it (whole-tensor masks and torch's
+        top-k took 8.5 ms a step on a 640k key)."""
+        sums = grad.reshape(-1).abs()
+        sums = sums[sums > 0]  # at most pushes x count entries
+        least = float(sums.topk(min(count, sums.numel())).values[-1]) if sums.numel() else 0.0
+        flat = old.reshape(-1)
+        due = flat.abs()
+        if float(due.max()) < least:
+            return grad.clone(), old  # the stored residual is never written to: kept as it is
+        idx = largest_indices(flat, count, self._rng)
+        idx = idx[due[idx] >= least] if least > 0 else idx[due[idx] > 0]
+        sent = grad.clone()
+        sent.view(-1)[idx] += flat[idx]
+        residual = old.clone()
+        residual.view(-1)[idx] = 0
+        return sent, residual
 
     def _exact(self, m: torch.Tensor) -> Payload:
         """`m` without loss: its nonzeros and their indices, or dense fp32 where that is smaller."""

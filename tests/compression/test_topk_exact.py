@@ -233,3 +233,11 @@ def test_the_kth_largest_over_ties_at_the_least(zeros: float) -> None:
     above = int(np.count_nonzero(values > 7))
     for r in sorted({1, 2, max(1, above // 2), max(1, above), above + 1, 5000} & set(range(1, 5001))):
         assert topkscan._kth_largest(values, r) == int(ordered[r - 1]), r
+
+
+@pytest.mark.parametrize("n,k", [(100_000, 100), (100_000, 50_000), (10, 3)])
+def test_largest_indices_scans_or_falls_back_to_the_same_set(n: int, k: int) -> None:
+    """`largest_indices`: the scan where it serves (k <= n / 4), torch.topk beyond; the same set."""
+    x = DISTRIBUTIONS["normal"](n, _gen(n))
+    got = topkscan.largest_indices(x, k, np.random.default_rng(0))
+    assert set(got.tolist()) == set(torch.topk(x.abs(), k).indices.tolist())
