@@ -36,7 +36,7 @@ from .chunks import run_chunks, scratch
 from .indexcoding import decode_indices, encode_indices
 from .limits import cast_clamped, checked_numel, k_for, parse_density, require_finite, split_suffix
 from .quantize import decode_quantized, quantize, quantized_wire_size
-from .topkscan import _SCAN_CHUNK, _SCAN_DTYPES, topk_indices
+from .topkscan import _SCAN_CHUNK, SCAN_FROM, largest_indices, topk_indices  # noqa: F401 (topk_indices: re-exported)
 
 VALUE_MODES = ("raw", "fp16", "q8")
 """How sparse values travel: the dense dtype, fp16, or 8-bit stochastic quantization."""
@@ -278,8 +278,7 @@ class TopK(SparseCodec):
     `torch.topk` elsewhere."""
 
     name = "topk"
-    SCAN_FROM = 1 << 14
-    """Smaller tensors take `torch.topk`: sampling and scanning would not pay."""
+    SCAN_FROM = SCAN_FROM
 
     def __init__(self, spec: str, density: float, value_mode: str) -> None:
         super().__init__(spec, value_mode)
@@ -297,20 +296,7 @@ class TopK(SparseCodec):
         k = k_for(flat.numel(), self.density)
         if k == flat.numel():
             return torch.arange(k, device=flat.device)
-        if self._scans(flat, k):
-            return topk_indices(flat, k, self.rng)
-        return torch.topk(flat.abs(), k, sorted=False).indices.sort().values
-
-    def _scans(self, flat: torch.Tensor, k: int) -> bool:
-        """Whether `topk_indices` serves this selection: a CPU float tensor large enough to pay,
-        k at most a quarter of it (beyond, the candidates would be most of the tensor)."""
-        return (
-            self.cpu_scan
-            and flat.device.type == "cpu"
-            and flat.dtype in _SCAN_DTYPES
-            and flat.numel() >= self.SCAN_FROM
-            and 4 * k <= flat.numel()
-        )
+        return largest_indices(flat, k, self.rng, scan=self.cpu_scan)
 
     def nominal_ratio(self, numel: int) -> float:
         per = value_bytes_per_element(self.value_mode) + expected_index_bytes(self.density)

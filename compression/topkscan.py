@@ -132,9 +132,25 @@ def topk_indices(flat: torch.Tensor, k: int, rng: np.random.Generator) -> torch.
     return torch.from_numpy(picked)
 
 
-def largest_indices(flat: torch.Tensor, k: int, rng: np.random.Generator) -> torch.Tensor:
-    """Indices of the k largest magnitudes of a 1-D tensor (1 <= k <= numel): `topk_indices`
-    where its scan serves (a CPU float tensor, k at most a quarter of it), else torch.topk's."""
-    if flat.device.type == "cpu" and flat.dtype in _SCAN_DTYPES and 4 * k <= flat.numel():
+SCAN_FROM = 1 << 14
+"""Smaller tensors take `torch.topk`: sampling and scanning would not pay."""
+
+
+def scans(flat: torch.Tensor, k: int) -> bool:
+    """Whether `topk_indices` serves a selection: a CPU float tensor large enough to pay, k at most
+    a quarter of it (beyond, the candidates would be most of the tensor)."""
+    return (
+        flat.device.type == "cpu"
+        and flat.dtype in _SCAN_DTYPES
+        and flat.numel() >= SCAN_FROM
+        and 4 * k <= flat.numel()
+    )
+
+
+def largest_indices(flat: torch.Tensor, k: int, rng: np.random.Generator, *, scan: bool = True) -> torch.Tensor:
+    """Sorted indices of the k largest magnitudes of a 1-D tensor (1 <= k <= numel): `topk_indices`
+    where it serves (and `scan`), else torch.topk's: `sparse.TopK`'s selection and the gradient
+    downlink's drain (ps/store/gradient.py)."""
+    if scan and scans(flat, k):
         return topk_indices(flat, k, rng)
-    return flat.abs().topk(k, sorted=False).indices
+    return torch.topk(flat.abs(), k, sorted=False).indices.sort().values

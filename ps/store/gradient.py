@@ -116,8 +116,8 @@ class GradientDownlink:
         """`grad` plus the entries of `old` as large as its count-th largest magnitude (at most
         `count` of them: the largest `count` of `old`, those of them that large), and what stays
         owed. On the PS's step path every step while anything is owed, so the usual case, nothing
-        that large, costs one pass over `old` and no copy of it (whole-tensor masks and torch's
-        top-k took 8.5 ms a step on a 640k key)."""
+        that large, costs one pass over `old` (its magnitudes' max) and leaves it uncopied
+        (whole-tensor masks and torch's top-k took 8.5 ms a step on a 640k key)."""
         sums = grad.reshape(-1).abs()
         sums = sums[sums > 0]  # at most pushes x count entries
         least = float(sums.topk(min(count, sums.numel())).values[-1]) if sums.numel() else 0.0

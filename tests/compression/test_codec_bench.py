@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from netsense.cli import main
-from netsense.compression import make_codec, sparse
+from netsense.compression import make_codec, topkscan
 from netsense.compression.bench import (
     DEFAULT_SPECS,
     REFERENCE,
@@ -49,8 +49,8 @@ def test_clone_is_timed_in_turn_with_each_codec() -> None:
 
 def test_reference_rows_time_torch_topk_beside_the_scan(monkeypatch: pytest.MonkeyPatch) -> None:
     scans: list[int] = []
-    scan = sparse.topk_indices
-    monkeypatch.setattr(sparse, "topk_indices", lambda flat, k, rng: scans.append(k) or scan(flat, k, rng))
+    scan = topkscan.topk_indices
+    monkeypatch.setattr(topkscan, "topk_indices", lambda flat, k, rng: scans.append(k) or scan(flat, k, rng))
     new, old = make_bench_codec("topk:0.01+fp16"), make_bench_codec(f"topk:0.01+fp16{REFERENCE}")
     x = torch.randn(50_000)
     assert old.encode(x).parts == new.encode(x).parts and scans == [500]  # same payload, one scan

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from netsense.compression import make_codec
-from netsense.compression import sparse, topkscan
+from netsense.compression import topkscan
 from netsense.compression.limits import k_for
 from netsense.compression.sparse import TopK, topk_indices
 
@@ -176,8 +176,8 @@ def test_non_contiguous_views() -> None:
 @pytest.mark.parametrize("spec", ["topk:0.01", "topk:0.01+fp16", "topk:0.2+q8"])
 def test_codec_sends_what_torch_topk_sends(spec: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    scan = sparse.topk_indices
-    monkeypatch.setattr(sparse, "topk_indices", lambda flat, k, rng: calls.append(k) or scan(flat, k, rng))
+    scan = topkscan.topk_indices
+    monkeypatch.setattr(topkscan, "topk_indices", lambda flat, k, rng: calls.append(k) or scan(flat, k, rng))
     x = torch.randn(100_000, generator=_gen(8)).to(dtype)
     codec, reference = make_codec(spec), make_codec(spec)
     reference.cpu_scan = False  # type: ignore[attr-defined]
@@ -204,9 +204,9 @@ def test_other_devices_and_small_tensors_keep_torch_topk(monkeypatch: pytest.Mon
     def fail(flat: torch.Tensor, k: int, rng: object) -> torch.Tensor:
         raise AssertionError("topk_indices is for CPU float tensors")
 
-    monkeypatch.setattr(sparse, "topk_indices", fail)
+    monkeypatch.setattr(topkscan, "topk_indices", fail)
     codec = make_codec("topk:0.01")
-    assert not codec._scans(OnCuda(), 1000)  # type: ignore[attr-defined, arg-type]
+    assert not topkscan.scans(OnCuda(), 1000)  # type: ignore[arg-type]
     small = torch.randn(TopK.SCAN_FROM - 1, generator=_gen(9))
     assert_top_k(small, codec.select(small), k_for(small.numel(), 0.01))  # type: ignore[attr-defined]
     dense = torch.randn(100_000, generator=_gen(9))
