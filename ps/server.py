@@ -28,6 +28,7 @@ from netsense.transport.wire import Limits, Params, encode_message
 
 from . import checkpoint
 from .downlink import DownlinkController
+from .returns import UpdateReturns
 from .release import WanFirst
 from .session import WorkerSession
 from .store import ParameterStore, StepApplied
@@ -171,6 +172,8 @@ class PSServer:
             self.downlink.metric = self.store.update_metric  # an Adam job's rounds weigh errors by it
             self.downlink.per_coordinate = self._per_coordinate
         self.sessions: dict[str, WorkerSession] = {}
+        self.returns = UpdateReturns()
+        """Each update's copies, written and delivered: the workers' ACKs report the latest (`ps.returns`)."""
         self.release = WanFirst(site, enabled=settings.wan_first and settings.staleness is None)
         """Pulls of other sites first (`site`: this PS's, from ``--site``; None: no site, no hold)."""
         self._changed = asyncio.Condition()
@@ -249,6 +252,7 @@ class PSServer:
         if result is None:
             return
         self._step_started_at = None
+        self.returns.close(result.version - 1)  # every worker took that update before it pushed for this one
         self._maybe_checkpoint()
         log.info(
             "step -> version %d (%d workers, %d samples, staleness %d)", result.version, len(result.workers), result.samples, result.staleness

@@ -14,10 +14,11 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from netsense.errors import AuthError, ProtocolError
+from netsense.errors import AuthError, ConfigError, ProtocolError
 from netsense.transport.auth import new_nonce, verify_mac
 from netsense.transport.logsafe import printable, quoted, suppressed_note
 from netsense.transport.sensing.aioquic_private import peer_host
+from netsense.transport.sensing.congestion import sensing_state
 from netsense.transport.wire import Ack, Auth, Bye, Challenge, Hello, Init, Message, Probe, Pull, Push, Welcome
 
 from .store import StepApplied
@@ -52,6 +53,8 @@ class WorkerSession:
         """The site its HELLO named ("" : not said): the PS answers other sites first (`WanFirst`)."""
         self.pulling: collections.Counter[int] = collections.Counter()
         """Its pulls waiting or being answered, by version (pipelined pulls: several at once)."""
+        self._reported = -1
+        """The newest update return (`UpdateReturns.latest`) an ACK of this connection reported."""
         server.connections.add(self)
         loop = asyncio.get_event_loop()
         # aioquic creates the protocol before it feeds the first datagram, so the peer address
@@ -155,8 +158,9 @@ class WorkerSession:
             await self.server.applied(result)
             if result is None and store.applied_keys != ahead:
                 await self.server.wake()  # keys applied ahead: pipelined pulls may go
-            # The version this push made (async mode: the worker derives its staleness from it).
-            return Ack(result.version if result is not None else store.version)
+            # The version this push made (async mode: the worker derives its staleness from it),
+            # and what the latest update took to reach every worker (their policies price it).
+            return Ack(result.version if result is not None else store.version, *self._return_report())
         if isinstance(msg, Pull):
             self.pulling[msg.wait_for] += 1
             try:
@@ -192,7 +196,32 @@ class WorkerSession:
         data = self.server.params_bytes(dataclasses.replace(params, pad=bytes(pad)) if pad else params)
         if self.server.downlink is not None:
             self.server.downlink.sent(self.conn.quic, store.version, len(data))
+        if not params.full and not store.asynchronous:
+            self._time_return(params.version, len(data))
         return data
+
+    def _time_return(self, version: int, nbytes: int) -> None:
+        """Time the copy of `version`'s update of `nbytes` written now, to the ack that completes its
+        delivery (`SensingState.when_delivered`, on the connection's clock: monotonic), in the
+        server's `UpdateReturns`. Full replies (a resync, async mode) and keyed ones (pipelined
+        pulls, queued behind each other) are not an update's return and are not timed."""
+        try:
+            state = sensing_state(self.conn.quic)
+        except ConfigError:  # a congestion controller without delivery counts: nothing to report
+            return
+        returns = self.server.returns
+        returns.written(version, nbytes, time.monotonic())
+        # Inside the connection's ack handling: record, no more.
+        state.when_delivered(nbytes, lambda at: returns.delivered(version, at))
+
+    def _return_report(self) -> tuple[int, float]:
+        """(bytes, seconds) of the newest complete update return not yet reported on this
+        connection (`Ack.delivered_bytes`), (0, 0.0) when there is none."""
+        latest = self.server.returns.latest
+        if latest is None or latest.version <= self._reported:
+            return 0, 0.0
+        self._reported = latest.version
+        return latest.nbytes, latest.seconds
 
     async def _pull_keys(self, msg: Pull) -> bytes:
         """Pipelined pull: answer with `msg.keys` of the next update as soon as they are applied."""

@@ -228,6 +228,13 @@ class Ack(Message):
     TYPE: ClassVar[str] = "ack"
     version: int
     """PS version when handled."""
+    delivered_bytes: int = 0
+    """On a PUSH's ACK: the newest update whose every copy was delivered and that this connection
+    was not told of yet, one copy's wire bytes; 0 when there is none (left out of the message)."""
+    delivered_s: float = 0.0
+    """Seconds from that update's first copy written to its last copy acked, on the PS's clock:
+    what the update's bytes cost on their way down, every worker's copy included
+    (docs/POLICIES.md, "The update's return")."""
 
 
 @dataclass(frozen=True)

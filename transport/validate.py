@@ -34,6 +34,17 @@ def _int(body: dict[str, Any], name: str, lo: int = -1, hi: int = 1 << 62) -> in
     return v
 
 
+MAX_REPORTED_S = 3600.0
+"""The longest duration a peer may report (`_seconds`)."""
+
+
+def _seconds(body: dict[str, Any], name: str) -> float:
+    v = body.get(name)
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not (math.isfinite(v) and 0 <= v <= MAX_REPORTED_S):
+        raise _fail("malformed", f"field {name!r} must be seconds in [0, {MAX_REPORTED_S:g}], got {v!r}")
+    return float(v)
+
+
 def _str(body: dict[str, Any], name: str, max_len: int = 4096) -> str:
     v = body.get(name)
     if not isinstance(v, str) or len(v) > max_len:
@@ -231,7 +242,10 @@ PARSERS: dict[str, Any] = {
         _pad(b, lim), _bool(b, "gradient") if "gradient" in b else False,  # absent: a parameter-domain PS
         _opt_map(b, "optimizer"), _tensors(b, "optim_state", lim) if "optim_state" in b else {},
     ),
-    "ack": lambda b, lim: Ack(_int(b, "version", 0)),
+    "ack": lambda b, lim: Ack(
+        _int(b, "version", 0), _int(b, "delivered_bytes", 0, lim.max_message_bytes) if "delivered_bytes" in b else 0,
+        _seconds(b, "delivered_s") if "delivered_s" in b else 0.0,  # absent: a PS from before delivery reports
+    ),
     "error": lambda b, lim: Error(_str(b, "code", 64), _str(b, "reason")),
     "bye": lambda b, lim: Bye(_str(b, "reason")),
     "probe": lambda b, lim: Probe(_probe_data(b, lim)),

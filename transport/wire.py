@@ -47,7 +47,7 @@ def _payload_to_wire(p: Payload) -> dict[str, Any]:
     return {"c": p.codec, "s": list(p.shape), "d": p.dtype, "p": list(p.parts), "m": list(p.meta)}
 
 
-_OMIT_DEFAULT = {"hello": ("job_id", "resume", "site"), "welcome": ("job_id", "site"), "init": ("model",), "params": ("pad", "gradient", "optimizer", "optim_state")}
+_OMIT_DEFAULT = {"hello": ("job_id", "resume", "site"), "welcome": ("job_id", "site"), "init": ("model",), "params": ("pad", "gradient", "optimizer", "optim_state"), "ack": ("delivered_bytes", "delivered_s")}
 """Optional fields left out at their default, so a message without them is byte-identical to an older peer's."""
 
 

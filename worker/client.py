@@ -113,6 +113,9 @@ class PSClient:
         self._bytes_base = (0, 0)  # traffic of connections closed by `reconnect`
         self._keepalive: asyncio.Future[None] | None = None
         self.step_fields = StepFields()
+        self.delivered: tuple[int, float] | None = None
+        """The latest (wire bytes, seconds) a PUSH's ACK reported for an update's return, until
+        `take_delivered`: one copy's bytes, and the first write to the last delivery on the PS."""
         """Extra fields of this step's PUSHes (`StepFields`)."""
 
     async def connect(self, connect_timeout_s: float = 10.0) -> Welcome:
@@ -195,15 +198,26 @@ class PSClient:
         once every byte of the PUSH has left (before the ACK: pipelined pushes pace on it);
         `handle` names the push's stream, so that `abandon(handle)` can withdraw it."""
         if sent is None or self.conn is None:
-            return (await self._request(self.step_fields.push(step, samples, total_keys, grads), Ack, handle)).version
+            return self._acked(await self._request(self.step_fields.push(step, samples, total_keys, grads), Ack, handle))
         # `request` opens this stream id without yielding first, so the watcher follows the right stream.
         watcher = asyncio.ensure_future(_until_sent(self.conn, self.conn.quic.get_next_available_stream_id(), sent))
         try:
-            return (await self._request(self.step_fields.push(step, samples, total_keys, grads), Ack, handle)).version
+            return self._acked(await self._request(self.step_fields.push(step, samples, total_keys, grads), Ack, handle))
         finally:
             watcher.cancel()
             if not sent.done():
                 sent.set_result(None)
+
+    def _acked(self, ack: Ack) -> int:
+        """A PUSH's ACK: keep its delivery report, if any; the PS version it names."""
+        if ack.delivered_bytes > 0:
+            self.delivered = (ack.delivered_bytes, ack.delivered_s)
+        return ack.version
+
+    def take_delivered(self) -> tuple[int, float] | None:
+        """The delivery report kept since the last call (`delivered`), then None."""
+        delivered, self.delivered = self.delivered, None
+        return delivered
 
     def abandon(self, handle: PushHandle) -> bool:
         """Withdraw the push of `handle` if its last byte has not left (see `ClientConnection.abandon`):

@@ -60,6 +60,9 @@ class StepResult:
     """First push byte to the last push's ack, on the slowest shard."""
     staleness: int
     """Async PS: updates applied between this step's version and its own update (max over shards)."""
+    delivered: tuple[int, float] | None = None
+    """The last update's delivery as the PS timed it (`PSClient.delivered`): wire bytes over every
+    shard and the slowest shard's seconds; None unless every shard reported one this step."""
 
 
 @dataclass
@@ -68,6 +71,14 @@ class _Tally:
 
     push_s: list[float]
     staleness: list[int]
+    delivered: list[tuple[int, float] | None]
+
+    def delivery(self) -> tuple[int, float] | None:
+        """Every shard's report combined (`StepResult.delivered`), None if one is missing."""
+        reports = [d for d in self.delivered if d is not None]
+        if not reports or len(reports) < len(self.delivered):
+            return None
+        return sum(b for b, _ in reports), max(s for _, s in reports)
 
 
 class Exchange:
@@ -263,7 +274,7 @@ class Exchange:
         started: float | None,
         pad_bytes: int,
     ) -> StepResult:
-        tally = _Tally([0.0] * len(self.clients), [0] * len(self.clients))
+        tally = _Tally([0.0] * len(self.clients), [0] * len(self.clients), [None] * len(self.clients))
         self._slots = {}
         pads = self._split(pad_bytes) if pad_bytes > 0 else [0] * len(buckets)
         params = await asyncio.gather(
@@ -274,7 +285,8 @@ class Exchange:
         )
         if all(c.conn is not None for c in self.clients):
             self._link_after = await self._read_link()  # read by the training thread after this returns
-        return StepResult(list(params), max(tally.push_s), max(tally.staleness))  # the slowest shard bounds the step
+        # The slowest shard bounds the step.
+        return StepResult(list(params), max(tally.push_s), max(tally.staleness), tally.delivery())
 
     async def _step_shard(
         self,
@@ -344,6 +356,7 @@ class Exchange:
         try:
             acks = (await asyncio.gather(*pushes, *filler))[: len(pushes)]
             tally.push_s[shard] = time.perf_counter() - started  # first byte to the last push's (and filler's) ack
+            tally.delivered[shard] = client.take_delivered()
         except PeerError as exc:
             self._far_pushed(shard, step)  # now: the near shard's held push must not wait out the resync
             return await self._resync_stale(exc, [*filler, *pushes] if pull is None else [pull, *filler, *pushes], step, shard)

@@ -364,6 +364,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
                 codec_s=codec_s,
                 wire_s=stats.wire_s,
                 version=self.version,
+                returned=result.delivered,
             )
         self.uplink.mark_end()
         if self._auto_duplex and early is not None:

@@ -176,10 +176,18 @@ class UplinkController:
         return decision
 
     def observe(
-        self, *, bytes_sent: int, comm_s: float, codec_s: float | None = None, pad_bytes: int = 0, **fields: Any
+        self,
+        *,
+        bytes_sent: int,
+        comm_s: float,
+        codec_s: float | None = None,
+        pad_bytes: int = 0,
+        returned: tuple[int, float] | None = None,
+        **fields: Any,
     ) -> dict[str, Any] | None:
         """Feedback after the push of the pending decision; writes its log line (returned).
-        `bytes_sent` counts the filler sent beside the payload, `pad_bytes` (`pads`).
+        `bytes_sent` counts the filler sent beside the payload, `pad_bytes` (`pads`); `returned`
+        is the last update's delivery as the PS timed it (`StepResult.delivered`).
 
         `codec_s`, the seconds the step's keys took to encode on `codec_clock` (the encoder's
         `take_codec_s`), is the level's measured encode cost, timed as the candidate rounds time
@@ -199,7 +207,9 @@ class UplinkController:
         if self._step >= STARTUP_STEPS:
             if decision.level is not None and codec_s is not None:
                 self.loop.observe_encode(decision.level, self.payload_bytes, codec_s)
-            self.loop.observe(decision, bytes_sent=bytes_sent, comm_s=comm_s, pad_bytes=pad_bytes)
+            self.loop.observe(decision, bytes_sent=bytes_sent, comm_s=comm_s, pad_bytes=pad_bytes, returned=returned)
+        if returned is not None:
+            fields["returned_bytes"], fields["returned_s"] = returned
         self.loop.count(decision.spec)
         self._step += 1
         self._last_end = time.perf_counter()
@@ -219,7 +229,7 @@ class UplinkController:
         bw = decision.bandwidth_Bps
         if passes <= 1 or bw is None or not bw > 0 or nbytes <= 0:
             return 0.0
-        return (passes - 1) * nbytes * byte_s(bw, decision.per_byte_s)
+        return (passes - 1) * nbytes * byte_s(bw, decision.per_byte_s) * decision.return_share
 
     def redecide(self, link: LinkState, *, bytes_acked: int, elapsed_s: float) -> Decision | None:
         """Mid-push: ask the policy whether the pending decision's push, running `elapsed_s` with

@@ -156,4 +156,5 @@ class Policy(ABC):
             per_byte_s=per_byte_s,
             jitter=jitter,
             pad_bytes=pad_bytes,
+            return_share=request.return_share,
         )

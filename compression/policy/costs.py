@@ -249,3 +249,52 @@ class StepJitter:
         if len(self._steps) >= JITTER_MIN_SAMPLES:
             m = statistics.median(self._steps)
             self.value = statistics.median(abs(t - m) for t in self._steps) / m
+
+
+RETURN_WINDOW = 8
+"""Update deliveries `ReturnShare` keeps for its median."""
+RETURN_MIN_SAMPLES = 3
+"""Deliveries it needs before it reports anything but 1."""
+RETURN_MIN_S = 0.004
+"""A delivery counts only if its bytes take this long at the push's rate: the fixed part of its time
+(the PS's write to the first packet, the last ack's delay) is ~1 ms, and on a smaller update it
+would read as a share of several."""
+RETURN_SHARE_BOUNDS = (0.25, 8.0)
+"""The share is clamped to this range: beyond it a figure says more about the hosts' scheduling than
+about the path."""
+
+
+class ReturnShare:
+    """How many pushed bytes' worth of time a byte of the update takes on its way back: the median
+    of the last `RETURN_WINDOW` deliveries' (seconds - min RTT) / (bytes x a pushed byte's time).
+
+    The step-time model sends a gradient-domain update back at the level pushed and priced that
+    return at the push's rate, yet the PS writes one copy per worker at once: where the workers
+    share a bottleneck (the bench's emulated link; workers behind one site's WAN uplink) each
+    worker's copy waits for the others', and a byte of the update costs ~n pushed bytes. Each
+    worker saw the other copies as a fixed part of its step, so a lighter level's saving was
+    understated by the number of workers (docs/POLICIES.md, "The update's return"). The PS times
+    every copy of an update, first write to last delivery (ps/returns.py), and an ACK reports it
+    (`Ack.delivered_s`)."""
+
+    def __init__(self, *, window: int = RETURN_WINDOW, min_samples: int = RETURN_MIN_SAMPLES) -> None:
+        if not 1 <= min_samples <= window:
+            raise ValueError(f"need 1 <= min_samples <= window, got {min_samples} and {window}")
+        self._shares: deque[float] = deque(maxlen=window)
+        self._min_samples = min_samples
+        self.value = 1.0
+        """The current share (1 until `min_samples` deliveries counted)."""
+
+    def observe(self, *, nbytes: int, seconds: float, min_rtt_s: float, push_byte_s: float) -> None:
+        """One delivery of `nbytes` that took `seconds` from the PS's write to its ack, on a path of
+        `min_rtt_s` where a pushed byte takes `push_byte_s`. Skipped when invalid or when its bytes
+        would take less than `RETURN_MIN_S` at that rate."""
+        if nbytes <= 0 or not (math.isfinite(seconds) and seconds >= 0) or not (math.isfinite(push_byte_s) and push_byte_s > 0):
+            return
+        expected = nbytes * push_byte_s
+        if expected < RETURN_MIN_S:
+            return
+        lo, hi = RETURN_SHARE_BOUNDS
+        self._shares.append(min(hi, max(lo, max(0.0, seconds - max(0.0, min_rtt_s)) / expected)))
+        if len(self._shares) >= self._min_samples:
+            self.value = statistics.median(self._shares)

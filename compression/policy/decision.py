@@ -39,12 +39,18 @@ class ChooseRequest:
     """How many times a level's bytes cross a path like this one per step: 2 when a
     gradient-domain PS sends the step back at the level each key was pushed in (`Policy.passes`);
     the predicted wire time is that many sends."""
+    return_share: float = 1.0
+    """What a byte of the update costs on its way back, in a pushed byte's time (`byte_s`): the
+    sends after the first are priced at this many times the push's. Measured by the policy
+    (`ReturnShare`: ~n where n workers' copies cross one bottleneck at once); 1 until then."""
 
     def __post_init__(self) -> None:
         if self.payload_bytes < 0:
             raise ValueError(f"payload_bytes must be >= 0, got {self.payload_bytes}")
         if self.wire_passes < 1:
             raise ValueError(f"wire_passes must be >= 1, got {self.wire_passes}")
+        if not (math.isfinite(self.return_share) and self.return_share > 0):
+            raise ValueError(f"return_share must be finite and > 0, got {self.return_share}")
         if not (math.isfinite(self.compute_s) and self.compute_s >= 0):
             raise ValueError(f"compute_s must be finite and >= 0, got {self.compute_s}")
 
@@ -69,6 +75,9 @@ class SendReport:
     """True for a send known not to fill the pipe."""
     pad_bytes: int = 0
     """Filler bytes (`Decision.pad_bytes`) included in `bytes_sent`."""
+    returned: tuple[int, float] | None = None
+    """An update's return as the PS timed it (`Ack.delivered_s`): (one copy's wire bytes, seconds
+    from its first copy written to its last delivered); None when not reported."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,11 +124,14 @@ class Decision:
     pad_bytes: int = 0
     """Filler to send beside the step's payload (a probe: the send becomes a bandwidth sample; the
     receiver drops it), only when the request allowed it (`ChooseRequest.pad_ok`)."""
+    return_share: float = 1.0
+    """The request's `ChooseRequest.return_share` the prediction used."""
 
     def request(self, link: LinkState) -> ChooseRequest:
         """The request this decision answered, asked again on the path as `link` shows it now."""
         return ChooseRequest(
-            link=link, payload_bytes=self.payload_bytes, compute_s=self.compute_s, step=self.step, overlap=self.overlap
+            link=link, payload_bytes=self.payload_bytes, compute_s=self.compute_s, step=self.step, overlap=self.overlap,
+            return_share=self.return_share,
         )
 
     def to_record(
@@ -153,6 +165,7 @@ class Decision:
             "per_byte_s": self.per_byte_s,
             "jitter": self.jitter,
             "pad_bytes": self.pad_bytes,
+            "return_share": self.return_share,
             "bw_Bps": link.bandwidth_Bps,
             "min_rtt_s": link.min_rtt_s,
             "srtt_s": link.srtt_s,
@@ -177,7 +190,8 @@ class Prediction:
     """Predicted cost of sending one level this step (the step-time model of docs/POLICIES.md)."""
 
     comm_s: float
-    """T_l = r_l * S * max(1 / B, c) + min_rtt + e_l (c: measured seconds per wire byte, 0 if unknown)."""
+    """T_l = r_l * S * max(1 / B, c) * (1 + (passes - 1) * share) + min_rtt + e_l (c: measured seconds
+    per wire byte, 0 if unknown; share: `ChooseRequest.return_share`)."""
     step_s: float
     """P_l = Tc + T_l, or max(Tc, T_l) when communication overlaps compute."""
 
@@ -198,11 +212,14 @@ def predict(
     overlap: bool,
     per_byte_s: float = 0.0,
     wire_passes: int = 1,
+    return_share: float = 1.0,
 ) -> Prediction:
     """The step-time model for one level; `per_byte_s` is the transport's measured cost of a
     wire byte (`TransportCost`), which bounds the rate where the hosts, not the link, limit it;
-    `wire_passes` sends of its bytes per step (`ChooseRequest.wire_passes`)."""
-    wire_s = wire_passes * level.wire_bytes(payload_bytes) * byte_s(bandwidth_Bps, per_byte_s)
+    `wire_passes` sends of its bytes per step (`ChooseRequest.wire_passes`), those after the
+    first at `return_share` times a pushed byte's time."""
+    sends = 1 + (wire_passes - 1) * return_share
+    wire_s = sends * level.wire_bytes(payload_bytes) * byte_s(bandwidth_Bps, per_byte_s)
     comm = wire_s + min_rtt_s + level.codec_s(payload_bytes)
     return Prediction(comm, max(compute_s, comm) if overlap else compute_s + comm)
 
@@ -220,6 +237,7 @@ def predict_request(
         overlap=request.overlap,
         per_byte_s=per_byte_s,
         wire_passes=request.wire_passes,
+        return_share=request.return_share,
     )
 
 

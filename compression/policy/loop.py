@@ -125,10 +125,22 @@ class PolicyLoop:
             return
         self.policy.observe_costs(level=level, dense_bytes=dense_bytes, encode_s=encode_s)
 
-    def observe(self, decision: Decision, *, bytes_sent: int, comm_s: float, pad_bytes: int = 0) -> None:
-        """What the send of `decision` cost: `bytes_sent` wire bytes (`pad_bytes` of them filler) in `comm_s`."""
+    def observe(
+        self,
+        decision: Decision,
+        *,
+        bytes_sent: int,
+        comm_s: float,
+        pad_bytes: int = 0,
+        returned: tuple[int, float] | None = None,
+    ) -> None:
+        """What the send of `decision` cost: `bytes_sent` wire bytes (`pad_bytes` of them filler) in
+        `comm_s`; `returned`: an update's return as the PS reported it (`SendReport.returned`)."""
         self.policy.observe(
-            SendReport(step=decision.step, level=decision.level, bytes_sent=bytes_sent, comm_s=comm_s, pad_bytes=pad_bytes)
+            SendReport(
+                step=decision.step, level=decision.level, bytes_sent=bytes_sent, comm_s=comm_s, pad_bytes=pad_bytes,
+                returned=returned,
+            )
         )
 
     def warm_up(self, levels: list[int], tensors: list[torch.Tensor], observer: RoundObserver | None = None) -> None:

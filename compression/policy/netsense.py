@@ -18,7 +18,7 @@ from ..progress import DEFAULT_SAMPLE_NUMEL
 from ..window import WINDOW_SAMPLE_NUMEL, WindowResult, sees_whole_keys
 from .bandwidth import BandwidthEstimate
 from .base import Policy
-from .costs import CodecCosts, StepJitter, TransportCost
+from .costs import CodecCosts, ReturnShare, StepJitter, TransportCost
 from .decision import ChooseRequest, Decision, SendReport, byte_s, predict_steps
 from .ladder import NOMINAL_NUMEL, Ladder, Level
 from .law import LevelHold
@@ -60,6 +60,9 @@ class NetsensePolicy(Policy):
         """Measured encode/decode cost per level (the ladder's figures until timed)."""
         self.transport = TransportCost()
         """Measured marginal seconds per wire byte, fitted across levels."""
+        self.returns = ReturnShare()
+        """What a byte of the update costs coming back, in pushed bytes (`ChooseRequest.return_share`)."""
+        self._push_byte_s: float | None = None  # a pushed byte's time as the last prediction priced it
         self._payload_bytes = 0  # S of the last decision
         self._queue_s = 0.0  # the link's standing queue at the last decision
         self._now_s = 0.0  # link time of the last decision
@@ -178,7 +181,8 @@ class NetsensePolicy(Policy):
         return self.bandwidth.effective(link, queue_tolerance_s=self.settings.queue_tolerance_s)
 
     def choose(self, request: ChooseRequest) -> Decision:
-        request = replace(request, wire_passes=self.passes)  # a gradient-domain downlink sends the level back
+        # A gradient-domain downlink sends the level back, at the share its deliveries measured.
+        request = replace(request, wire_passes=self.passes, return_share=self.returns.value)
         s, link = self.settings, request.link
         self._decisions += 1
         if link.min_rtt_s is not None:
@@ -253,7 +257,7 @@ class NetsensePolicy(Policy):
         if bw is None:
             return None
         self._now_s = link.time_s
-        request = replace(sent.request(link), wire_passes=self.passes)
+        request = replace(sent.request(link), wire_passes=self.passes, return_share=self.returns.value)
         levels, per_byte, rtt = self._levels_now(), self._per_byte_s(), link.min_rtt_s or 0.0
         q = self._qs()
         preds = predict_steps(levels, request, bandwidth_Bps=bw, per_byte_s=per_byte)
@@ -283,6 +287,9 @@ class NetsensePolicy(Policy):
         self.bandwidth.add_app_sample(
             bytes_sent=bytes_sent, comm_s=comm_s, min_rtt_s=self._min_rtt_s, app_limited=bool(report.app_limited)
         )
+        if report.returned is not None and self._push_byte_s is not None:
+            nbytes, seconds = report.returned
+            self.returns.observe(nbytes=nbytes, seconds=seconds, min_rtt_s=self._min_rtt_s, push_byte_s=self._push_byte_s)
         if level is not None and 0 <= level < len(self.ladder):
             # The receiver decodes before it acknowledges (the PS acks a push once decoded), so its
             # decode is part of comm_s but not of the transport's per-byte cost.
@@ -448,7 +455,8 @@ class NetsensePolicy(Policy):
     def _sent(self, decision: Decision, bw: float, rtt: float) -> Decision:
         """Remember the wire time predicted for this decision (codec time excluded, as `comm_s`)."""
         wire = decision.predicted_bytes + decision.pad_bytes
-        self._predicted_wire_s = wire / bw + rtt, wire * byte_s(bw, decision.per_byte_s) + rtt
+        self._push_byte_s = byte_s(bw, decision.per_byte_s)
+        self._predicted_wire_s = wire / bw + rtt, wire * self._push_byte_s + rtt
         return decision
 
     def _qs(self) -> list[float]:

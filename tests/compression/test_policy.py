@@ -589,11 +589,15 @@ def run_aware(policy: NetsensePolicy, bws: list[float], **kw: object) -> list[in
     return out
 
 
-def aware_reference(bw_Bps: float, *, compute_s: float = TC, eps: float = 0.1, tie: float = 0.01, passes: int = 1) -> int:
+def aware_reference(
+    bw_Bps: float, *, compute_s: float = TC, eps: float = 0.1, tie: float = 0.01, passes: int = 1, share: float = 1.0
+) -> int:
     """The progress-aware law written out independently: cost P/q, least lossy within (1+eps)
-    of the best cost, equal-q levels by predicted step (fp16 over fp32 when > 1% faster)."""
+    of the best cost, equal-q levels by predicted step (fp16 over fp32 when > 1% faster); the
+    sends after the first at `share` times a pushed byte's time."""
+    sends = 1 + (passes - 1) * share
     steps = [
-        compute_s + passes * lv.ratio * S / bw_Bps + RTT + (lv.encode_s_per_mb + lv.decode_s_per_mb) * S / 1e6 for lv in LADDER_Q
+        compute_s + sends * lv.ratio * S / bw_Bps + RTT + (lv.encode_s_per_mb + lv.decode_s_per_mb) * S / 1e6 for lv in LADDER_Q
     ]
     qs = [x**passes for x in Q]
     cost = [p / qi for p, qi in zip(steps, qs)]
@@ -616,6 +620,39 @@ def test_two_passes_price_each_level_at_q_squared_and_twice_its_bytes(mbit: floa
     p = aware()
     p.passes = 2
     assert run_aware(p, [mbit])[0] == aware_reference(mbit * MBIT, eps=0.02, tie=0.01 * 0.02 / 0.1, passes=2)
+
+
+def test_the_measured_return_share_prices_the_update_coming_back() -> None:
+    """Against a gradient-domain PS whose updates reach every worker in 3x one copy's time (three
+    workers' copies through one bottleneck), the PS's reports (`SendReport.returned`) set the share
+    to 3 and the law prices the return at three pushed bytes a byte; with no report the share
+    stays 1. Some bandwidth's pick then differs from the one-share law's."""
+    mbit, min_rtt = 50, RTT
+
+    def after_reports(share: float | None) -> tuple[NetsensePolicy, list[int | None]]:
+        p = aware(probe_interval=0, probe_interval_s=0)
+        p.passes = 2
+        run_aware(p, [mbit])  # the first decision: a pushed byte's time is now known
+        for step in range(3):
+            returned = None if share is None else (1_000_000, min_rtt + share * 1_000_000 / (mbit * MBIT))
+            p.observe(SendReport(step=step, level=p.level, bytes_sent=1000, comm_s=0.1, returned=returned))
+        p.provisional()  # judge afresh, no hold
+        return p, run_aware(p, [mbit])
+
+    p, _ = after_reports(None)
+    assert p.returns.value == 1.0
+    p, _ = after_reports(3.0)
+    assert p.returns.value == pytest.approx(3.0, rel=0.01)
+    picks = {
+        m: (aware_reference(m * MBIT, eps=0.02, tie=0.002, passes=2), aware_reference(m * MBIT, eps=0.02, tie=0.002, passes=2, share=3.0))
+        for m in (1, 5, 20, 50, 100, 200, 400)
+    }
+    assert any(one != three for one, three in picks.values())
+    for m in picks:
+        q = aware(probe_interval=0, probe_interval_s=0)
+        q.passes = 2
+        q.returns.value = 3.0
+        assert run_aware(q, [m])[0] == picks[m][1], m
 
 
 def test_two_passes_move_the_pick_somewhere() -> None:

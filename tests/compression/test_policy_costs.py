@@ -357,3 +357,31 @@ def test_step_jitter_ignores_bad_figures_and_can_be_off() -> None:
     for t in (0.1, 0.3, 0.1, 0.3, 0.1):
         off.observe(t)
     assert off.value == 0.0
+
+
+def test_return_share_is_the_median_delivery_over_a_pushed_bytes_time() -> None:
+    """One until three deliveries counted; then the median of (seconds - min RTT) / (bytes x a
+    pushed byte's time), clamped; deliveries too small to time (< RETURN_MIN_S at the push's
+    rate) and nonsense are skipped."""
+    from netsense.compression.policy.costs import RETURN_MIN_S, RETURN_SHARE_BOUNDS, ReturnShare
+
+    r = ReturnShare()
+    per_byte = 1 / 2.5e6  # 20 Mbit/s
+    nbytes = 100_000  # 40 ms at that rate
+    r.observe(nbytes=nbytes, seconds=0.02 + 0.080, min_rtt_s=0.02, push_byte_s=per_byte)  # 2x
+    r.observe(nbytes=nbytes, seconds=0.02 + 0.160, min_rtt_s=0.02, push_byte_s=per_byte)  # 4x
+    assert r.value == 1.0
+    small = int(0.5 * RETURN_MIN_S / per_byte)
+    r.observe(nbytes=small, seconds=5.0, min_rtt_s=0.02, push_byte_s=per_byte)  # too small to time
+    r.observe(nbytes=nbytes, seconds=math.nan, min_rtt_s=0.02, push_byte_s=per_byte)
+    r.observe(nbytes=0, seconds=1.0, min_rtt_s=0.02, push_byte_s=per_byte)
+    r.observe(nbytes=nbytes, seconds=1.0, min_rtt_s=0.02, push_byte_s=0.0)
+    assert r.value == 1.0
+    r.observe(nbytes=nbytes, seconds=0.02 + 0.120, min_rtt_s=0.02, push_byte_s=per_byte)  # 3x
+    assert r.value == pytest.approx(3.0)
+    for _ in range(8):
+        r.observe(nbytes=nbytes, seconds=100.0, min_rtt_s=0.02, push_byte_s=per_byte)
+    assert r.value == RETURN_SHARE_BOUNDS[1]
+    for _ in range(8):
+        r.observe(nbytes=nbytes, seconds=0.0, min_rtt_s=0.02, push_byte_s=per_byte)  # faster than the RTT
+    assert r.value == RETURN_SHARE_BOUNDS[0]

@@ -39,6 +39,7 @@ MESSAGES = [
     Pull(-1, 0),
     Params(5, False, {"a": P}, base_version=4),
     Ack(7),
+    Ack(8, delivered_bytes=14_700, delivered_s=0.031),
     Error("shape", "bad"),
     Bye("done"),
 ]
@@ -68,6 +69,13 @@ def _payload(**over: object) -> dict[str, object]:
         (msgpack.packb({"t": "ack", "version": 1}), "version"),
         (_raw(t="nope"), "type"),
         (_raw(t="ack", version="x"), "malformed"),
+        (_raw(t="ack", version=1, delivered_bytes=-1, delivered_s=0.1), "malformed"),
+        (_raw(t="ack", version=1, delivered_bytes=1 << 40, delivered_s=0.1), "malformed"),
+        (_raw(t="ack", version=1, delivered_bytes=10, delivered_s=float("nan")), "malformed"),
+        (_raw(t="ack", version=1, delivered_bytes=10, delivered_s=-0.5), "malformed"),
+        (_raw(t="ack", version=1, delivered_bytes=10, delivered_s=1e9), "malformed"),
+        (_raw(t="ack", version=1, delivered_bytes=10, delivered_s=True), "malformed"),
+        (_raw(t="ack", version=1, delivered_bytes=10, delivered_s="1"), "malformed"),
         (_raw(t="hello", worker_id="w", rank=0, client_nonce=b"short"), "malformed"),
         (_raw(t="hello", worker_id="w", rank=0, client_nonce=bytes(32), site="a b"), "malformed"),
         (_raw(t="hello", worker_id="w", rank=0, client_nonce=bytes(32), site="x" * 33), "malformed"),
@@ -143,3 +151,10 @@ def test_params_filler_is_optional_bounded_and_round_trips() -> None:
     bad = _raw(t="params", version=5, full=False, tensors={}, base_version=4, pad="text")
     with pytest.raises(ProtocolError, match="'pad' must be bin"):
         decode_message(bad)
+
+
+def test_an_ack_without_a_delivery_is_the_bytes_of_a_peer_from_before_reports() -> None:
+    """`Ack.delivered_*` (the update's return): left out at 0, and a PS that never sends them is read as 0."""
+    assert b"delivered" not in encode_message(Ack(3))
+    back = decode_message(_raw(t="ack", version=3))
+    assert isinstance(back, Ack) and (back.delivered_bytes, back.delivered_s) == (0, 0.0)

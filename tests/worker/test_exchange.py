@@ -126,3 +126,15 @@ def test_a_fixed_policy_never_crosses_to_redecide_a_slow_push(ps, monkeypatch) -
                 model(torch.randn(3, 8)).sum().backward()
                 opt.step(samples=3)
             assert ("Exchange._redecide" in crossings) is asks, (policy, crossings)
+
+
+def test_a_steps_update_return_is_every_shards_bytes_in_the_slowest_shards_time() -> None:
+    """`StepResult.delivered`: the shards' reports combined (bytes summed, the slowest time), or
+    None when one shard has none this step (a partial figure would price the whole update)."""
+    from netsense.worker.exchange import _Tally
+
+    tally = _Tally([0.0] * 3, [0] * 3, [(1000, 0.02), (3000, 0.05), (500, 0.01)])
+    assert tally.delivery() == (4500, 0.05)
+    tally.delivered[1] = None
+    assert tally.delivery() is None
+    assert _Tally([0.0], [0], [None]).delivery() is None

@@ -65,7 +65,7 @@ def test_step_encode_time_and_candidate_rounds_become_measured_costs() -> None:
     assert policy.costs.measured(2) == (True, True) and policy.costs.measured(1) == (False, False)
 
 
-def test_the_updates_return_is_counted_once_against_a_gradient_domain_ps() -> None:
+def test_the_updates_return_is_counted_once_against_a_gradient_domain_ps(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """With two passes the law prices every level's return itself, so the wait for the update
     gives back the law's figure for the return at the level just sent: (passes - 1) x its bytes at
     the decision's bandwidth; with one pass (or no bandwidth yet) the wait stays whole."""
@@ -83,6 +83,16 @@ def test_the_updates_return_is_counted_once_against_a_gradient_domain_ps() -> No
         assert up._waited_s == pytest.approx(max(0.0, 0.3 - back))
         assert (up._waited_s < 0.3) == (passes == 2)
     assert up._waited_s == 0.0  # a return longer than the wait leaves none, never less
+    policy.returns.value = 2.0  # every worker's copy through one bottleneck: the law prices the return twice
+    from netsense.compression.policy.decisionlog import DecisionLog
+
+    up.loop.log = DecisionLog(tmp_path / "up.jsonl", direction="up")
+    decision = up.choose(link, started=11.0)
+    assert decision.return_share == 2.0
+    line = up.observe(bytes_sent=100_000, comm_s=0.2, wire_s=0.5, returned=(100_000, 0.05))
+    back = 2.0 * 100_000 * max(1 / decision.bandwidth_Bps, decision.per_byte_s or 0.0)  # type: ignore[operator]
+    assert up._waited_s == pytest.approx(max(0.0, 0.3 - back))
+    assert line is not None and (line["returned_bytes"], line["returned_s"], line["return_share"]) == (100_000, 0.05, 2.0)
 
 
 def test_compute_time_holds_the_wait_for_the_update(monkeypatch) -> None:  # type: ignore[no-untyped-def]
