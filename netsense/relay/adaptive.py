@@ -80,15 +80,24 @@ class AdaptiveUpstream:
         self.encoder.track_progress(decision.level, decision.spec)
 
     def observe(
-        self, payloads: dict[str, Payload], *, push_s: float, encode_s: float, wire_s: float, step: int, pad_bytes: int = 0
+        self,
+        payloads: dict[str, Payload],
+        *,
+        push_s: float,
+        encode_s: float,
+        wire_s: float,
+        step: int,
+        pad_bytes: int = 0,
+        returned: tuple[int, float] | None = None,
     ) -> None:
-        """What the push cost (with `pad_bytes` of filler beside it), fed back to the policy;
-        writes its decision-log line."""
+        """What the push cost (with `pad_bytes` of filler beside it), and `returned`, an update's
+        return as the PS reported it, fed back to the policy; writes its decision-log line."""
         assert self.uplink is not None and self.encoder is not None
         bytes_sent = sum(p.wire_size for p in payloads.values()) + pad_bytes
         codec_s = self.encoder.take_codec_s()
         self.uplink.observe(
-            bytes_sent=bytes_sent, pad_bytes=pad_bytes, comm_s=push_s, codec_s=codec_s, encode_s=encode_s, wire_s=wire_s, version=step
+            bytes_sent=bytes_sent, pad_bytes=pad_bytes, comm_s=push_s, codec_s=codec_s, encode_s=encode_s, wire_s=wire_s,
+            version=step, returned=returned,
         )
 
     def mark_end(self) -> None:

@@ -101,9 +101,12 @@ class Upstream:
         try:
             params, push_s = await self._send(agg, total_keys, buckets, pad)
             self.last_push_s = push_s
+            returned = self.client.take_delivered()  # an update's return, as the PS reported it
             if adaptive is not None and payloads is not None and push_s is not None:
                 wire_s = time.perf_counter() - sent
-                adaptive.observe(payloads, push_s=push_s, encode_s=sent - started, wire_s=wire_s, step=agg.step, pad_bytes=pad)
+                adaptive.observe(
+                    payloads, push_s=push_s, encode_s=sent - started, wire_s=wire_s, step=agg.step, pad_bytes=pad, returned=returned
+                )
             return params
         finally:
             if progress is not None:

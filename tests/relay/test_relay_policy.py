@@ -76,6 +76,8 @@ def test_the_relay_pushes_at_the_policys_level_and_feeds_back_the_cost(certs: Ce
     sent = {r.step: r.bytes_sent for r in policy.reports}
     assert sorted(sent) == list(range(1, STEPS))
     assert all(r.comm_s > 0 for r in policy.reports)
+    # Each push's ACK reports the update before it (complete once this push applied the next).
+    assert all(r.returned is not None and r.returned[0] > 0 and r.returned[1] >= 0 for r in policy.reports)
     for step, n in sent.items():  # qsgd:4 is ~1/8 of the model, fp32 all of it
         assert (0.9 * MODEL_BYTES < n < 1.1 * MODEL_BYTES) if step % 2 == 0 else (n < 0.2 * MODEL_BYTES), (step, n)
     assert policy.progress and all(0 < q <= 1 for _, q in policy.progress)
