@@ -49,9 +49,11 @@ def test_an_older_version_never_replaces_a_newer_and_stale_ones_are_dropped() ->
 
 
 def test_each_ack_reports_a_newer_complete_update_once(ps) -> None:  # type: ignore[no-untyped-def]
-    """Two workers on loopback: update 1's return is complete once update 2 is applied, so the
-    last of the second pushes hears of it in its ACK and the other connection at its next push;
-    every report is one copy's size, and no connection hears of one update twice."""
+    """Two workers on loopback: an update's return is complete once the next update is applied
+    (every worker took its copy, and acknowledged it on the packets of its next push), so the push
+    that applies update s + 1 hears of update s in its ACK, and the other connection at its next
+    push unless it heard of a newer one first; every report is one copy's size, and no connection
+    hears of one update twice."""
     net = NetThread("test-workers")
     conf = client_configuration(TransportSettings(), ca=str(ps.certs.ca), server_name="127.0.0.1")
     clients = [PSClient("127.0.0.1", ps.port, conf, Identity(f"w{r}", r, load_secret(ps.certs.secret))) for r in range(2)]
@@ -81,12 +83,10 @@ def test_each_ack_reports_a_newer_complete_update_once(ps) -> None:  # type: ign
         for c in clients:
             net.run(c.close())
         net.close()
-    first, second, third = steps
-    assert all(report is None for report, _ in first)  # no update returned before step 0's push
-    assert sum(report is not None for report, _ in second) == 1  # the push that applied update 2
-    assert all(report is not None for report, _ in third)  # update 1 to the other, update 2 to the last
-    size = second[0][1]  # one copy's tensor bytes; the message adds its framing
+    assert all(report is None for report, _ in steps[0])  # no update returned before step 0's push
+    assert all(any(report is not None for report, _ in step) for step in steps[1:])  # the applying push's
+    size = steps[1][0][1]  # one copy's tensor bytes; the message adds its framing
     for worker in range(2):
         reports = [s[worker][0] for s in steps if s[worker][0] is not None]
-        assert 1 <= len(reports) <= 2 and len(set(reports)) == len(reports)
+        assert 1 <= len(reports) <= 2 and len(set(reports)) == len(reports)  # updates 1 and 2 at most, once
         assert all(size < nbytes < size + 1024 and 0 < seconds < 5 for nbytes, seconds in reports)
