@@ -28,8 +28,8 @@ from netsense.transport.wire import Limits, Params, encode_message
 
 from . import checkpoint
 from .downlink import DownlinkController
-from .returns import UpdateReturns
 from .release import WanFirst
+from .returns import UpdateReturns
 from .session import WorkerSession
 from .store import ParameterStore, StepApplied
 from .store.store import DOWNLINK_DOMAINS
