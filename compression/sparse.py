@@ -36,7 +36,7 @@ from .chunks import run_chunks, scratch
 from .indexcoding import decode_indices, encode_indices
 from .limits import cast_clamped, checked_numel, k_for, parse_density, require_finite, split_suffix
 from .quantize import decode_quantized, quantize, quantized_wire_size
-from .topkscan import _SCAN_CHUNK, SCAN_FROM, largest_indices, topk_indices  # noqa: F401 (topk_indices: re-exported)
+from .topkscan import _SCAN_CHUNK, largest_indices
 
 VALUE_MODES = ("raw", "fp16", "q8")
 """How sparse values travel: the dense dtype, fp16, or 8-bit stochastic quantization."""
@@ -278,7 +278,6 @@ class TopK(SparseCodec):
     `torch.topk` elsewhere."""
 
     name = "topk"
-    SCAN_FROM = SCAN_FROM
 
     def __init__(self, spec: str, density: float, value_mode: str) -> None:
         super().__init__(spec, value_mode)

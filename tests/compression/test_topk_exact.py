@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from netsense.compression import make_codec
 from netsense.compression import topkscan
 from netsense.compression.limits import k_for
-from netsense.compression.sparse import TopK, topk_indices
+from netsense.compression.topkscan import SCAN_FROM, topk_indices
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
@@ -207,7 +207,7 @@ def test_other_devices_and_small_tensors_keep_torch_topk(monkeypatch: pytest.Mon
     monkeypatch.setattr(topkscan, "topk_indices", fail)
     codec = make_codec("topk:0.01")
     assert not topkscan.scans(OnCuda(), 1000)  # type: ignore[arg-type]
-    small = torch.randn(TopK.SCAN_FROM - 1, generator=_gen(9))
+    small = torch.randn(SCAN_FROM - 1, generator=_gen(9))
     assert_top_k(small, codec.select(small), k_for(small.numel(), 0.01))  # type: ignore[attr-defined]
     dense = torch.randn(100_000, generator=_gen(9))
     assert_top_k(dense, make_codec("topk:0.3").select(dense), 30_000)  # type: ignore[attr-defined]
