@@ -131,6 +131,9 @@ async def _serve(  # type: ignore[no-untyped-def]
     if metrics is not None:
         metrics.close()
     await server.flush_checkpoint()
-    print(json.dumps({"event": "stopped", "version": server.store.version, "errors_sent": server.errors_sent, "applied_steps": server.store.applied_steps}), flush=True)
+    print(json.dumps({
+        "event": "stopped", "version": server.store.version, "errors_sent": server.errors_sent,
+        "applied_steps": server.store.applied_steps, "refused_connections": server.refused_connections,
+    }), flush=True)  # fmt: skip
     sys.stdout.flush()
     return 0

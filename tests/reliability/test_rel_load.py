@@ -88,13 +88,14 @@ def test_strangers_sending_before_auth_do_not_grow_the_ps(certs, tmp_path: Path)
     import asyncio
 
     from netsense.transport.channel import open_connection
+    from netsense.transport.sensing.aioquic_private import is_closing, read_recovery
     from netsense.transport.tls import TransportSettings, client_configuration
 
     ps, port = start_ps(tmp_path, Path(certs.ca).parent)
     time.sleep(1.0)
     before = _rss_kib(ps.p.pid)
 
-    async def one() -> str | None:
+    async def one() -> tuple[str | None, str]:
         config = client_configuration(TransportSettings(), ca=certs.ca, server_name="127.0.0.1")
         async with open_connection("127.0.0.1", port, config) as conn:
             sid = conn.quic.get_next_available_stream_id()
@@ -104,16 +105,21 @@ def test_strangers_sending_before_auth_do_not_grow_the_ps(certs, tmp_path: Path)
             deadline = time.monotonic() + 20
             while conn.closed_reason is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
-            return conn.closed_reason
+            # What a failure needs to tell apart (a close never sent, lost, or still draining)
+            r = read_recovery(conn.quic)
+            state = f"closing={is_closing(conn.quic)} srtt={r.srtt_s} rttvar={r.rttvar_s} pto_count={r.pto_count}"
+            return conn.closed_reason, state
 
-    async def three() -> list[str | None]:
+    async def three() -> list[tuple[str | None, str]]:
         return list(await asyncio.gather(*(one() for _ in range(3))))
 
-    reasons = asyncio.run(three())
+    outcomes = asyncio.run(three())
+    reasons = [reason for reason, _ in outcomes]
     peak = _rss_kib(ps.p.pid)
     time.sleep(5.0)
     after = _rss_kib(ps.p.pid)
-    stop_ps(ps)
+    stopped = stop_ps(ps)
     print(f"pre-auth 3 x 60 MiB: PS RSS {before / 1024:.0f} MB -> {peak / 1024:.0f} MB, {after / 1024:.0f} MB 5 s later; {reasons}")
-    assert all(r is not None and "before authenticating" in r for r in reasons), reasons
+    assert stopped["refused_connections"] == 3, stopped
+    assert all(r is not None and "before authenticating" in r for r in reasons), outcomes
     assert peak - before < 32 * 1024, (before, peak)  # was +149 MB; 3 x 64 KiB windows are nothing
