@@ -157,6 +157,37 @@ LagEnergy = Callable[[int, Sequence[torch.Tensor]], float]
 """(level, its residual per key) -> what a cumulative window charges for that lag at one step."""
 
 
+def projected_progress(points: Sequence[tuple[int, float]], window: int, max_exponent: float) -> float | None:
+    """q_W at `window` steps from (steps, q) measured at fewer (an interim's): the error odds
+    (1 - q) / q fitted as a power of the steps, steps^-gamma (least squares in logs), followed to
+    `window`. Odds fall only as fast as |sum g|^2 grows while the error stays (a residual that
+    settled): gamma is held to [0, `max_exponent`], that growth's exponent, so a residual still
+    growing (top-k) projects flat and odds that rose never project below the last figure. None
+    with fewer than two points below 1."""
+    usable = [(math.log(steps), math.log((1 - q) / q)) for steps, q in points if steps > 0 and 0 < q < 1]
+    if len(usable) < 2:
+        return None
+    mx = sum(x for x, _ in usable) / len(usable)
+    my = sum(y for _, y in usable) / len(usable)
+    spread = sum((x - mx) ** 2 for x, _ in usable)
+    if not spread > 0:
+        return None
+    slope = sum((x - mx) * (y - my) for x, y in usable) / spread
+    gamma = min(max(0.0, -slope), max(0.0, max_exponent))
+    last_steps, last_q = max(points)
+    odds = (1 - last_q) / last_q * (window / last_steps) ** -gamma
+    return 1 / (1 + odds)
+
+
+def signal_growth(noise: NoiseScale, steps: int, window: int) -> float:
+    """The exponent with which |sum g|^2 grows from `steps` to `window` steps, E = w^2 |G|^2 + w
+    tr(Sigma_B): 2 when the true gradient dominates, 1 when noise does (or no signal was measured)."""
+    if not (noise.signal > 0 and math.isfinite(noise.signal) and math.isfinite(noise.noise)) or window <= steps:
+        return 1.0
+    grow = (window**2 * noise.signal + window * max(0.0, noise.noise)) / (steps**2 * noise.signal + steps * max(0.0, noise.noise))
+    return math.log(grow) / math.log(window / steps)
+
+
 def window_progress(sum_energy: float, error: float) -> float | None:
     """q_W from |sum g|^2 (`sum_energy`) and |r_start - r_end|^2 plus the lag (`error`: |r_end|^2,
     or sum_t |r_t|^2 for a cumulative stream); None when sum g is zero."""
@@ -177,8 +208,8 @@ class WindowResult:
     steps: int
     """The measured steps behind it: W, or fewer for an interim result."""
     interim: bool = False
-    """An early look (`WindowProbe.interim` measured steps): fewer re-sends credited than W, so it
-    prices error feedback lower than the window will; it stands in for priors until then."""
+    """An early look (`WindowProbe.interim` measured steps), q projected to W (`projected_progress`:
+    fewer re-sends are credited in fewer steps); it stands in for priors until the window ends."""
     cpu_s: float = 0.0
     """Thread CPU seconds the window's feeds took so far (what it cost, for its budget)."""
     level_steps: int = 0
@@ -199,7 +230,8 @@ class WindowProbe:
     gradient stream: `feed` one step's gradients (per key, the same shapes every step) `warm` + W
     times (`warm` W // 2 unless given: the residuals of error feedback around a contraction settle
     within a few steps, top-k's slowly whatever the wait); the last call returns the `WindowResult`,
-    the call after `interim` measured steps (W // 4 unless given; 0: none) an interim one. With
+    the call after `interim` measured steps (W // 4 unless given; 0: none) an interim one, each
+    level's q measured at 2 ... `interim` steps projected to W (`projected_progress`). With
     `cumulative`, what is fed are running totals (the PS's parameters) and a step's gradient is the
     change since the previous feed (one more feed: the first only sets the base), and the lag is
     charged at every measured step (sum_t |r_t|^2: a replica's displacement, see the module). With
@@ -255,6 +287,7 @@ class WindowProbe:
         self.level_steps = 0
         """Error-feedback steps run so far, over the same feeds as `cpu_s` (a restart keeps both)."""
         self._level_cpu: dict[int, tuple[float, int]] = {}  # level -> (its own step CPU s, its steps)
+        self._early: dict[int, list[tuple[int, float]]] = {}  # level -> (steps, q) up to the interim
 
     @property
     def done(self) -> bool:
@@ -336,8 +369,12 @@ class WindowProbe:
         self.fed += 1
         if self.done:
             return self._result(self.window)
-        if 2 <= self.interim < self.window and self.fed == self.warm + self.interim:
-            return self._result(self.interim)
+        steps = self.fed - self.warm
+        if 2 <= self.interim < self.window and 2 <= steps <= self.interim:
+            for level, q in self._progress(steps).items():
+                self._early.setdefault(level, []).append((steps, q))
+            if steps == self.interim:
+                return self._interim_result(steps)
         return None
 
     def _step_level(self, level: int, sample: list[torch.Tensor], measuring: bool) -> None:
@@ -364,10 +401,26 @@ class WindowProbe:
                 self._lag[level] = self._lag.get(level, 0.0) + self.lag_energy(level, residual)
         except (CompressionError, ValueError, RuntimeError) as exc:
             log.warning("progress window: level %d (%s) dropped: %s", level, self.specs[level], exc)
-            for store in (self.specs, self._codecs, self._residual, self._start, self._error_sq, self._lag, self._level_cpu):
+            for store in (self.specs, self._codecs, self._residual, self._start, self._error_sq, self._lag, self._level_cpu, self._early):
                 store.pop(level, None)
 
+    def _interim_result(self, steps: int) -> WindowResult:
+        """The interim result: each level's q at `steps` projected to W from its figures so far."""
+        result = self._result(steps)
+        cap = signal_growth(result.noise, steps, self.window)
+        progress = {}
+        for level, q in result.progress.items():
+            projected = projected_progress(self._early.get(level, []), self.window, cap)
+            progress[level] = q if projected is None else projected
+        return replace(result, progress=progress)
+
     def _result(self, steps: int) -> WindowResult:
+        stream = self._feeds[False] if self._feeds[False].sum else self._feeds[True]
+        noise = noise_scale(stream.sum_energy(), stream.energy_sum, steps)
+        return WindowResult(self._progress(steps), noise, steps, interim=steps < self.window, level_steps=self.level_steps)
+
+    def _progress(self, steps: int) -> dict[int, float]:
+        """q_W per level over the `steps` measured so far."""
         progress = {}
         moments = {whole: stream.second_moments() for whole, stream in self._feeds.items()} if self.precondition else {}
         for level, residual in self._residual.items():
@@ -389,9 +442,7 @@ class WindowProbe:
             q = window_progress(signal, error)
             if q is not None:
                 progress[level] = q
-        stream = self._feeds[False] if self._feeds[False].sum else self._feeds[True]
-        noise = noise_scale(stream.sum_energy(), stream.energy_sum, steps)
-        return WindowResult(progress, noise, steps, interim=steps < self.window, level_steps=self.level_steps)
+        return progress
 
     def _per_key(self, packed: list[torch.Tensor]) -> list[torch.Tensor]:
         """A packed level's tensors (one, or none) as per-key views."""
@@ -405,6 +456,7 @@ class WindowProbe:
         self._start.clear()
         self._error_sq.clear()
         self._lag.clear()
+        self._early.clear()
         self._feeds = {False: _Stream(), True: _Stream()}
         self.fed = 0
 

@@ -10,7 +10,7 @@ import torch
 
 from netsense.compression import Codec, Payload, register_codec
 from netsense.compression.progress import measure_progress
-from netsense.compression.window import WindowProbe, noise_scale, window_progress
+from netsense.compression.window import NoiseScale, WindowProbe, noise_scale, projected_progress, signal_growth, window_progress
 from netsense.errors import CompressionError
 
 D = 4096  # elements per stream: below the probe's sample size, so it sees every one
@@ -312,6 +312,52 @@ def test_an_interim_result_comes_after_a_quarter_of_the_measured_steps_and_price
             results.append((step, r))
     assert [(step, r.interim, r.steps) for step, r in results] == [(11, True, 4), (23, False, 16)]
     assert results[0][1].progress[1] < results[1][1].progress[1]  # fewer re-sends credited
+
+
+def test_projected_progress_follows_a_power_law_of_the_odds_within_the_cap() -> None:
+    def q(odds: float) -> float:
+        return 1 / (1 + odds)
+
+    exact = [(w, q(0.8 * w**-1.5)) for w in (2, 3, 4)]
+    assert projected_progress(exact, 16, 2.0) == pytest.approx(q(0.8 * 16**-1.5), rel=1e-9)
+    # odds cannot fall faster than the update's energy grows: held to the cap
+    assert projected_progress(exact, 16, 1.0) == pytest.approx(q(0.8 * 4**-1.5 * 4**-1.0), rel=1e-9)
+    rising = [(2, 0.8), (3, 0.75), (4, 0.7)]
+    assert projected_progress(rising, 16, 2.0) == pytest.approx(0.7)  # never below the last figure
+    assert projected_progress([(4, 0.7)], 16, 2.0) is None
+    assert projected_progress([(2, 1.0), (3, 1.0), (4, 0.9)], 16, 2.0) is None  # one usable point
+
+
+def test_signal_growth_is_two_for_a_true_gradient_and_one_for_noise() -> None:
+    assert signal_growth(NoiseScale(signal=1.0, noise=0.0), 4, 16) == pytest.approx(2.0)
+    assert signal_growth(NoiseScale(signal=0.0, noise=1.0), 4, 16) == 1.0
+    assert signal_growth(NoiseScale(signal=-0.5, noise=1.0), 4, 16) == 1.0
+    assert 1.0 < signal_growth(NoiseScale(signal=1.0, noise=8.0), 4, 16) < 2.0
+
+
+def _first_window(spec: str, window: int, interim: int | None = None) -> list:
+    """Results of a first window (no fill steps) on a constant gradient."""
+    g = torch.randn(D, generator=torch.Generator().manual_seed(3))
+    probe = WindowProbe({1: spec}, window=window, warm=0, interim=interim)
+    results = [probe.feed([g[: D // 2], g[D // 2 :].reshape(32, -1)]) for _ in range(window)]
+    return [r for r in results if r is not None]
+
+
+def test_an_interim_figure_projects_a_settling_residual_towards_the_windows_figure() -> None:
+    # SendHalf's residual settles at one gradient: q_w = w^2 / (w^2 + 2 |r_w|^2 / |g|^2) climbs with w
+    interim, final = _first_window("winfakehalf", 16)
+    (raw,) = _first_window("winfakehalf", 4, interim=0)  # what the interim said before projecting
+    assert interim.interim and interim.steps == 4 and not final.interim
+    assert raw.progress[1] == pytest.approx(16 / (16 + 2 * (1 - 2**-4) ** 2), rel=1e-5)
+    assert raw.progress[1] < interim.progress[1] <= final.progress[1] + 0.01
+    assert final.progress[1] - interim.progress[1] < 0.2 * (final.progress[1] - raw.progress[1])
+
+
+def test_an_interim_figure_does_not_flatter_a_residual_that_keeps_growing() -> None:
+    # DropHalf never sends half the coordinates: its residual grows as the update does, q stays put
+    interim, final = _first_window("winfakedrop", 16)
+    assert interim.progress[1] == pytest.approx(final.progress[1], rel=1e-6)
+    assert interim.progress[1] == pytest.approx(0.5, abs=0.01)
 
 
 def test_low_rank_levels_see_whole_keys_and_are_not_flattered_by_a_row_subsample() -> None:
