@@ -137,8 +137,9 @@ class NetsensePolicySettings:
     subsample of the next 1.5 W steps' gradients and is priced by what stays out of the last W
     steps' update against that update's energy, SGD noise included; that q_W replaces one step's
     figure for good (0: one step's error only, as before 2026-12-01). Longer windows credit error
-    feedback's re-sends more; 16 keeps a window's 24 steps short beside a run's hundreds (an
-    interim figure after W/4 measured steps stands in for the priors until the window ends)."""
+    feedback's re-sends more; 16 keeps a window's 24 steps short beside a run's hundreds (interim
+    figures after W/4 and W/2 measured steps, projected to W, stand in for the priors until the
+    window ends)."""
     window_drift: float = 2.0
     """A window is due at the next `progress_every` step, at `DRIFT_BUDGET_FACTOR` x
     `progress_budget`, when a contending level's one-step error odds moved by more than this factor

@@ -182,8 +182,8 @@ def test_the_loop_runs_a_window_on_the_stream_and_feeds_the_policy() -> None:
         step += 1
         if result is not None:
             seen.append((step, result.interim))
-    # The first window starts with the run's own zero residuals: no warm-up, an interim 4 steps in.
-    assert seen == [(4, True), (16, False)] and loop.window is None
+    # The first window starts with the run's own zero residuals: no warm-up, interims 4 and 8 steps in.
+    assert seen == [(4, True), (8, True), (16, False)] and loop.window is None
     assert set(result.progress) == {i for i, lv in enumerate(LADDER) if not lv.lossless}
     assert all(p.progress.windowed[i] for i in result.progress)
     assert result.noise.ratio > 10  # noise 1 per element against a 0.05 signal
@@ -291,7 +291,7 @@ def test_the_loop_marks_the_first_windows_results_only() -> None:
             step += 1
             if got is not None:
                 marks.append((got.interim, got.first))
-    assert marks == [(True, True), (False, True), (True, False), (False, False)]
+    assert marks == [(True, True), (True, True), (False, True), (True, False), (True, False), (False, False)]
     assert not any(p.progress.start)
 
 

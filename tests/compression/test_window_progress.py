@@ -301,7 +301,7 @@ def make(spec: str):
     return make_codec(spec)
 
 
-def test_an_interim_result_comes_after_a_quarter_of_the_measured_steps_and_prices_lower() -> None:
+def test_interim_results_come_after_a_quarter_and_a_half_of_the_measured_steps_and_price_lower() -> None:
     gen = torch.Generator().manual_seed(5)
     grads = stream(gen, g2=1.0, tr=16.0)
     probe = WindowProbe({1: "winfakenoise"}, window=16)
@@ -310,8 +310,8 @@ def test_an_interim_result_comes_after_a_quarter_of_the_measured_steps_and_price
         r = probe.feed(next(grads))
         if r is not None:
             results.append((step, r))
-    assert [(step, r.interim, r.steps) for step, r in results] == [(11, True, 4), (23, False, 16)]
-    assert results[0][1].progress[1] < results[1][1].progress[1]  # fewer re-sends credited
+    assert [(step, r.interim, r.steps) for step, r in results] == [(11, True, 4), (15, True, 8), (23, False, 16)]
+    assert results[0][1].progress[1] < results[2][1].progress[1]  # fewer re-sends credited
 
 
 def test_projected_progress_follows_a_power_law_of_the_odds_within_the_cap() -> None:
@@ -345,17 +345,18 @@ def _first_window(spec: str, window: int, interim: int | None = None) -> list:
 
 def test_an_interim_figure_projects_a_settling_residual_towards_the_windows_figure() -> None:
     # SendHalf's residual settles at one gradient: q_w = w^2 / (w^2 + 2 |r_w|^2 / |g|^2) climbs with w
-    interim, final = _first_window("winfakehalf", 16)
+    interim, later, final = _first_window("winfakehalf", 16)
     (raw,) = _first_window("winfakehalf", 4, interim=0)  # what the interim said before projecting
-    assert interim.interim and interim.steps == 4 and not final.interim
+    assert (interim.steps, later.steps) == (4, 8) and interim.interim and later.interim and not final.interim
     assert raw.progress[1] == pytest.approx(16 / (16 + 2 * (1 - 2**-4) ** 2), rel=1e-5)
     assert raw.progress[1] < interim.progress[1] <= final.progress[1] + 0.01
     assert final.progress[1] - interim.progress[1] < 0.2 * (final.progress[1] - raw.progress[1])
+    assert abs(final.progress[1] - later.progress[1]) <= abs(final.progress[1] - interim.progress[1])
 
 
 def test_an_interim_figure_does_not_flatter_a_residual_that_keeps_growing() -> None:
     # DropHalf never sends half the coordinates: its residual grows as the update does, q stays put
-    interim, final = _first_window("winfakedrop", 16)
+    interim, _, final = _first_window("winfakedrop", 16)
     assert interim.progress[1] == pytest.approx(final.progress[1], rel=1e-6)
     assert interim.progress[1] == pytest.approx(0.5, abs=0.01)
 
