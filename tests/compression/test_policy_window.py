@@ -8,7 +8,7 @@ from dataclasses import replace
 import torch
 
 import netsense.compression  # noqa: F401  (registers the codecs the ladder names)
-from netsense.compression.policy import ChooseRequest, make_policy
+from netsense.compression.policy import ChooseRequest, Decision, make_policy
 from netsense.compression.policy.ladder import DEFAULT_LADDER, Ladder
 from netsense.compression.policy.link import LinkState
 from netsense.compression.policy.loop import PolicyLoop, measure_ratio
@@ -278,6 +278,49 @@ def test_the_first_windows_figure_is_replaced_by_the_next_full_one() -> None:
     assert abs(p.progress[p2] - (0.3 * 0.6 + 0.7 * 0.72)) < 1e-9
 
 
+def test_each_of_the_first_windows_figures_is_the_laws_afresh_and_later_windows_are_held() -> None:
+    # Interim figures at W/4 and W/2, then the window's own: the hold kept powersgd:4 chosen on the
+    # first interim figure while the second priced powersgd:2 ahead, by less than the headroom
+    # (wide-mlp, 4 workers). Each figure of the first window releases the hold once; a later
+    # window's figures move the level only past the headroom, as before.
+    p2, p4 = (LADDER.find(f"powersgd:{r}") for r in (2, 4))
+    p = policy()
+    for i, lv in enumerate(LADDER):
+        if not lv.lossless:
+            p.observe_costs(level=i, dense_bytes=S, encode_s=0.0005, decode_s=0.0002)
+            p.observe_ratio(level=i, ratio=measure_ratio(lv.spec, [torch.zeros(s) for s in SHAPES]) or 1.0)
+            p.observe_progress(level=i, progress=0.3)
+    p.progress_window(0)
+    lk = LinkState(time_s=0.0, bandwidth_Bps=6.25e6, min_rtt_s=0.02, srtt_s=0.02)
+
+    def figures(q2: float, q4: float, **kw: object) -> WindowResult:
+        q = {i: 0.3 for i, lv in enumerate(LADDER) if not lv.lossless}
+        q.update({p2: q2, p4: q4})
+        return WindowResult(q, NoiseScale(1.0, 1.0), **kw)  # type: ignore[arg-type]
+
+    def decide(step: int) -> Decision:
+        return p.choose(ChooseRequest(link=replace(lk, time_s=0.05 * step), payload_bytes=S, compute_s=0.001, step=step))
+
+    decide(0)
+    p.observe_window(figures(0.5, 0.97, steps=4, interim=True, first=True))
+    assert decide(1).level == p4
+    d = decide(2)
+    assert d.level == p4 and d.predicted_levels is not None
+    # the q at which powersgd:2's cost per progress (two passes: P / q^2) ties powersgd:4's
+    tie = 0.97 * (d.predicted_levels[p2] / d.predicted_levels[p4]) ** 0.5
+    assert tie < 0.95
+    p.observe_window(figures(tie * 1.03, 0.97, steps=8, interim=True, first=True))  # ahead by ~6 %
+    d = decide(3)
+    assert d.level == p2 and d.reason.endswith("(a new window figure: no hold)"), d
+    p.observe_window(figures(tie * 1.03, 0.97, steps=16, first=True))
+    assert decide(4).reason.endswith("(a new window figure: no hold)")
+    assert "no hold" not in decide(5).reason
+    # a later window's figures release nothing: the hold is the hysteresis's again
+    p.observe_window(figures(tie / 1.03, 0.97, steps=16))
+    d = decide(6)
+    assert d.level == p2 and d.reason.startswith("hold:") and "no hold" not in d.reason, d
+
+
 def test_the_loop_marks_the_first_windows_results_only() -> None:
     p = policy(progress_every=1, progress_budget=0.0)
     loop = PolicyLoop(p, direction="up")
@@ -328,9 +371,12 @@ def test_a_level_chosen_before_the_first_window_is_not_held_by_the_hysteresis() 
     assert steps[2][0] != p1 and "before the first window" in steps[2][1], steps  # moved at once
     p, _ = run()
     assert p.level == p4
-    p.observe_window(WindowResult({p4: 0.9}, NoiseScale(1.0, 1.0), steps=16))
-    lk = LinkState(time_s=0.5, bandwidth_Bps=1e9, min_rtt_s=0.02, srtt_s=0.02)  # now a lossless level wins
-    held = p.choose(ChooseRequest(link=lk, payload_bytes=S, compute_s=0.001, step=4))
+    p.observe_window(WindowResult({p4: 0.9}, NoiseScale(1.0, 1.0), steps=16, first=True))  # the window's own
+    lk = LinkState(time_s=0.5, bandwidth_Bps=6.25e6, min_rtt_s=0.02, srtt_s=0.02)
+    fresh = p.choose(ChooseRequest(link=lk, payload_bytes=S, compute_s=0.001, step=4))
+    assert fresh.reason.endswith("(a new window figure: no hold)") and fresh.level == p4, fresh
+    lk = LinkState(time_s=0.55, bandwidth_Bps=1e9, min_rtt_s=0.02, srtt_s=0.02)  # now a lossless level wins
+    held = p.choose(ChooseRequest(link=lk, payload_bytes=S, compute_s=0.001, step=5))
     assert held.reason.startswith("hold: headroom"), held.reason  # chosen on a window's figure: held
     _, off = run(progress_window=0)
     assert [lv for lv, _ in off[:3]] == [p1] * 3 and off[2][1].startswith("hold: headroom"), off
