@@ -175,6 +175,8 @@ def projected_progress(points: Sequence[tuple[int, float]], window: int, max_exp
     slope = sum((x - mx) * (y - my) for x, y in usable) / spread
     gamma = min(max(0.0, -slope), max(0.0, max_exponent))
     last_steps, last_q = max(points)
+    if not 0 < last_q < 1:
+        return None  # nothing to project (lossless), or no figure to project from
     odds = (1 - last_q) / last_q * (window / last_steps) ** -gamma
     return 1 / (1 + odds)
 

@@ -326,6 +326,8 @@ def test_projected_progress_follows_a_power_law_of_the_odds_within_the_cap() -> 
     assert projected_progress(rising, 16, 2.0) == pytest.approx(0.7)  # never below the last figure
     assert projected_progress([(4, 0.7)], 16, 2.0) is None
     assert projected_progress([(2, 1.0), (3, 1.0), (4, 0.9)], 16, 2.0) is None  # one usable point
+    assert projected_progress([(2, 0.5), (3, 0.6), (4, 0.0)], 16, 2.0) is None  # no figure at the last step
+    assert projected_progress([(2, 0.5), (3, 0.6), (4, 1.0)], 16, 2.0) is None  # lossless by then
 
 
 def test_signal_growth_is_two_for_a_true_gradient_and_one_for_noise() -> None:
