@@ -27,6 +27,15 @@ def policy(**settings: object) -> NetsensePolicy:
     return p
 
 
+def priced(p: NetsensePolicy, encode_s: float, decode_s: float) -> NetsensePolicy:
+    """`p` with every lossy level's codec times and its wire ratio on `SHAPES` observed."""
+    for i, lv in enumerate(LADDER):
+        if not lv.lossless:
+            p.observe_costs(level=i, dense_bytes=S, encode_s=encode_s, decode_s=decode_s)
+            p.observe_ratio(level=i, ratio=measure_ratio(lv.spec, [torch.zeros(s) for s in SHAPES]) or 1.0)
+    return p
+
+
 def choose(p: NetsensePolicy, bw_Bps: float, step: int, t: float) -> int:
     lk = LinkState(time_s=t, bandwidth_Bps=bw_Bps, min_rtt_s=0.02, srtt_s=0.02)
     d = p.choose(ChooseRequest(link=lk, payload_bytes=S, compute_s=0.001, step=step))
@@ -63,11 +72,7 @@ def test_a_windowed_q_replaces_one_step_figures_for_good() -> None:
 def test_a_window_can_make_the_law_pick_powersgd_over_qsgd() -> None:
     # 50 Mbit/s, wide-mlp: qsgd:4 sends 171 kB (27 ms), powersgd:2 ~23 kB (4 ms). With one step's
     # figures (cold PowerSGD ~0.05) qsgd:4 wins; once windows price both, PowerSGD does.
-    p = policy()
-    for i, lv in enumerate(LADDER):
-        if not lv.lossless:
-            p.observe_costs(level=i, dense_bytes=S, encode_s=0.002, decode_s=0.0005)
-            p.observe_ratio(level=i, ratio=measure_ratio(lv.spec, [torch.zeros(s) for s in SHAPES]) or 1.0)
+    p = priced(policy(), 0.002, 0.0005)
     p.observe_progress(level=Q4, progress=0.9)
     before = [choose(p, 6.25e6, step, step * 0.05) for step in range(20)]
     assert before[-1] == Q4
@@ -284,11 +289,9 @@ def test_each_of_the_first_windows_figures_is_the_laws_afresh_and_later_windows_
     # (wide-mlp, 4 workers). Each figure of the first window releases the hold once; a later
     # window's figures move the level only past the headroom, as before.
     p2, p4 = (LADDER.find(f"powersgd:{r}") for r in (2, 4))
-    p = policy()
+    p = priced(policy(), 0.0005, 0.0002)
     for i, lv in enumerate(LADDER):
         if not lv.lossless:
-            p.observe_costs(level=i, dense_bytes=S, encode_s=0.0005, decode_s=0.0002)
-            p.observe_ratio(level=i, ratio=measure_ratio(lv.spec, [torch.zeros(s) for s in SHAPES]) or 1.0)
             p.observe_progress(level=i, progress=0.3)
     p.progress_window(0)
     lk = LinkState(time_s=0.0, bandwidth_Bps=6.25e6, min_rtt_s=0.02, srtt_s=0.02)
@@ -349,11 +352,9 @@ def test_a_level_chosen_before_the_first_window_is_not_held_by_the_hysteresis() 
     interim.update({p1: 0.3, p2: 0.6})
 
     def run(**settings: object) -> tuple[NetsensePolicy, list[tuple[int, str]]]:
-        p = policy(**settings)
+        p = priced(policy(**settings), 0.0005, 0.0002)
         for i, lv in enumerate(LADDER):
             if not lv.lossless:
-                p.observe_costs(level=i, dense_bytes=S, encode_s=0.0005, decode_s=0.0002)
-                p.observe_ratio(level=i, ratio=measure_ratio(lv.spec, [torch.zeros(s) for s in SHAPES]) or 1.0)
                 p.observe_progress(level=i, progress=0.5 if lv.spec.startswith("topk") else 0.95)
         p.progress_window(0)  # the run's first window starts with it (none when windows are off)
         out = []
