@@ -113,10 +113,10 @@ class PSClient:
         self._bytes_base = (0, 0)  # traffic of connections closed by `reconnect`
         self._keepalive: asyncio.Future[None] | None = None
         self.step_fields = StepFields()
+        """Extra fields of this step's PUSHes (`StepFields`)."""
         self.delivered: tuple[int, float] | None = None
         """The latest (wire bytes, seconds) a PUSH's ACK reported for an update's return, until
         `take_delivered`: one copy's bytes, and the first write to the last delivery on the PS."""
-        """Extra fields of this step's PUSHes (`StepFields`)."""
 
     async def connect(self, connect_timeout_s: float = 10.0) -> Welcome:
         """Open the QUIC connection (TLS verified per the configuration) and authenticate."""
