@@ -21,6 +21,7 @@ from netsense.compression import Codec, Payload, make_codec
 from netsense.compression.feedback import ErrorFeedback, NonFiniteGradient
 from netsense.compression.limits import all_finite
 from netsense.compression.progress import codec_clock
+from netsense.compression.sentwindow import SentWindow
 
 from .layout import KeySlot
 from .uplink import UplinkController
@@ -31,7 +32,13 @@ log = logging.getLogger(__name__)
 class GradientEncoder:
     """Encodes the keys of `slots` at a level; the residuals of lossy levels live here."""
 
-    def __init__(self, slots: list[KeySlot], uplink: UplinkController, version: Callable[[], int] = lambda: -1) -> None:
+    def __init__(
+        self,
+        slots: list[KeySlot],
+        uplink: UplinkController,
+        version: Callable[[], int] = lambda: -1,
+        sent_window: SentWindow | None = None,
+    ) -> None:
         self.slots = slots
         self.uplink = uplink
         self.version = version
@@ -43,6 +50,8 @@ class GradientEncoder:
         self._codecs: dict[str, Codec] = {}
         self._taken = (0, 0)  # (nonfinite, clamped) at the last `take_counts`
         self._codec_s = 0.0  # seconds inside `encode` (on `codec_clock`) since `take_codec_s`
+        self.sent_window = sent_window
+        """q_W of the level sent, from this error feedback's own sums (`sent_window_for`)."""
 
     def codec_for(self, key: str, spec: str) -> Codec:
         """Per-key encoder instances: stateful codecs (warm starts) keep state per key."""
@@ -76,9 +85,17 @@ class GradientEncoder:
                 return codec.encode(grad), grad  # with residuals left by lossy steps, feedback flushes them
             if self.feedback is None:
                 self.feedback = ErrorFeedback()
-            return self.feedback.compress(key, grad, codec)
+            payload, sent = self.feedback.compress(key, grad, codec)
+            if self.sent_window is not None:
+                if codec.lossless:
+                    self.sent_window.spoil()
+                else:
+                    self.sent_window.add(key, grad, sent)
+            return payload, sent
         except NonFiniteGradient as exc:
             # compress() left the residual as it was: what goes out is zero plus that residual.
+            if self.sent_window is not None:
+                self.sent_window.spoil()
             self.nonfinite += 1
             log.warning("step %d: non-finite local gradient for key %r (%s); pushed as zero this step", self.version(), key, exc)
             zero = torch.zeros_like(grad)
@@ -123,6 +140,7 @@ class GradientEncoder:
         if self.uplink.policy.wants_gradient_norm:
             self.uplink.observe_gradient(self.gradient_norm())
         self.observe_progress(level, spec)
+        self.end_sent_step(level, spec)
         if self.uplink.window_due():
             self.uplink.feed_window([g for _, g in self.gradients()])
 
@@ -152,11 +170,32 @@ class GradientEncoder:
             total += float(torch.dot(g, g))
         return total**0.5
 
+    def end_sent_step(self, level: int | None, spec: str) -> None:
+        """The step's keys are encoded at `spec`: a window of the sent level may be complete
+        (`SentWindow`; its q_W goes to the policy, `first` while the run's residuals began at zero)."""
+        window = self.sent_window
+        if window is None:
+            return
+        lossy = level is not None and self.feedback is not None and not self.codec_for("", spec).lossless
+        feedback = self.feedback
+        q = window.end_step(level if lossy else None, lambda key: feedback.residual(key) if feedback is not None else None)
+        if q is not None and level is not None:
+            self.uplink.observe_sent_window(level, q, first=window.windows == 1)
+
     def observe_progress(self, level: int | None, spec: str) -> None:
         """The q of the level just sent, from error feedback's sums (lossy levels only)."""
         codec = self.codec_for("", spec)  # only its kind is read: lossless, unbiased
         if self.feedback is not None and not codec.lossless:
             self.uplink.observe_progress(level, self.feedback.pop_progress(unbiased=codec.unbiased))
+
+
+def sent_window_for(slots: list[KeySlot], uplink: UplinkController) -> SentWindow | None:
+    """The sent level's window for `uplink`'s policy (None: it reads none), over `slots`' keys, in
+    Adam's metric where the uplink's windows take it."""
+    steps = uplink.policy.sent_window_steps
+    if steps < 2:
+        return None
+    return SentWindow(steps, total_numel=sum(s.numel for s in slots), precondition=uplink.loop.precondition)
 
 
 def bucketize(payloads: dict[str, Payload], bucket_bytes: int) -> list[dict[str, Payload]]:

@@ -35,7 +35,7 @@ from .amp import scaler_verdict, unscale
 from .client import PSClient, StepFields
 from .connect import ConnectSettings
 from .duplex import duplex_blocker
-from .encoding import GradientEncoder, bucketize
+from .encoding import GradientEncoder, bucketize, sent_window_for
 from .exchange import Exchange, StepResult
 from .hparams import check_groups, group_defaults, optimizer_name, step_fields
 from .layout import DEFAULT_CHUNK_ELEMS, KeySlot
@@ -152,7 +152,9 @@ class NetSenseOptimizer(torch.optim.Optimizer):
             precondition=scales_per_coordinate(self._optimizer_name),
         )
         """Per-step level choice and the decision log (docs/POLICIES.md)."""
-        self._encoder = GradientEncoder(self.slots, self.uplink, version=lambda: self._replica.version)
+        self._encoder = GradientEncoder(
+            self.slots, self.uplink, version=lambda: self._replica.version, sent_window=sent_window_for(self.slots, self.uplink)
+        )
         self.bucket_bytes = bucket_bytes
         self.overlap_bucket_bytes = overlap_bucket_bytes
         """Bucket size of the pushes sent from hooks: smaller than `bucket_bytes`, so the first push

@@ -287,6 +287,11 @@ class UplinkController:
         if level is not None and progress is not None:
             self.policy.observe_progress(level=level, progress=progress)
 
+    def observe_sent_window(self, level: int, progress: float, *, first: bool = False) -> None:
+        """q_W of the level sent over the last W steps, from error feedback's own sums
+        (`netsense.compression.sentwindow`)."""
+        self.policy.observe_sent_window(level=level, progress=progress, first=first)
+
     def observe_gradient(self, norm: float) -> None:
         """The norm of this step's local gradient, for a policy that reads it (accordion)."""
         self.policy.observe_gradient(step=self._step, norm=norm)

@@ -80,6 +80,14 @@ class Policy(ABC):
     def observe_window(self, result: WindowResult) -> None:
         """What a progress window measured: q_W per level and the gradient noise scale. Default: ignored."""
 
+    sent_window_steps: int = 0
+    """W of the sent level's window (`netsense.compression.sentwindow`: q_W of the level sent, from
+    the sender's own error feedback, each W steps at one level); 0: the sender keeps no such sums."""
+
+    def observe_sent_window(self, *, level: int, progress: float, first: bool = False) -> None:
+        """q_W of ladder level `level` over the last `sent_window_steps` steps it was sent (`first`:
+        from the run's first such window, residuals from zero). Default: ignored."""
+
     def observe_ratio(self, *, level: int, ratio: float) -> None:
         """The wire ratio of ladder level `level` measured on the run's own tensor shapes (a
         low-rank codec's depends on them). Default: ignored (the ladder's nominal ratio stands)."""

@@ -362,6 +362,19 @@ class NetsensePolicy(Policy):
             self._window_step_s = result.cpu_s / result.level_steps
         self._window_level_s.update({i: c for i, c in result.level_cpu_s.items() if math.isfinite(c) and c > 0})
 
+    @property
+    def sent_window_steps(self) -> int:  # type: ignore[override]
+        """W of the sent level's window: the progress windows' W (`sent_window` on)."""
+        s = self.settings
+        return s.progress_window if s.sent_window and s.progress_aware and s.progress_window >= 2 else 0
+
+    def observe_sent_window(self, *, level: int, progress: float, first: bool = False) -> None:
+        """Folds the sent level's q_W into its q as a progress window's (docs/POLICIES.md, "The
+        sent level's window"): the figure of the level the run is paying for, every W steps it is
+        held, where the windows beside it come as rarely as their CPU allows."""
+        if 0 <= level < len(self.ladder) and not self.ladder[level].lossless and math.isfinite(progress):
+            self.progress.update_window(level, progress, first=first)
+
     def observe_ratio(self, *, level: int, ratio: float) -> None:
         """A level's wire ratio on the run's shapes replaces the nominal one (PowerSGD's nominal
         ratio assumes one square matrix: 4x too small for wide-mlp's keys)."""

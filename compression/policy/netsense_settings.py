@@ -140,6 +140,12 @@ class NetsensePolicySettings:
     feedback's re-sends more; 16 keeps a window's 24 steps short beside a run's hundreds (interim
     figures after W/4 and W/2 measured steps, projected to W, stand in for the priors until the
     window ends)."""
+    sent_window: bool = True
+    """Price the level being sent from the sender's own error feedback too, every
+    `progress_window` steps it is held (`netsense.compression.sentwindow`, docs/POLICIES.md, "The
+    sent level's window"): no codec call, 2-4 sums of up to 2^18 elements a step. The windows
+    beside the sends are rare and their first sees a fresh model: a patch-attention model (not in
+    the repo) sent powersgd:1 for 114 steps on a first-window 0.92 that its steps put at 0.52."""
     window_drift: float = 2.0
     """A window is due at the next `progress_every` step, at `DRIFT_BUDGET_FACTOR` x
     `progress_budget`, when a contending level's one-step error odds moved by more than this factor
