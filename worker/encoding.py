@@ -172,7 +172,7 @@ class GradientEncoder:
 
     def end_sent_step(self, level: int | None, spec: str) -> None:
         """The step's keys are encoded at `spec`: a window of the sent level may be complete
-        (`SentWindow`; its q_W goes to the policy, `first` while the run's residuals began at zero)."""
+        (`SentWindow`; its q_W goes to the policy)."""
         window = self.sent_window
         if window is None:
             return
@@ -180,7 +180,7 @@ class GradientEncoder:
         feedback = self.feedback
         q = window.end_step(level if lossy else None, lambda key: feedback.residual(key) if feedback is not None else None)
         if q is not None and level is not None:
-            self.uplink.observe_sent_window(level, q, first=window.windows == 1)
+            self.uplink.observe_sent_window(level, q)
 
     def observe_progress(self, level: int | None, spec: str) -> None:
         """The q of the level just sent, from error feedback's sums (lossy levels only)."""
@@ -189,13 +189,13 @@ class GradientEncoder:
             self.uplink.observe_progress(level, self.feedback.pop_progress(unbiased=codec.unbiased))
 
 
-def sent_window_for(slots: list[KeySlot], uplink: UplinkController) -> SentWindow | None:
-    """The sent level's window for `uplink`'s policy (None: it reads none), over `slots`' keys, in
-    Adam's metric where the uplink's windows take it."""
+def sent_window_for(total_numel: int, uplink: UplinkController) -> SentWindow | None:
+    """The sent level's window for `uplink`'s policy (None: it reads none), over keys of
+    `total_numel` elements in all, in Adam's metric where the uplink's windows take it."""
     steps = uplink.policy.sent_window_steps
     if steps < 2:
         return None
-    return SentWindow(steps, total_numel=sum(s.numel for s in slots), precondition=uplink.loop.precondition)
+    return SentWindow(steps, total_numel=total_numel, precondition=uplink.loop.precondition)
 
 
 def bucketize(payloads: dict[str, Payload], bucket_bytes: int) -> list[dict[str, Payload]]:

@@ -153,7 +153,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         )
         """Per-step level choice and the decision log (docs/POLICIES.md)."""
         self._encoder = GradientEncoder(
-            self.slots, self.uplink, version=lambda: self._replica.version, sent_window=sent_window_for(self.slots, self.uplink)
+            self.slots, self.uplink, version=lambda: self._replica.version, sent_window=sent_window_for(sum(s.numel for s in self.slots), self.uplink)
         )
         self.bucket_bytes = bucket_bytes
         self.overlap_bucket_bytes = overlap_bucket_bytes

@@ -287,10 +287,10 @@ class UplinkController:
         if level is not None and progress is not None:
             self.policy.observe_progress(level=level, progress=progress)
 
-    def observe_sent_window(self, level: int, progress: float, *, first: bool = False) -> None:
+    def observe_sent_window(self, level: int, progress: float) -> None:
         """q_W of the level sent over the last W steps, from error feedback's own sums
         (`netsense.compression.sentwindow`)."""
-        self.policy.observe_sent_window(level=level, progress=progress, first=first)
+        self.policy.observe_sent_window(level=level, progress=progress)
 
     def observe_gradient(self, norm: float) -> None:
         """The norm of this step's local gradient, for a policy that reads it (accordion)."""

@@ -84,9 +84,9 @@ class Policy(ABC):
     """W of the sent level's window (`netsense.compression.sentwindow`: q_W of the level sent, from
     the sender's own error feedback, each W steps at one level); 0: the sender keeps no such sums."""
 
-    def observe_sent_window(self, *, level: int, progress: float, first: bool = False) -> None:
-        """q_W of ladder level `level` over the last `sent_window_steps` steps it was sent (`first`:
-        from the run's first such window, residuals from zero). Default: ignored."""
+    def observe_sent_window(self, *, level: int, progress: float) -> None:
+        """q_W of ladder level `level` over the last `sent_window_steps` steps it was sent, from the
+        sender's own error feedback. Default: ignored."""
 
     def observe_ratio(self, *, level: int, ratio: float) -> None:
         """The wire ratio of ladder level `level` measured on the run's own tensor shapes (a

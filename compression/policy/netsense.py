@@ -25,7 +25,7 @@ from .law import LevelHold
 from .link import LinkState
 from .netsense_settings import NetsensePolicySettings
 from .probes import Probes
-from .progress import ProgressEstimate
+from .progress import DRIFT_ODDS_FLOOR, ProgressEstimate
 from .registry import register_policy
 from .settings import settings_factory
 
@@ -364,16 +364,24 @@ class NetsensePolicy(Policy):
 
     @property
     def sent_window_steps(self) -> int:  # type: ignore[override]
-        """W of the sent level's window: the progress windows' W (`sent_window` on)."""
+        """W of the sent level's window: the progress windows' W (`sent_window_drift` set)."""
         s = self.settings
-        return s.progress_window if s.sent_window and s.progress_aware and s.progress_window >= 2 else 0
+        return s.progress_window if s.sent_window_drift > 0 and s.progress_aware and s.progress_window >= 2 else 0
 
-    def observe_sent_window(self, *, level: int, progress: float, first: bool = False) -> None:
-        """Folds the sent level's q_W into its q as a progress window's (docs/POLICIES.md, "The
-        sent level's window"): the figure of the level the run is paying for, every W steps it is
-        held, where the windows beside it come as rarely as their CPU allows."""
-        if 0 <= level < len(self.ladder) and not self.ladder[level].lossless and math.isfinite(progress):
-            self.progress.update_window(level, progress, first=first)
+    def observe_sent_window(self, *, level: int, progress: float) -> None:
+        """The sent level's q_W (docs/POLICIES.md, "The sent level's window") replaces its q when
+        it puts the level's error odds `sent_window_drift` times above the estimate's: a figure the
+        windows got from a fresh model or a short fill, on a stream the run has left behind.
+        Smaller differences leave the estimate as it is: the other levels' figures share the
+        windows' bias, so correcting the sent level alone would send the run to lighter ones."""
+        if not (0 <= level < len(self.ladder)) or self.ladder[level].lossless or not 0 < progress <= 1:
+            return
+        if self.progress.pinned[level]:
+            return
+        now = self.progress[level]
+        odds_now, odds_sent = ((1 - q) / q for q in (max(now, self.progress.floor), progress))
+        if odds_sent >= self.settings.sent_window_drift * max(odds_now, DRIFT_ODDS_FLOOR):
+            self.progress.restate(level, progress)
 
     def observe_ratio(self, *, level: int, ratio: float) -> None:
         """A level's wire ratio on the run's shapes replaces the nominal one (PowerSGD's nominal

@@ -140,12 +140,15 @@ class NetsensePolicySettings:
     feedback's re-sends more; 16 keeps a window's 24 steps short beside a run's hundreds (interim
     figures after W/4 and W/2 measured steps, projected to W, stand in for the priors until the
     window ends)."""
-    sent_window: bool = True
-    """Price the level being sent from the sender's own error feedback too, every
+    sent_window_drift: float = 2.0
+    """The level being sent is priced from the sender's own error feedback too, every
     `progress_window` steps it is held (`netsense.compression.sentwindow`, docs/POLICIES.md, "The
-    sent level's window"): no codec call, 2-4 sums of up to 2^18 elements a step. The windows
-    beside the sends are rare and their first sees a fresh model: a patch-attention model (not in
-    the repo) sent powersgd:1 for 114 steps on a first-window 0.92 that its steps put at 0.52."""
+    sent level's window": no codec call, 2-4 sums of up to 2^18 elements a step), and that figure
+    replaces the level's q when its error odds (1 - q) / q are at least this factor above the
+    estimate's: the windows beside the sends are rare and their first sees a fresh model (a
+    patch-attention model not in the repo sent powersgd:1 for 114 steps on a first-window 0.92).
+    Only downward: the other levels keep their windows' figures, so a sent level priced a little
+    lower than they are sent the run to lighter levels (0: off)."""
     window_drift: float = 2.0
     """A window is due at the next `progress_every` step, at `DRIFT_BUDGET_FACTOR` x
     `progress_budget`, when a contending level's one-step error odds moved by more than this factor
@@ -198,6 +201,7 @@ class NetsensePolicySettings:
         require(0 <= s.progress_budget < 1, n, "progress_budget", s.progress_budget, "in [0, 1)")
         require(s.window_drift == 0 or s.window_drift > 1, n, "window_drift", s.window_drift, "0 or > 1")
         require(s.progress_window == 0 or s.progress_window >= 2, n, "progress_window", s.progress_window, "0 or >= 2")
+        require(s.sent_window_drift == 0 or s.sent_window_drift > 1, n, "sent_window_drift", s.sent_window_drift, "0 or > 1")
         require(s.cost_window >= 1, n, "cost_window", s.cost_window, ">= 1")
         table = s.progress_table
         require(table is None or isinstance(table, Mapping), n, "progress_table", table, "a mapping of level spec to q")

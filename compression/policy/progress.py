@@ -127,6 +127,16 @@ class ProgressEstimate:
         self._at_window[level] = self.one_step[level]
         self._fold(level, q)
 
+    def restate(self, level: int, q: float) -> None:
+        """Replace level `level`'s q with `q` as a full window's figure (the sent level's window
+        found the estimate stale: `NetsensePolicy.observe_sent_window`)."""
+        if self.pinned[level]:
+            return
+        self.values[level] = min(1.0, max(self.floor, q))
+        self.measured[level] = self.windowed[level] = True
+        self.interim[level] = self.start[level] = False
+        self._at_window[level] = self.one_step[level]
+
     def drift(self, level: int) -> float:
         """How far `level`'s one-step error odds (1 - q) / q moved since its last full window, as a
         ratio >= 1 either way (1: no window, or no one-step figure on one side). A window prices the

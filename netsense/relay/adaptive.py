@@ -22,15 +22,16 @@ import torch
 from netsense.compression import Payload
 from netsense.compression.policy import Decision, Policy
 from netsense.compression.policy.link import LinkState
-from netsense.worker.encoding import GradientEncoder
+from netsense.compression.sentwindow import SentWindow
+from netsense.worker.encoding import GradientEncoder, sent_window_for
 from netsense.worker.uplink import UplinkController
 
 
 class SiteEncoder(GradientEncoder):
     """A `GradientEncoder` over the site's summed gradient (`grads`) rather than a model's slots."""
 
-    def __init__(self, uplink: UplinkController) -> None:
-        super().__init__([], uplink)
+    def __init__(self, uplink: UplinkController, sent_window: SentWindow | None = None) -> None:
+        super().__init__([], uplink, sent_window=sent_window)
         self.grads: dict[str, torch.Tensor] = {}
 
     def gradients(self) -> list[tuple[str, torch.Tensor]]:
@@ -59,7 +60,7 @@ class AdaptiveUpstream:
                 self.policy, payload_bytes=payload, decision_log=self.decision_log, log_fields=self.log_fields, pads=True,
                 precondition=self.precondition,
             )  # pads: `Upstream` sends a decision's filler beside the site's push
-            self.encoder = SiteEncoder(self.uplink)
+            self.encoder = SiteEncoder(self.uplink, sent_window_for(payload // 4, self.uplink))
         if quic is None:
             return LinkState(time.monotonic(), None, None, None)
         return self.uplink.read_link(quic)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 import torch
 
 import netsense.compression  # noqa: F401  (registers the codecs the ladder names)
@@ -13,6 +14,7 @@ from netsense.compression.policy.ladder import DEFAULT_LADDER, Ladder
 from netsense.compression.policy.link import LinkState
 from netsense.compression.policy.loop import PolicyLoop, measure_ratio
 from netsense.compression.policy.netsense import NetsensePolicy
+from netsense.compression.policy.netsense_settings import NetsensePolicySettings
 from netsense.compression.window import NoiseScale, WindowResult
 
 S = 1_349_160  # wide-mlp's dense fp32 gradient
@@ -381,3 +383,25 @@ def test_a_level_chosen_before_the_first_window_is_not_held_by_the_hysteresis() 
     assert held.reason.startswith("hold: headroom"), held.reason  # chosen on a window's figure: held
     _, off = run(progress_window=0)
     assert [lv for lv, _ in off[:3]] == [p1] * 3 and off[2][1].startswith("hold: headroom"), off
+
+
+def test_a_sent_window_replaces_only_an_estimate_it_finds_grossly_optimistic() -> None:
+    """`observe_sent_window`: error odds `sent_window_drift` (2) times the estimate's or more
+    replace the level's q; a figure nearer, or higher, leaves it (the other levels' windows share
+    the estimate's bias); a pinned level is never moved."""
+    ladder = Ladder.parse("fp32,qsgd:4,powersgd:2,powersgd:1")
+    policy = make_policy("netsense", ladder)
+    assert isinstance(policy, NetsensePolicy)
+    p2, p1 = ladder.find("powersgd:2"), ladder.find("powersgd:1")
+    policy.progress.update_window(p2, 0.9)  # odds 1/9
+    policy.observe_sent_window(level=p2, progress=0.85)  # odds 0.176: 1.6x, left
+    assert policy.progress[p2] == pytest.approx(0.9)
+    policy.observe_sent_window(level=p2, progress=0.99)  # higher: left
+    assert policy.progress[p2] == pytest.approx(0.9)
+    policy.observe_sent_window(level=p2, progress=0.8)  # odds 0.25: 2.25x, replaced outright
+    assert policy.progress[p2] == pytest.approx(0.8) and policy.progress.windowed[p2]
+    policy.progress.pin(p1, 0.9)
+    policy.observe_sent_window(level=p1, progress=0.2)
+    assert policy.progress[p1] == pytest.approx(0.9)
+    off = NetsensePolicy(ladder, NetsensePolicySettings(sent_window_drift=0))
+    assert off.sent_window_steps == 0 and policy.sent_window_steps == 16
