@@ -143,7 +143,7 @@ class NetsensePolicySettings:
     sent_window_drift: float = 2.0
     """The level being sent is priced from the sender's own error feedback too, every
     `progress_window` steps it is held (`netsense.compression.sentwindow`, docs/POLICIES.md, "The
-    sent level's window": no codec call, 2-4 sums of up to 2^18 elements a step), and that figure
+    sent level's window": no codec call, 2-4 sums of up to 2^16 elements a step), and that figure
     replaces the level's q when its error odds (1 - q) / q are at least this factor above the
     estimate's: the windows beside the sends are rare and their first sees a fresh model (a
     patch-attention model not in the repo sent powersgd:1 for 114 steps on a first-window 0.92).
