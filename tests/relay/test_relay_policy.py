@@ -139,6 +139,37 @@ def test_encode_seconds_of_a_push_that_never_reached_observe_are_not_the_next_on
     assert seen["codec_s"] == 2.0
 
 
+def test_the_relays_push_is_priced_from_its_own_error_feedback_too() -> None:
+    """A relay's adaptive push keeps the sent level's window as a worker's does (netsense only),
+    over the site's keys, and hands the policy its q_W every W steps at one level."""
+    from netsense.compression.policy.netsense import NetsensePolicy
+    from netsense.relay.adaptive import AdaptiveUpstream
+
+    fixed = AdaptiveUpstream(make_policy("fp16", Ladder.parse("fp32,fp16")))
+    fixed.read_link(None, {"w": torch.zeros(8, 8)})
+    assert fixed.encoder is not None and fixed.encoder.sent_window is None
+    ladder = Ladder.parse("fp32,powersgd:1")
+    policy = make_policy("netsense", ladder)
+    assert isinstance(policy, NetsensePolicy)
+    got: list[tuple[int, float]] = []
+    policy.observe_sent_window = lambda *, level, progress: got.append((level, progress))  # type: ignore[method-assign]
+    upstream = AdaptiveUpstream(policy)
+    gen = torch.Generator().manual_seed(0)
+    grads = {"w": torch.randn(16, 16, generator=gen), "b": torch.randn(16, generator=gen)}
+    upstream.read_link(None, grads)
+    assert upstream.encoder is not None and upstream.encoder.sent_window is not None
+    decision = Decision(
+        level=1, spec="powersgd:1", predicted_comm_s=None, predicted_step_s=None, reason="test", step=0,
+        payload_bytes=0, predicted_bytes=0, compute_s=0.0, overlap=False,
+    )
+    for _ in range(16):
+        upstream.encoder.grads = {k: torch.randn(v.shape, generator=gen) for k, v in grads.items()}
+        for key, g in upstream.encoder.grads.items():
+            upstream.encoder.encode(key, g, "powersgd:1")
+        upstream.track_progress(decision)
+    assert len(got) == 1 and got[0][0] == 1 and 0 < got[0][1] < 1
+
+
 PAD = 120_000
 
 
