@@ -90,7 +90,6 @@ class NetsensePolicy(Policy):
         self._window_step_s: float | None = None  # CPU seconds per level-step of the latest window
         self._window_level_s: dict[int, float] = {}  # CPU seconds of one window step per level, as last measured
         self._ratios: dict[int, float] = {}  # wire ratios measured on the run's shapes (`observe_ratio`)
-        self._sent_figure: set[int] = set()  # levels whose q is a sent window's (`observe_sent_window`)
         self._contenders: list[int] | None = None  # levels the law could accept at q = 1 (last decision)
         self._worst_q = [worst_case_q(lv) for lv in ladder]  # each codec's own, not the ladder's figure
         self._bandwidth_seen = False  # the bandwidth (or a lower bound) was known at a decision
@@ -354,8 +353,6 @@ class NetsensePolicy(Policy):
         for level, q in result.progress.items():
             if 0 <= level < len(self.ladder) and math.isfinite(q):
                 self.progress.update_window(level, q, interim=result.interim, first=result.first)
-                if not result.interim:
-                    self._sent_figure.discard(level)
         if not self._full_window_seen and result.progress:
             self._evidence += 1  # `_release_blind`: the next decision is the law's afresh
             self._full_window_seen = not result.interim
@@ -376,33 +373,15 @@ class NetsensePolicy(Policy):
         it puts the level's error odds `sent_window_drift` times above the estimate's: a figure the
         windows got from a fresh model or a short fill, on a stream the run has left behind.
         Smaller differences leave the estimate as it is: the other levels' figures share the
-        windows' bias, so correcting the sent level alone would send the run to lighter ones. The
-        same factor goes to the lighter levels of the same codec (fewer bytes: more withheld, their
-        residuals settle later, so their windows' bias is no smaller), but for those whose figure
-        is a sent window's own."""
+        windows' bias, so correcting the sent level alone would send the run to lighter ones."""
         if not (0 <= level < len(self.ladder)) or self.ladder[level].lossless or not 0 < progress <= 1:
             return
         if self.progress.pinned[level]:
             return
-        odds_now = max(DRIFT_ODDS_FLOOR, _odds(max(self.progress[level], self.progress.floor)))
-        factor = _odds(progress) / odds_now
-        if factor < self.settings.sent_window_drift:
-            return
-        self.progress.restate(level, progress)
-        self._sent_figure.add(level)
-        for other in self._lighter_of_its_codec(level):
-            if other not in self._sent_figure and not self.progress.pinned[other] and self.progress.measured[other]:
-                odds = max(DRIFT_ODDS_FLOOR, _odds(max(self.progress[other], self.progress.floor))) * factor
-                self.progress.restate(other, 1 / (1 + odds))
-
-    def _lighter_of_its_codec(self, level: int) -> list[int]:
-        """Lossy levels of `level`'s codec (its spec's name) with a smaller wire ratio."""
-        name = self.ladder[level].spec.split(":")[0]
-        ratio = self._ratios.get(level, self.ladder[level].ratio)
-        return [
-            i for i, lv in enumerate(self.ladder)
-            if i != level and not lv.lossless and lv.spec.split(":")[0] == name and self._ratios.get(i, lv.ratio) < ratio
-        ]
+        now = self.progress[level]
+        odds_now, odds_sent = ((1 - q) / q for q in (max(now, self.progress.floor), progress))
+        if odds_sent >= self.settings.sent_window_drift * max(odds_now, DRIFT_ODDS_FLOOR):
+            self.progress.restate(level, progress)
 
     def observe_ratio(self, *, level: int, ratio: float) -> None:
         """A level's wire ratio on the run's shapes replaces the nominal one (PowerSGD's nominal
@@ -530,8 +509,3 @@ def worst_case_q(level: Level) -> float:
 
 
 register_policy("netsense", settings_factory("netsense", NetsensePolicy, NetsensePolicySettings))
-
-
-def _odds(q: float) -> float:
-    """Error odds (1 - q) / q of a progress efficiency q > 0."""
-    return (1 - q) / q
