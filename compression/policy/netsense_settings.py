@@ -147,8 +147,9 @@ class NetsensePolicySettings:
     replaces the level's q when its error odds (1 - q) / q are at least this factor above the
     estimate's: the windows beside the sends are rare and their first sees a fresh model (a
     patch-attention model not in the repo sent powersgd:1 for 114 steps on a first-window 0.92).
-    Only downward: the other levels keep their windows' figures, so a sent level priced a little
-    lower than they are sent the run to lighter levels (0: off)."""
+    Only downward, and only past this factor: the other levels keep their windows' figures, which
+    share their bias, so pricing the sent level a little lower sent the run to lighter levels
+    (0: off)."""
     window_drift: float = 2.0
     """A window is due at the next `progress_every` step, at `DRIFT_BUDGET_FACTOR` x
     `progress_budget`, when a contending level's one-step error odds moved by more than this factor
