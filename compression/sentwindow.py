@@ -38,7 +38,7 @@ metric, two otherwise, and a few element-wise passes over them a step (0.5 ms a 
 
 
 class SentWindow:
-    """Sums of the sent level's steps; `end_step` returns (level, q_W) each W steps at one level."""
+    """Sums of the sent level's steps; `end_step` returns that level's q_W each W steps at one level."""
 
     def __init__(self, window: int, *, total_numel: int, precondition: bool = False, max_numel: int = SENT_SAMPLE_NUMEL) -> None:
         if window < 2:
@@ -53,16 +53,18 @@ class SentWindow:
         self._steps = 0  # steps summed in it
         self._keys: tuple[Hashable, ...] | None = None  # the keys of its first step, in order
         self._sums: dict[Hashable, list[torch.Tensor]] = {}  # key -> [sum g, sum (sent - g), (sum g^2, sum (sent - g)^2)]
-        self._step_keys: list[Hashable] = []  # the keys added in the step under way
+        self._step_keys: list[Hashable] = []  # the keys added in the step under way, in order
+        self._step_seen: set[Hashable] = set()  # the same, for the membership test (models of thousands of keys)
         self._spoiled = False  # the step under way cannot count
 
     def add(self, key: Hashable, grad: torch.Tensor, sent: torch.Tensor) -> None:
         """One key of the step under way: its gradient before error feedback and what was sent
         for it (the decoded payload)."""
-        if key in self._step_keys or grad.shape != sent.shape:
+        if key in self._step_seen or grad.shape != sent.shape:
             self._spoiled = True
             return
         self._step_keys.append(key)
+        self._step_seen.add(key)
         g = self._sample(grad)
         d = self._sample(sent) - g
         sums = self._sums.get(key)
@@ -84,6 +86,7 @@ class SentWindow:
         completes a window of `level`, else None."""
         keys, spoiled = tuple(self._step_keys), self._spoiled
         self._step_keys, self._spoiled = [], False
+        self._step_seen.clear()
         if spoiled or level is None or not keys:
             self._restart()
             return None
