@@ -86,11 +86,8 @@ class GradientEncoder:
             if self.feedback is None:
                 self.feedback = ErrorFeedback()
             payload, sent = self.feedback.compress(key, grad, codec)
-            if self.sent_window is not None:
-                if codec.lossless:
-                    self.sent_window.spoil()
-                else:
-                    self.sent_window.add(key, grad, sent)
+            if self.sent_window is not None and not codec.lossless:  # a lossless step ends the window (`end_sent_step`)
+                self.sent_window.add(key, grad, sent)
             return payload, sent
         except NonFiniteGradient as exc:
             # compress() left the residual as it was: what goes out is zero plus that residual.
@@ -173,13 +170,14 @@ class GradientEncoder:
     def end_sent_step(self, level: int | None, spec: str) -> None:
         """The step's keys are encoded at `spec`: a window of the sent level may be complete
         (`SentWindow`; its q_W goes to the policy)."""
-        window = self.sent_window
+        window, feedback = self.sent_window, self.feedback
         if window is None:
             return
-        lossy = level is not None and self.feedback is not None and not self.codec_for("", spec).lossless
-        feedback = self.feedback
-        q = window.end_step(level if lossy else None, lambda key: feedback.residual(key) if feedback is not None else None)
-        if q is not None and level is not None:
+        if level is None or feedback is None or self.codec_for("", spec).lossless:
+            window.end_step(None, feedback.residual if feedback is not None else lambda key: None)  # restarts
+            return
+        q = window.end_step(level, feedback.residual)
+        if q is not None:
             self.uplink.observe_sent_window(level, q)
 
     def observe_progress(self, level: int | None, spec: str) -> None:

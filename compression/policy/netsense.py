@@ -25,7 +25,7 @@ from .law import LevelHold
 from .link import LinkState
 from .netsense_settings import NetsensePolicySettings
 from .probes import Probes
-from .progress import DRIFT_ODDS_FLOOR, ProgressEstimate
+from .progress import ProgressEstimate, error_odds
 from .registry import register_policy
 from .settings import settings_factory
 
@@ -376,12 +376,9 @@ class NetsensePolicy(Policy):
         windows' bias, so correcting the sent level alone would send the run to lighter ones."""
         if not (0 <= level < len(self.ladder)) or self.ladder[level].lossless or not 0 < progress <= 1:
             return
-        if self.progress.pinned[level]:
-            return
-        now = self.progress[level]
-        odds_now, odds_sent = ((1 - q) / q for q in (max(now, self.progress.floor), progress))
-        if odds_sent >= self.settings.sent_window_drift * max(odds_now, DRIFT_ODDS_FLOOR):
-            self.progress.restate(level, progress)
+        now = max(self.progress[level], self.progress.floor)
+        if error_odds(progress) >= self.settings.sent_window_drift * error_odds(now):
+            self.progress.restate(level, progress)  # never a pinned level
 
     def observe_ratio(self, *, level: int, ratio: float) -> None:
         """A level's wire ratio on the run's shapes replaces the nominal one (PowerSGD's nominal

@@ -21,6 +21,12 @@ DRIFT_ODDS_FLOOR = 0.01
 8-bit levels' figures wander between 0.995 and 1.0, a ratio of no meaning."""
 
 
+def error_odds(q: float) -> float:
+    """(1 - q) / q of a q > 0, at least `DRIFT_ODDS_FLOOR`: what the drift and the sent level's
+    window compare, as a ratio."""
+    return max(DRIFT_ODDS_FLOOR, (1 - q) / q)
+
+
 class LevelObserver(Protocol):
     """What `measure_into` reports to: a policy (`netsense.compression.policy.Policy`)."""
 
@@ -147,7 +153,7 @@ class ProgressEstimate:
         then, now = self._at_window[level], self.one_step[level]
         if then is None or now is None:
             return 1.0
-        a, b = (max(DRIFT_ODDS_FLOOR, (1 - q) / q) for q in (then, now))
+        a, b = error_odds(then), error_odds(now)
         return max(a / b, b / a)
 
     def update_noise(self, noise: NoiseScale) -> None:
