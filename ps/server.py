@@ -355,17 +355,19 @@ class PSServer:
                 f"the update to version {wait_for} was refused ({reason}); pull the parameters and push step {wait_for - 1} again"
             )
 
-    def params_bytes(self, params: Params) -> bytes:
-        """Encoded PARAMS, cached: the same update goes to every worker, serialize it once."""
-        key = (params.version, params.full, params.base_version, len(params.pad))
+    def params_bytes(self, params: Params, recipient: str = "") -> bytes:
+        """Encoded PARAMS, cached: the same update goes to every worker, serialize it once (per
+        `recipient` where it carries forwarded pushes, which differ from worker to worker)."""
+        key = (params.version, params.full, params.base_version, len(params.pad), recipient)
         if self._params_cache is None or self._params_cache[0] != key:
             self._params_cache = (key, encode_message(params))
         return self._params_cache[1]
 
-    def keyed_params_bytes(self, params: Params, keys: tuple[str, ...]) -> bytes:
-        """Encoded PARAMS of a pipelined pull, cached per key set: every worker asks for the same
-        buckets of the same update. The cache holds one update."""
-        key = (params.version, params.full, params.base_version, keys)
+    def keyed_params_bytes(self, params: Params, keys: tuple[str, ...], recipient: str = "") -> bytes:
+        """Encoded PARAMS of a pipelined pull, cached per key set (and `recipient`, as
+        `params_bytes`): every worker asks for the same buckets of the same update. The cache
+        holds one update."""
+        key = (params.version, params.full, params.base_version, keys, recipient)
         data = self._keyed_cache.get(key)
         if data is None:
             if any(k[:3] != key[:3] for k in self._keyed_cache):

@@ -19,7 +19,7 @@ from netsense.transport.auth import new_nonce, verify_mac
 from netsense.transport.logsafe import printable, quoted, suppressed_note
 from netsense.transport.sensing.aioquic_private import peer_host
 from netsense.transport.sensing.congestion import sensing_state
-from netsense.transport.wire import Ack, Auth, Bye, Challenge, Hello, Init, Message, Probe, Pull, Push, Welcome
+from netsense.transport.wire import Ack, Auth, Bye, Challenge, Hello, Init, Message, Params, Probe, Pull, Push, Welcome
 
 from .store import StepApplied
 from .store.guard import UpdateRefused
@@ -55,6 +55,8 @@ class WorkerSession:
         """Its pulls waiting or being answered, by version (pipelined pulls: several at once)."""
         self._reported = -1
         """The newest update return (`UpdateReturns.latest`) an ACK of this connection reported."""
+        self.keeps = False
+        """Whether its last PUSH said it keeps its pushes (`Push.keeps`): it can take forwarded ones."""
         server.connections.add(self)
         loop = asyncio.get_event_loop()
         # aioquic creates the protocol before it feeds the first datagram, so the peer address
@@ -150,6 +152,7 @@ class WorkerSession:
                 else:
                     store.set_downlink(down.choose(store.version, self.server.live_links(), 4 * store.numel))
             ahead = store.applied_keys
+            self.keeps = msg.keeps
             try:
                 result = store.push(self.worker_id, msg)
             except UpdateRefused:
@@ -191,9 +194,9 @@ class WorkerSession:
             except asyncio.TimeoutError:
                 raise ProtocolError("timeout", f"more than {store.staleness} versions ahead for the whole pull timeout") from None
         await self.server.release.hold(self, self.server.sessions.values(), msg.wait_for)
-        params = store.pull(msg.have_version)
+        params = self._for_me(store.pull(msg.have_version))
         pad = self.server.downlink.pad_for(params.version) if self.server.downlink is not None else 0
-        data = self.server.params_bytes(dataclasses.replace(params, pad=bytes(pad)) if pad else params)
+        data = self.server.params_bytes(dataclasses.replace(params, pad=bytes(pad)) if pad else params, self._recipient(params))
         if self.server.downlink is not None:
             self.server.downlink.sent(self.conn.quic, store.version, len(data))
         if not params.full and not store.asynchronous:
@@ -241,12 +244,27 @@ class WorkerSession:
                 raise ProtocolError("timeout", f"keys of version {msg.wait_for} not applied within the pull timeout") from None
             self.server.check_refused(self.worker_id, msg.wait_for)
         await self.server.release.hold(self, self.server.sessions.values(), msg.wait_for)
-        params = store.pull_keys(msg.have_version, msg.keys)
+        params = self._for_me(store.pull_keys(msg.have_version, msg.keys))
         # The fallback: every key, full, with the state keys; a keyed reply is never cached as it.
         whole = params.full and len(params.tensors) == len(store.params) + len(store.state_keys)
         # Not reported to the downlink policy: it times one delivery of the whole update per
         # worker, and per-bucket replies queued behind each other would read as a slow link.
-        return self.server.params_bytes(params) if whole else self.server.keyed_params_bytes(params, msg.keys)
+        if whole:
+            return self.server.params_bytes(params)
+        return self.server.keyed_params_bytes(params, msg.keys, self._recipient(params))
+
+    def _for_me(self, params: Params) -> Params:
+        """`params` as this worker is sent it: forwarded pushes without its own
+        (`Params.for_recipient`), or, to a peer that does not keep its pushes (a relay, an older
+        worker, one that has not pushed yet), the full parameters, which need none."""
+        if not params.sums:
+            return params
+        assert self.worker_id is not None
+        return params.for_recipient(self.worker_id) if self.keeps else self.server.store.full_params()
+
+    def _recipient(self, params: Params) -> str:
+        """Whom `params`' bytes are for: this worker where they differ from worker to worker."""
+        return (self.worker_id or "") if params.sums else ""
 
     def _on_hello(self, msg: Hello) -> Message:
         if self.authenticated:

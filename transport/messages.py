@@ -9,7 +9,7 @@ every field and its meaning here, in one place (docs/PROTOCOL.md).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from netsense.compression import Payload
@@ -172,6 +172,10 @@ class Push(Message):
     skip: bool = False
     """The worker sits this step out (its AMP grad scaler found Inf/NaN): no gradients, but it
     counts as done for the barrier."""
+    keeps: bool = False
+    """The worker keeps this step's pushes until its update comes, so a gradient-domain PS may send
+    it the other pushes of a key instead of their compressed mean (`Params.sums`;
+    docs/ARCHITECTURE.md, "Forwarded pushes"). Left out when False (a relay, an older worker)."""
 
 
 @dataclass(frozen=True)
@@ -191,6 +195,33 @@ class Pull(Message):
 
 MAX_PULL_KEYS = 64
 """Most keys one PULL may name (msgpack's array bound in `decode_message`)."""
+
+
+MAX_SUM_TERMS = 2
+"""Most pushes a `Sum` adds: a PS forwards a key's pushes only where at most two workers pushed it
+(more cost more bytes than their compressed mean)."""
+
+
+@dataclass(frozen=True)
+class Sum:
+    """One key of a gradient-domain update as the pushes that make it up (`Params.sums`): the
+    step's gradient is sum(weights[i] * push i), in this order, the recipient's own push at `own`."""
+
+    weights: tuple[float, ...]
+    """Each push's weight (its samples over the step's), in the order the PS summed them."""
+    own: int
+    """Index of the recipient's own push in `weights` (-1: it pushed none of this key)."""
+    pushes: tuple[Payload, ...]
+    """The other pushes' payloads, in order: one per weight but `own`'s."""
+    owners: tuple[str, ...] = ()
+    """The PS's own record of whose push each weight is (never on the wire: `for_recipient`)."""
+
+    def for_recipient(self, worker_id: str) -> Sum:
+        """What `worker_id` is sent: its own push left out if it is one of them."""
+        if worker_id not in self.owners:
+            return Sum(self.weights, -1, self.pushes)
+        own = self.owners.index(worker_id)
+        return Sum(self.weights, own, self.pushes[:own] + self.pushes[own + 1 :])
 
 
 @dataclass(frozen=True)
@@ -219,6 +250,15 @@ class Params(Message):
     optim_state: dict[str, Payload] = field(default_factory=dict)
     """With `optimizer`: the optimizer's state per key, ``<state name>:<key>`` -> lossless payload
     (``momentum_buffer``, ``exp_avg``, ``exp_avg_sq``, ``step``). Left out when empty."""
+    sums: dict[str, Sum] = field(default_factory=dict)
+    """With `gradient`: keys sent as the pushes that make them up instead of a payload in
+    `tensors` (docs/ARCHITECTURE.md, "Forwarded pushes"). Left out when empty."""
+
+    def for_recipient(self, worker_id: str) -> Params:
+        """This update as `worker_id` is sent it (`Sum.for_recipient`); itself without sums."""
+        if not self.sums:
+            return self
+        return replace(self, sums={k: s.for_recipient(worker_id) for k, s in self.sums.items()})
 
 
 @dataclass(frozen=True)

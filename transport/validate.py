@@ -16,8 +16,8 @@ from netsense.errors import ProtocolError
 
 from .hparams import MAX_GROUPS, check_group
 from .messages import (
-    HELLO_ROLES, JOB_ID_RE, MAX_PULL_KEYS, SITE_RE, STATE_DTYPES, Ack, Auth, Bye, Challenge, Error, Hello, Init, Limits, Params,
-    Probe, Pull, Push, TensorInfo, Welcome,
+    HELLO_ROLES, JOB_ID_RE, MAX_PULL_KEYS, MAX_SUM_TERMS, SITE_RE, STATE_DTYPES, Ack, Auth, Bye, Challenge, Error, Hello, Init,
+    Limits, Params, Probe, Pull, Push, Sum, TensorInfo, Welcome,
 )
 
 _KEY_RE = re.compile(r"^[A-Za-z0-9_.\-/#:]{1,200}$")
@@ -108,6 +108,35 @@ def _tensors(body: dict[str, Any], name: str, limits: Limits) -> dict[str, Paylo
     return out
 
 
+def _sums(body: dict[str, Any], limits: Limits) -> dict[str, Sum]:
+    """`Params.sums`: per key, weights in (0, 1], the recipient's index among them or -1, and one
+    payload of one shape per other weight."""
+    raw = body.get("sums", {})  # absent: a PS that sends no forwarded pushes
+    if not isinstance(raw, dict) or len(raw) > limits.max_keys:
+        raise _fail("malformed", f"field 'sums' must be a map of <= {limits.max_keys} keys")
+    out: dict[str, Sum] = {}
+    for key, v in raw.items():
+        if not isinstance(key, str) or not _KEY_RE.match(key):
+            raise _fail("key", f"bad key name {key!r}: use 1-200 chars of [A-Za-z0-9_.-/#:]")
+        if not isinstance(v, dict) or set(v) != {"w", "o", "p"}:
+            raise _fail("malformed", f"sum {key!r}: must be a map with keys w,o,p")
+        weights, own, pushes = v["w"], v["o"], v["p"]
+        if not isinstance(weights, list) or not 1 <= len(weights) <= MAX_SUM_TERMS or not all(
+            isinstance(w, float) and math.isfinite(w) and 0 < w <= 1 for w in weights
+        ):
+            raise _fail("malformed", f"sum {key!r}: weights must be 1-{MAX_SUM_TERMS} floats in (0, 1]")
+        if not isinstance(own, int) or isinstance(own, bool) or not -1 <= own < len(weights):
+            raise _fail("malformed", f"sum {key!r}: own index {own!r} is not -1 or an index into its {len(weights)} weights")
+        others = len(weights) - (own >= 0)
+        if not isinstance(pushes, list) or len(pushes) != others:
+            raise _fail("malformed", f"sum {key!r}: {others} pushes expected, got {len(pushes) if isinstance(pushes, list) else pushes!r:.40}")
+        payloads = tuple(_payload(key, p, limits) for p in pushes)
+        if len({p.shape for p in payloads}) > 1:
+            raise _fail("shape", f"sum {key!r}: its pushes differ in shape")
+        out[key] = Sum(tuple(weights), own, payloads)
+    return out
+
+
 def _opt_map(body: dict[str, Any], name: str) -> dict[str, Any]:
     v = body.get(name, {})
     if not isinstance(v, dict) or len(v) > 32 or not all(isinstance(x, (int, float, str, bool)) for x in v.values()):
@@ -168,7 +197,9 @@ def _push(body: dict[str, Any], limits: Limits) -> Push:
     if skip and grads:
         raise _fail("malformed", "a skipped step's PUSH carries no gradients")
     step = _int(body, "step", 0)
-    return Push(step, _int(body, "samples", 1, 1 << 30), _int(body, "total_keys", 1, limits.max_keys), grads, hparams, groups, skip)
+    keeps = _bool(body, "keeps") if "keeps" in body else False  # absent: a relay or an older worker
+    samples, total = _int(body, "samples", 1, 1 << 30), _int(body, "total_keys", 1, limits.max_keys)
+    return Push(step, samples, total, grads, hparams, groups, skip, keeps)
 
 
 def _pull_keys(body: dict[str, Any]) -> tuple[str, ...]:
@@ -222,6 +253,15 @@ def _init(b: dict[str, Any], lim: Limits) -> Init:
     return Init(tensors, _opt_map(b, "optimizer"), _int(b, "world_size", 1, 1 << 20), _model(b, tensors, lim))
 
 
+def _params_sums(body: dict[str, Any], limits: Limits) -> dict[str, Sum]:
+    sums = _sums(body, limits)
+    if sums and not (body.get("gradient") is True and body.get("full") is False):
+        raise _fail("malformed", "only a gradient-domain update (not full) carries sums")
+    if set(sums) & set(body.get("tensors", {})):
+        raise _fail("malformed", "a key comes as a payload and as a sum")
+    return sums
+
+
 PARSERS: dict[str, Any] = {
     "hello": lambda b, lim: Hello(
         _str(b, "worker_id", 128), _int(b, "rank", 0, 1 << 20), _bin(b, "client_nonce", 32), _role(b),
@@ -240,7 +280,7 @@ PARSERS: dict[str, Any] = {
     "params": lambda b, lim: Params(
         _int(b, "version", 0), _bool(b, "full"), _tensors(b, "tensors", lim), _int(b, "base_version", -1),
         _pad(b, lim), _bool(b, "gradient") if "gradient" in b else False,  # absent: a parameter-domain PS
-        _opt_map(b, "optimizer"), _tensors(b, "optim_state", lim) if "optim_state" in b else {},
+        _opt_map(b, "optimizer"), _tensors(b, "optim_state", lim) if "optim_state" in b else {}, _params_sums(b, lim),
     ),
     "ack": lambda b, lim: Ack(
         _int(b, "version", 0), _int(b, "delivered_bytes", 0, lim.max_message_bytes) if "delivered_bytes" in b else 0,

@@ -21,15 +21,15 @@ from netsense.errors import ProtocolError
 
 from .messages import (
     HELLO_ROLES, JOB_ID_RE, MAX_PULL_KEYS, MESSAGE_TYPES, STATE_DTYPES, Ack, Auth, Bye, Challenge, Error, Hello, Init, Limits,
-    Message, Params, Probe, Pull, Push, TensorInfo, Welcome,
+    MAX_SUM_TERMS, Message, Params, Probe, Pull, Push, Sum, TensorInfo, Welcome,
 )
 from .validate import PARSERS
 
 # The message types are re-exported: `from netsense.transport.wire import Push` is their public spelling.
 __all__ = [
-    "ALPN", "FRAMED", "HELLO_ROLES", "INLINE_MAX", "JOB_ID_RE", "MAX_PULL_KEYS", "MESSAGE_TYPES", "PROTOCOL_VERSION",
+    "ALPN", "FRAMED", "HELLO_ROLES", "INLINE_MAX", "JOB_ID_RE", "MAX_PULL_KEYS", "MAX_SUM_TERMS", "MESSAGE_TYPES", "PROTOCOL_VERSION",
     "SECTION_EXT", "STATE_DTYPES", "SUPPORTED_VERSIONS", "Ack", "Auth", "Bye", "Challenge", "Chunk", "Error", "Hello",
-    "Init", "Limits", "Message", "Params", "Probe", "Pull", "Push", "TensorInfo", "Welcome", "decode_message",
+    "Init", "Limits", "Message", "Params", "Probe", "Pull", "Push", "Sum", "TensorInfo", "Welcome", "decode_message",
     "encode_chunks", "encode_message",
 ]
 
@@ -47,7 +47,10 @@ def _payload_to_wire(p: Payload) -> dict[str, Any]:
     return {"c": p.codec, "s": list(p.shape), "d": p.dtype, "p": list(p.parts), "m": list(p.meta)}
 
 
-_OMIT_DEFAULT = {"hello": ("job_id", "resume", "site"), "welcome": ("job_id", "site"), "init": ("model",), "params": ("pad", "gradient", "optimizer", "optim_state"), "ack": ("delivered_bytes", "delivered_s")}
+_OMIT_DEFAULT = {
+    "hello": ("job_id", "resume", "site"), "welcome": ("job_id", "site"), "init": ("model",), "push": ("keeps",),
+    "params": ("pad", "gradient", "optimizer", "optim_state", "sums"), "ack": ("delivered_bytes", "delivered_s"),
+}  # fmt: skip
 """Optional fields left out at their default, so a message without them is byte-identical to an older peer's."""
 
 
@@ -60,6 +63,8 @@ def _body(msg: Message) -> dict[str, Any]:
             continue
         if name in ("tensors", "grads", "optim_state"):
             value = {k: _payload_to_wire(p) for k, p in value.items()}
+        elif name == "sums":  # the PS's `owners` stay home: `Sum.for_recipient` used them
+            value = {k: {"w": list(v.weights), "o": v.own, "p": [_payload_to_wire(p) for p in v.pushes]} for k, v in value.items()}
         elif name == "model":
             value = {k: {"n": i.name, "s": list(i.shape), "d": i.dtype, "o": i.offset, "b": i.buffer} for k, i in value.items()}
         body[name] = value

@@ -81,10 +81,12 @@ class StepFields:
     key_groups: dict[str, int] = field(default_factory=dict)
     """Key -> param group, for keys outside group 0."""
     skip: bool = False
+    keeps: bool = False
+    """The pusher keeps its pushes until the update (`Push.keeps`): a worker, never a relay."""
 
     def push(self, step: int, samples: int, total_keys: int, grads: dict[str, Payload]) -> Push:
         groups = {k: self.key_groups[k] for k in grads if k in self.key_groups}
-        return Push(step, samples, total_keys, grads, self.hparams, groups, self.skip)
+        return Push(step, samples, total_keys, grads, self.hparams, groups, self.skip, self.keeps)
 
 
 class PSClient:

@@ -71,8 +71,9 @@ def check_groups(param_groups: Sequence[Mapping[str, Any]], slots: Sequence[KeyS
 
 
 def step_fields(name: str, param_groups: Sequence[Mapping[str, Any]], slots: Sequence[KeySlot], *, skip: bool = False) -> StepFields:
-    """This step's PUSH fields from the param groups as they are now."""
+    """This step's PUSH fields from the param groups as they are now. A worker keeps its pushes
+    (`Replica.own`), so a gradient-domain PS may forward it the others' (`Push.keeps`)."""
     index = {id(p): i for i, g in enumerate(param_groups) for p in g["params"]}
     hparams = tuple(wire_group(name, g, i) for i, g in enumerate(param_groups))
     key_groups = {s.key: index[id(s.param)] for s in slots if index.get(id(s.param), 0)}
-    return StepFields(hparams, key_groups, skip)
+    return StepFields(hparams, key_groups, skip, keeps=True)

@@ -338,6 +338,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
             stats.codec = redecided.spec
         t2 = time.perf_counter()
         decode_s = 0.0
+        self._replica.own = payloads  # as pushed (a redecided push's re-encoding included)
         for shard, p in enumerate(result.params):
             decode_s += self._replica.apply(p, shard)
         t3 = time.perf_counter()
@@ -415,8 +416,11 @@ class NetSenseOptimizer(torch.optim.Optimizer):
 
     def _choose(self, link: LinkState, started: float) -> Decision:
         """The uplink policy's level for this step; against gradient-domain shards it goes down at
-        that level too, so the policy prices it as two compressions (`Policy.passes`)."""
-        self.uplink.policy.passes = 2 if self._replica.gradient_domain else 1
+        that level too, so the policy prices its bytes twice (`Policy.passes`) and, unless they
+        forward the pushes (`Replica.forwarded`), two compressions (`Policy.compressions`)."""
+        policy, gradient = self.uplink.policy, self._replica.gradient_domain
+        policy.passes = 2 if gradient else 1
+        policy.compressions = 2 if gradient and not self._replica.forwarded else 1
         return self.uplink.choose(link, started=started)
 
     def _step_fields(self, *, skip: bool = False) -> StepFields:
@@ -437,6 +441,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         t1 = time.perf_counter()
         result = self._exchange.start_step([[{}] for _ in self._replica.shard_slots], samples).result()
         t2 = time.perf_counter()
+        self._replica.own = {}
         decode_s = sum(self._replica.apply(p, shard) for shard, p in enumerate(result.params))
         stats = StepStats(version=self.version, codec="", skipped=True, encode_s=t1 - t0, wire_s=t2 - t1, decode_s=decode_s)
         stats.compute_s = t0 - self._step_end if self._step_end is not None else 0.0

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netsense.compression import Payload
-from netsense.transport.wire import MAX_PULL_KEYS, Params
+from netsense.transport.wire import MAX_PULL_KEYS, Params, Sum
 
 from .client import PSClient
 from .layout import KeySlot
@@ -175,12 +175,17 @@ def merge_parts(parts: list[Params], keys: list[str], step: int) -> Params | Non
         return None
     full = parts[0].full
     tensors: dict[str, Payload] = {}
+    sums: dict[str, Sum] = {}
     for p in parts:
         if p.version != step + 1 or p.full != full or (not full and p.base_version != step):
             return None
         tensors.update(p.tensors)
-    if set(tensors) != set(keys):
+        sums.update(p.sums)  # forwarded pushes (`Params.sums`)
+    if set(tensors) | set(sums) != set(keys) or set(tensors) & set(sums):
         return None
     if any(p.gradient != parts[0].gradient for p in parts):
         return None
-    return Params(step + 1, full, {k: tensors[k] for k in keys}, base_version=-1 if full else step, gradient=parts[0].gradient)
+    return Params(
+        step + 1, full, {k: tensors[k] for k in keys if k in tensors}, base_version=-1 if full else step,
+        gradient=parts[0].gradient, sums={k: sums[k] for k in keys if k in sums},
+    )  # fmt: skip

@@ -24,10 +24,15 @@ class Policy(ABC):
         self.name = name
         """The spec this policy was made from (goes into every decision)."""
         self.passes = 1
+        """How many times the chosen level's bytes cross the path a step: 2 when a gradient-domain
+        PS sends the step's gradient back at the level each key was pushed in (docs/POLICIES.md,
+        "A gradient-domain downlink"), compressed again or as the pushes themselves. A policy that
+        prices time (netsense) sends the level's bytes `passes` times; the others ignore it."""
+        self.compressions = 1
         """How many times the chosen level compresses the stream on its way to the model: 2 when
-        a gradient-domain PS sends the step's gradient back at the level each key was pushed in
-        (docs/POLICIES.md, "A gradient-domain downlink"). A policy that prices progress (netsense)
-        prices a level at q ** passes; the others ignore it."""
+        the PS compresses the mean again, 1 when it forwards the pushes (docs/ARCHITECTURE.md,
+        "Forwarded pushes"). A policy that prices progress (netsense) prices a level at
+        q ** compressions; the others ignore it."""
         self._levels: dict[str, Level] = {}
 
     @abstractmethod

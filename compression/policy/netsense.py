@@ -496,7 +496,7 @@ class NetsensePolicy(Policy):
         """q per level as the law uses it (1 everywhere when not progress-aware)."""
         if not self.settings.progress_aware:
             return [1.0] * len(self.ladder)
-        return [q**self.passes for q in self.progress.values]
+        return [q**self.compressions for q in self.progress.values]
 
 
 def worst_case_q(level: Level) -> float:

@@ -241,7 +241,8 @@ class RelayServer(PSServer):
             self._restart_site(params.version)
         result = self.site.install(params)
         if self.upstream.adaptive is not None:  # the level comes back down too: two compressions (`Policy.passes`)
-            self.upstream.adaptive.policy.passes = 2 if self.site.mirror is not None else 1
+            policy = self.upstream.adaptive.policy  # a relay's site sum is never forwarded: compressed again
+            policy.passes = policy.compressions = 2 if self.site.mirror is not None else 1
         if first:
             for wid in self.sessions:  # every local worker already connected is in the first step
                 self.site.join(wid)

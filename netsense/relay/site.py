@@ -236,6 +236,8 @@ class SiteStore:
         core, mirror, agg = self._core, self.mirror, self._flying
         if mirror is None:
             raise ProtocolError("version", "a gradient-domain update before the upstream's optimizer (a full PARAMS)")
+        if params.sums:  # a relay does not keep its pushes (`Push.keeps`): a PS never forwards it any
+            raise ProtocolError("malformed", "forwarded pushes sent to a relay, which keeps none of its own")
         grads = {k: core.decode(k, p) for k, p in params.tensors.items() if k in core.params}
         unknown = [k for k in params.tensors if k not in core.params and k not in core.state]
         if unknown:

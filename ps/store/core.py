@@ -24,7 +24,8 @@ from netsense.compression.base import DTYPE_NAMES, empty_dense
 from netsense.compression.limits import all_finite
 from netsense.errors import CompressionError, ProtocolError
 from netsense.transport.hparams import check_allowed
-from netsense.transport.wire import Params, Push, TensorInfo
+from netsense.transport.aggregate import weighted_sum
+from netsense.transport.wire import MAX_SUM_TERMS, Params, Push, TensorInfo
 
 from ..optim import Hyper, OptimizerSettings, as_hyper
 from .gradient import GradientDownlink
@@ -48,6 +49,10 @@ class Pending:
     specs: dict[str, tuple[int, str]] = field(default_factory=dict)
     """Key -> (wire bytes, codec) its gradient came in (a gradient-domain downlink sends the key's
     update at the smallest of its workers': gradient.py)."""
+    keeps: bool = False
+    """The worker keeps its pushes until the update (`Push.keeps`): it may be sent the others'."""
+    payloads: dict[str, Payload] = field(default_factory=dict)
+    """Key -> the payload it came in, kept where the step may forward it (gradient domain, `keeps`)."""
 
 
 @dataclass(frozen=True)
@@ -260,6 +265,9 @@ class StoreCore:
             pending = self.pending[worker_id] = Pending(msg.samples, step=msg.step, skipped=msg.skip)
         pending.grads.update((k, g) for k, g in grads.items() if k not in skip and k not in self.state)
         pending.specs.update((k, (p.wire_size, p.codec)) for k, p in msg.grads.items() if k not in skip and k not in self.state)
+        pending.keeps = msg.keeps
+        if msg.keeps and self.gradient is not None:
+            pending.payloads.update((k, p) for k, p in msg.grads.items() if k not in skip and k not in self.state)
         pending.state.update((k, g) for k, g in grads.items() if k in self.state)
         pending.hparams.update(key_hparams(msg))
 
@@ -348,11 +356,30 @@ class StoreCore:
         shard back over the WAN to the other site: docs/BENCHMARKS.md, "A gradient-domain downlink".)"""
         if self.gradient is None:
             return
+        forward = self._forwards(workers)
+        total = sum(self.pending[w].samples for w in workers)
         for key in keys:
             param = self.params[key]
+            if forward and all(key in self.pending[w].payloads for w in workers):
+                terms = [(w, self.pending[w].samples / total, self.pending[w].payloads.pop(key)) for w in workers]
+                self.gradient.forward(self.version, key, terms)  # the exact mean: `param.grad` as it is
+                continue
             pushed = [self.pending[w].specs[key] for w in workers if key in self.pending[w].specs]
             spec = min(pushed, key=lambda s: s[0])[1] if pushed else "fp32"  # min keeps the first of equals
             param.grad = self.gradient.compress(self.version, key, param.grad, spec, len(pushed))
+
+    def _forwards(self, workers: list[str]) -> bool:
+        """Whether the step's keys go down as the pushes that make them up (`Params.sums`;
+        docs/ARCHITECTURE.md, "Forwarded pushes"): at most `MAX_SUM_TERMS` contributing `workers`
+        (each is sent the other's push, no more bytes than their compressed mean, and no second
+        compression), each keeping its pushes (`Pending.keeps`: not a relay), and no clipping (it
+        couples every key, and each worker would have to clip as the PS does)."""
+        settings = self.optimizer_settings
+        return (
+            0 < len(workers) <= MAX_SUM_TERMS
+            and all(self.pending[w].keeps for w in workers)
+            and (settings is None or settings.clip_grad_norm <= 0)
+        )
 
     def _step(self, keys: list[str], workers: list[str], *, keep: bool = False) -> None:
         """torch.optim's step over `keys` (their grads set), with each key's hyper-parameters for
@@ -389,11 +416,7 @@ class StoreCore:
         buf = self._grad_buffers.get(key)
         if buf is None or buf.shape != param.shape or buf.dtype != param.dtype:
             buf = self._grad_buffers[key] = empty_dense(param.numel(), param.dtype, param.device).view(param.shape)
-        (first, weight), rest = terms[0], terms[1:]
-        torch.mul(first.to(param.dtype), weight, out=buf)
-        for grad, weight in rest:
-            buf.add_(grad.to(param.dtype), alpha=weight)
-        return buf
+        return weighted_sum(terms, param.dtype, out=buf)
 
     # --- decoding -------------------------------------------------------------------------
 

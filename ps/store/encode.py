@@ -18,7 +18,7 @@ import torch
 
 from netsense.compression import Codec, Payload, make_codec
 from netsense.compression.progress import codec_clock
-from netsense.transport.wire import Params
+from netsense.transport.wire import Params, Sum
 
 from .gradient import GradientDownlink
 
@@ -136,10 +136,9 @@ class UpdateEncoder:
         """The step's compressed gradients (what every replica's optimizer steps on); the shadow
         follows the parameters, which the replicas now equal."""
         assert self.gradient is not None
-        tensors = self.gradient.commit(base)
+        entries = self.gradient.commit(base)
         self._follow(params)
-        tensors.update(self.state_payloads())
-        return Params(version, False, tensors, base_version=base, gradient=True)
+        return gradient_params(version, base, entries, self.state_payloads())
 
     def _follow(self, params: dict[str, torch.Tensor]) -> None:
         """The shadow becomes `params`, in place where it can."""
@@ -154,7 +153,7 @@ class UpdateEncoder:
         """Every state key whole and lossless: what each update and full PARAMS carries."""
         return {k: self._fp32.encode(v) for k, v in self.state.items()}  # copies the bytes: a cached update stays put
 
-    def encode_key(self, key: str, param: torch.Tensor, spec: str) -> tuple[Payload, torch.Tensor]:
+    def encode_key(self, key: str, param: torch.Tensor, spec: str) -> tuple[Payload | Sum, torch.Tensor]:
         """One key's downlink payload and the shadow value it leaves (as `encode_update`), for a
         key applied ahead of the version: the shadow itself waits for the version. Gradient domain:
         the payload compressed before the key's step (`GradientDownlink.payload`)."""
@@ -199,3 +198,11 @@ class UpdateEncoder:
         if last is not None and last.version == version and last.full:
             return last
         return self.full_params(version)
+
+
+def gradient_params(version: int, base: int, entries: dict[str, Payload | Sum], state: dict[str, Payload]) -> Params:
+    """A gradient-domain update from `base` to `version`: each key's compressed payload, or its
+    forwarded pushes (`Params.sums`), and the `state` keys' payloads."""
+    tensors = {k: v for k, v in entries.items() if isinstance(v, Payload)}
+    sums = {k: v for k, v in entries.items() if isinstance(v, Sum)}
+    return Params(version, False, {**tensors, **state}, base_version=base, gradient=True, sums=sums)

@@ -37,6 +37,7 @@ import torch
 from netsense.compression import Codec, Payload, make_codec
 from netsense.compression.sparse import SparseCodec
 from netsense.compression.topkscan import largest_indices
+from netsense.transport.wire import Sum
 
 LOSSLESS = ("fp32", "none")
 """Specs sent as fp32, whole, with nothing left over."""
@@ -56,7 +57,7 @@ class GradientDownlink:
         self._fp32 = make_codec("fp32")
         self._nonzeros = make_codec(EXACT_SPARSE)
         self._rng = np.random.default_rng()  # the top-k scan's sample: steers only its speed
-        self._pending: dict[str, tuple[Payload, torch.Tensor | None]] = {}  # key -> (payload, new residual)
+        self._pending: dict[str, tuple[Payload | Sum, torch.Tensor | None]] = {}  # key -> (what goes, new residual)
         self._version = -1  # the step the pending payloads belong to
 
     def compress(self, version: int, key: str, grad: torch.Tensor, spec: str, pushes: int = 1) -> torch.Tensor:
@@ -87,6 +88,18 @@ class GradientDownlink:
         sent = codec.decode(payload).to(grad.dtype).view_as(grad)
         self._pending[key] = (payload, m.sub_(sent))
         return sent
+
+    def forward(self, version: int, key: str, terms: list[tuple[str, float, Payload]]) -> None:
+        """`key` of the step from `version` goes as its pushes, (worker, weight, payload) in the
+        order the PS summed them (`Sum`): every worker rebuilds the exact mean, the PS's gradient.
+        What an earlier compressed step left owed of the key is dropped when the step commits, as
+        a restore drops it: it would need a lossless term of its own, and forwarding goes on while
+        the step's pushers do not change (docs/ARCHITECTURE.md, "Forwarded pushes")."""
+        if version != self._version:
+            self.discard()
+            self._version = version
+        owners = tuple(w for w, _, _ in terms)
+        self._pending[key] = (Sum(tuple(w for _, w, _ in terms), -1, tuple(p for _, _, p in terms), owners), None)
 
     def _sparse_exact(
         self, key: str, grad: torch.Tensor, old: torch.Tensor | None, codec: SparseCodec, pushes: int
@@ -141,9 +154,9 @@ class GradientDownlink:
                 return payload
         return self._fp32.encode(m)
 
-    def commit(self, version: int) -> dict[str, Payload]:
-        """The step from `version` applied: its residuals replace the old ones; its payloads (every
-        key compressed for it, in order)."""
+    def commit(self, version: int) -> dict[str, Payload | Sum]:
+        """The step from `version` applied: its residuals replace the old ones; what goes of each
+        key (compressed or forwarded for it, in order)."""
         if version != self._version:
             self.discard()
             return {}
@@ -158,8 +171,8 @@ class GradientDownlink:
         self._version = -1
         return out
 
-    def payload(self, key: str) -> Payload:
-        """The pending payload of `key` (a key applied ahead, pipeline.py)."""
+    def payload(self, key: str) -> Payload | Sum:
+        """What goes of `key` in the pending step (a key applied ahead, pipeline.py)."""
         return self._pending[key][0]
 
     def discard(self) -> None:

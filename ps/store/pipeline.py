@@ -24,10 +24,10 @@ from dataclasses import replace
 import torch
 
 from netsense.compression import Payload
-from netsense.transport.wire import Params
+from netsense.transport.wire import Params, Sum
 
 from .core import StepApplied, StoreCore
-from .encode import LOSSLESS, UpdateEncoder
+from .encode import LOSSLESS, UpdateEncoder, gradient_params
 
 
 class PipelinedStep:
@@ -36,7 +36,7 @@ class PipelinedStep:
     def __init__(self, core: StoreCore, encoder: UpdateEncoder) -> None:
         self._core = core
         self._encoder = encoder
-        self.applied: dict[str, Payload] = {}
+        self.applied: dict[str, Payload | Sum] = {}
         """Key -> downlink payload, ahead of the version."""
         self.members: tuple[str, ...] | None = None
         """The step's workers, fixed at its first applied key."""
@@ -73,15 +73,18 @@ class PipelinedStep:
         keys = list(keys)
         version = self._core.version
         if version == have_version and all(k in self.applied for k in keys):
+            if self._gradient:
+                return gradient_params(version + 1, version, {k: self.applied[k] for k in keys}, {})
             full = self._full
             base = -1 if full else version
-            return Params(version + 1, full, {k: self.applied[k] for k in keys}, base_version=base, gradient=self._gradient)
+            return Params(version + 1, full, _payloads({k: self.applied[k] for k in keys}), base_version=base)
         last = self._encoder.last_update
         if (
             last is not None and last.version == version == have_version + 1 and (last.full or last.base_version == have_version)
-            and all(k in last.tensors for k in keys)
+            and all(k in last.tensors or k in last.sums for k in keys)
         ):  # fmt: skip
-            return replace(last, tensors={k: last.tensors[k] for k in keys})  # the same update, those keys
+            tensors = {k: last.tensors[k] for k in keys if k in last.tensors}
+            return replace(last, tensors=tensors, sums={k: last.sums[k] for k in keys if k in last.sums})  # the same update, those keys
         return self._encoder.full_params(version)
 
     def step_workers(self) -> tuple[str, ...]:
@@ -153,9 +156,12 @@ class PipelinedStep:
         if core.gradient is not None:
             core.gradient.commit(base)  # the step's residuals replace the old ones
         self._encoder.shadow.update(self._next_shadow)
-        tensors = {k: self.applied[k] for k in core.params}
-        tensors.update(self._encoder.state_payloads())  # the averaged buffers, as in a whole step's update
-        self._encoder.last_update = Params(core.version, full, tensors, base_version=-1 if full else base, gradient=self._gradient)
+        entries = {k: self.applied[k] for k in core.params}
+        state = self._encoder.state_payloads()  # the averaged buffers, as in a whole step's update
+        if self._gradient:
+            self._encoder.last_update = gradient_params(core.version, base, entries, state)
+        else:
+            self._encoder.last_update = Params(core.version, full, {**_payloads(entries), **state}, base_version=-1 if full else base)
         core.pending.clear()
         self.reset()
         return StepApplied(core.version, tuple(sorted(workers)), total)
@@ -171,3 +177,10 @@ class PipelinedStep:
         self._core.guard.commit()
         self.applied, self._next_shadow, self.wanted = {}, {}, set()
         self.members = self._spec = None
+
+
+def _payloads(entries: dict[str, Payload | Sum]) -> dict[str, Payload]:
+    """A parameter-domain step's entries, every one a payload (only a gradient-domain step forwards)."""
+    out = {k: v for k, v in entries.items() if isinstance(v, Payload)}
+    assert len(out) == len(entries), "a parameter-domain step forwarded pushes"
+    return out

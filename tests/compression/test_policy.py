@@ -590,7 +590,8 @@ def run_aware(policy: NetsensePolicy, bws: list[float], **kw: object) -> list[in
 
 
 def aware_reference(
-    bw_Bps: float, *, compute_s: float = TC, eps: float = 0.1, tie: float = 0.01, passes: int = 1, share: float = 1.0
+    bw_Bps: float, *, compute_s: float = TC, eps: float = 0.1, tie: float = 0.01, passes: int = 1, share: float = 1.0,
+    compressions: int | None = None,
 ) -> int:
     """The progress-aware law written out independently: cost P/q, least lossy within (1+eps)
     of the best cost, equal-q levels by predicted step (fp16 over fp32 when > 1% faster); the
@@ -599,7 +600,7 @@ def aware_reference(
     steps = [
         compute_s + sends * lv.ratio * S / bw_Bps + RTT + (lv.encode_s_per_mb + lv.decode_s_per_mb) * S / 1e6 for lv in LADDER_Q
     ]
-    qs = [x**passes for x in Q]
+    qs = [x ** (passes if compressions is None else compressions) for x in Q]
     cost = [p / qi for p, qi in zip(steps, qs)]
     ok = [i for i, c in enumerate(cost) if c <= (1 + eps) * min(cost)]
     top = [i for i in ok if qs[i] >= max(qs[j] for j in ok) - 0.005]
@@ -616,10 +617,14 @@ def test_progress_aware_first_decision_is_the_law(mbit: float) -> None:
 @pytest.mark.parametrize("mbit", [0.5, 5, 20, 100, 400, 3000])
 def test_two_passes_price_each_level_at_q_squared_and_twice_its_bytes(mbit: float) -> None:
     """Against a gradient-domain PS the level goes up and comes back down: the law prices it at
-    q ** 2 and two sends of its bytes (`Policy.passes`), the same law otherwise."""
+    q ** 2 and two sends of its bytes (`Policy.passes`, `Policy.compressions`), the same law
+    otherwise; forwarded pushes come back at their bytes but compressed once: q, two sends."""
+    p = aware()
+    p.passes = p.compressions = 2
+    assert run_aware(p, [mbit])[0] == aware_reference(mbit * MBIT, eps=0.02, tie=0.01 * 0.02 / 0.1, passes=2)
     p = aware()
     p.passes = 2
-    assert run_aware(p, [mbit])[0] == aware_reference(mbit * MBIT, eps=0.02, tie=0.01 * 0.02 / 0.1, passes=2)
+    assert run_aware(p, [mbit])[0] == aware_reference(mbit * MBIT, eps=0.02, tie=0.01 * 0.02 / 0.1, passes=2, compressions=1)
 
 
 def test_the_measured_return_share_prices_the_update_coming_back() -> None:
@@ -631,7 +636,7 @@ def test_the_measured_return_share_prices_the_update_coming_back() -> None:
 
     def after_reports(share: float | None) -> tuple[NetsensePolicy, list[int | None]]:
         p = aware(probe_interval=0, probe_interval_s=0)
-        p.passes = 2
+        p.passes = p.compressions = 2
         run_aware(p, [mbit])  # the first decision: a pushed byte's time is now known
         for step in range(3):
             returned = None if share is None else (1_000_000, min_rtt + share * 1_000_000 / (mbit * MBIT))
@@ -650,7 +655,7 @@ def test_the_measured_return_share_prices_the_update_coming_back() -> None:
     assert any(one != three for one, three in picks.values())
     for m in picks:
         q = aware(probe_interval=0, probe_interval_s=0)
-        q.passes = 2
+        q.passes = q.compressions = 2
         q.returns.value = 3.0
         assert run_aware(q, [m])[0] == picks[m][1], m
 
@@ -658,7 +663,7 @@ def test_the_measured_return_share_prices_the_update_coming_back() -> None:
 def test_two_passes_move_the_pick_somewhere() -> None:
     def first(mbit: float, passes: int) -> int | None:
         p = aware()
-        p.passes = passes
+        p.passes = p.compressions = passes
         return run_aware(p, [mbit])[0]
 
     picks = [(first(m, 1), first(m, 2)) for m in (0.5, 1, 2, 5, 10, 20, 50, 100, 200, 400)]

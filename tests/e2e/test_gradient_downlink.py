@@ -1,6 +1,7 @@
 """Workers over QUIC against gradient-domain PS shards: every replica runs the PS's optimizer on the
-step's compressed gradient and equals the PS's parameters bit for bit, with a learning-rate
-schedule, BatchNorm buffers, keyed pulls (overlap) and a worker that rejoins mid-run."""
+step's gradient (here forwarded: the other worker's push added to its own) and equals the PS's
+parameters bit for bit, with a learning-rate schedule, BatchNorm buffers, keyed pulls (overlap)
+and a worker that rejoins mid-run."""
 
 from __future__ import annotations
 
@@ -67,7 +68,9 @@ def test_replicas_run_the_ps_optimizer_bit_for_bit(shards: list[RunningPS], over
     _train(shards, models, range(5), overlap, opts)
     for o in opts:
         o.close()
-    assert all(o.uplink.policy.passes == 2 for o in opts)  # the level goes down again: priced as two compressions
+    # Two pushers a key: each worker is sent the other's push, and the level is compressed once.
+    assert all(o._replica.forwarded for o in opts)
+    assert all(o.uplink.policy.compressions == 1 and o.uplink.policy.passes == 2 for o in opts)
     assert [ps.server.store.version for ps in shards] == [5, 5]
     assert all(ps.server.downlink is None for ps in shards)  # no downlink policy: each key at its push's codec
     _assert_replicas_equal(shards, models)

@@ -124,7 +124,7 @@ def test_early_keys_come_down_before_the_last_push(servers: list[RunningPS]) -> 
             _wait(lambda: all(f.done() for f in futures), "the replies of the buckets pushed during backward")
             parts = [p for f in futures for p in f.result().parts]
             assert {p.version for p in parts} == {step + 1} and all(p.full or p.base_version == step for p in parts)
-            assert stores[owner].applied_keys == sum(len(p.tensors) for p in parts) > 0
+            assert stores[owner].applied_keys == sum(len(p.tensors) + len(p.sums) for p in parts) > 0
             assert stores[owner].version == step  # the step itself waits for `unused`
             stats = opt.step(samples=len(x))
             assert stats.version == step + 1 and all(s.version == step + 1 and s.applied_keys == 0 for s in stores)

@@ -21,6 +21,7 @@ from netsense.transport.wire import (
     Params,
     Pull,
     Push,
+    Sum,
     Welcome,
     decode_message,
     encode_message,
@@ -38,6 +39,8 @@ MESSAGES = [
     Push(4, 16, 2, {"a": P, "b/c#0": Payload("qsgd:8", (5,), "float32", (b"x", b"yz"), (1.0, 2.5))}),
     Pull(-1, 0),
     Params(5, False, {"a": P}, base_version=4),
+    Push(4, 16, 2, {"a": P}, keeps=True),
+    Params(5, False, {"a": P}, base_version=4, gradient=True, sums={"b": Sum((0.25, 0.75), 1, (P,)), "c": Sum((1.0,), -1, (P,))}),
     Ack(7),
     Ack(8, delivered_bytes=14_700, delivered_s=0.031),
     Error("shape", "bad"),
@@ -56,6 +59,32 @@ def _raw(**fields: object) -> bytes:
 
 def _payload(**over: object) -> dict[str, object]:
     return {"c": "fp32", "s": [2], "d": "float32", "p": [bytes(8)], "m": [], **over}
+
+
+def _sums(*, full: bool = False, gradient: bool = True, tensors: dict | None = None, **entry: object) -> bytes:
+    """A PARAMS carrying one forwarded key "k" (`Params.sums`), `entry` overriding its fields."""
+    body = {"w": [0.5, 0.5], "o": 0, "p": [_payload()], **entry}
+    return _raw(t="params", version=1, full=full, tensors=tensors or {}, base_version=0, gradient=gradient, sums={"k": body})
+
+
+SUMS_BAD = [
+    ({"w": [0.5, 0.5, 0.5], "p": [_payload(), _payload()]}, "malformed"),  # more terms than MAX_SUM_TERMS
+    ({"w": []}, "malformed"),
+    ({"w": [0.5, float("nan")]}, "malformed"),
+    ({"w": [0.5, 1.5]}, "malformed"),
+    ({"w": [0.5, 0.0]}, "malformed"),
+    ({"w": [1, 1]}, "malformed"),  # integers: weights are floats
+    ({"o": 2}, "malformed"),
+    ({"o": True}, "malformed"),
+    ({"o": -1}, "malformed"),  # then both pushes must come
+    ({"p": [_payload(), _payload()]}, "malformed"),
+    ({"o": -1, "p": [_payload(), _payload(s=[3])]}, "shape"),
+    ({"p": [_payload(d="int64")]}, "dtype"),
+    ({"x": 1}, "malformed"),
+    ({"full": True}, "malformed"),  # only a gradient-domain delta carries sums
+    ({"gradient": False}, "malformed"),
+    ({"tensors": {"k": _payload()}}, "malformed"),  # a key as a payload and as a sum
+]
 
 
 @pytest.mark.parametrize(
@@ -88,6 +117,8 @@ def _payload(**over: object) -> dict[str, object]:
         (_raw(t="push", step=0, samples=1, total_keys=1, grads={"a": _payload(p="notalist")}), "malformed"),
         (_raw(t="push", step=0, samples=0, total_keys=1, grads={"a": _payload()}), "malformed"),
         (_raw(t="push", step=0, samples=1, total_keys=1, grads={"a": {"c": "fp32"}}), "malformed"),
+        (_raw(t="push", step=0, samples=1, total_keys=1, grads={}, keeps=1), "malformed"),
+        *[(_sums(**bad), code) for bad, code in SUMS_BAD],
     ],
 )
 def test_malformed_messages_raise_protocol_error(data: bytes, code: str) -> None:

@@ -1,0 +1,178 @@
+"""Forwarded pushes (docs/ARCHITECTURE.md, "Forwarded pushes"): a gradient-domain PS whose step has
+at most two pushers, each keeping its pushes, sends each worker the other's push instead of
+compressing their mean again; the worker adds its own in the PS's order and its optimizer mirror
+stays equal to the PS's parameters bit for bit, which then stepped on the exact mean."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from netsense.compression import Payload, make_codec
+from netsense.ps.session import WorkerSession
+from netsense.ps.store import ParameterStore
+from netsense.transport.aggregate import weighted_sum
+from netsense.transport.wire import Params, Push, decode_message, encode_message
+
+from storehelp import FP32
+from test_gradient_downlink import ADAM, SGD, apply, assert_equal, gradient_store, mirror_of, owed
+
+
+def push(s: ParameterStore, worker: int, step: int, spec: str, *, keeps: bool = True, samples: int | None = None) -> dict[str, Payload]:
+    """Worker `worker`'s push of step `step` at `spec` (its weight: 4 + worker samples); its payloads."""
+    g = torch.Generator().manual_seed(step * 7 + worker)
+    codec = make_codec(spec)
+    payloads = {k: codec.encode(torch.randn(v.shape, generator=g)) for k, v in s.params.items()}
+    s.push(f"w{worker}", Push(step, samples or 4 + worker, len(s.params), payloads, keeps=keeps))
+    return payloads
+
+
+def rebuild(update: Params, own: dict[str, Payload]) -> dict[str, torch.Tensor]:
+    """What a worker steps on: the update as it is sent it (over the wire), its own pushes added."""
+    sent = decode_message(encode_message(update))
+    assert isinstance(sent, Params)
+    grads = {}
+    for key, terms in sent.sums.items():
+        pushes = list(terms.pushes)
+        if terms.own >= 0:
+            pushes.insert(terms.own, own[key])
+        grads[key] = weighted_sum([(make_codec(p.codec).decode(p), w) for p, w in zip(pushes, terms.weights)], torch.float32)
+    return grads
+
+
+@pytest.mark.parametrize("optimizer", [SGD, ADAM], ids=["sgd", "adam"])
+@pytest.mark.parametrize("spec", ["powersgd:2", "qsgd:4", "topk:0.2", "fp16"])
+def test_each_worker_gets_the_others_push_and_steps_with_the_ps(optimizer: dict, spec: str) -> None:
+    s = gradient_store(optimizer)
+    mirrors = [mirror_of(s.pull(-1)) for _ in range(2)]
+    for step in range(5):
+        pushed = [push(s, w, step, spec) for w in (0, 1)]
+        update = s.pull(step)
+        assert set(update.sums) == set(s.params) and not update.tensors  # every key forwarded
+        for w, m in enumerate(mirrors):
+            mine = update.for_recipient(f"w{w}")
+            for key, terms in mine.sums.items():
+                assert terms.own == w and terms.weights == (4 / 9, 5 / 9)  # summed in worker-id order
+                assert terms.pushes == (pushed[1 - w][key],)  # the other's push, byte for byte
+            grads = rebuild(mine, pushed[w])
+            m.step(grads, dict.fromkeys(grads))
+            assert_equal(m, s)
+
+
+def test_the_ps_steps_on_the_exact_mean_of_the_pushes() -> None:
+    """Plain SGD: parameters = initial - lr * (sum of the steps' sample-weighted mean pushes), to
+    the bit of the same arithmetic; nothing is compressed a second time, nothing owed."""
+    s = gradient_store({"name": "sgd", "lr": 0.1, "momentum": 0.0})
+    expect = {k: v.clone() for k, v in s.params.items()}
+    for step in range(4):
+        pushed = [push(s, w, step, "powersgd:1") for w in (0, 1)]
+        for k in expect:
+            mean = weighted_sum([(make_codec("powersgd:1").decode(pushed[w][k]), (4 + w) / 9) for w in (0, 1)], torch.float32)
+            expect[k].add_(mean, alpha=-0.1)
+    for k in s.params:
+        assert torch.equal(s.params[k], expect[k]), k
+    gd = s._core.gradient
+    assert gd is not None and not gd.residual
+
+
+def test_a_worker_that_pushed_nothing_gets_every_push() -> None:
+    s = gradient_store(SGD)
+    s.join("w2")
+    late = mirror_of(s.pull(-1))
+    pushed = [push(s, w, 0, "powersgd:2") for w in (0, 1)]
+    s.push("w2", Push(0, 4, len(s.params), {}, skip=True, keeps=True))  # its AMP scaler skipped the step
+    update = s.pull(0).for_recipient("w2")
+    assert all(t.own == -1 and len(t.pushes) == 2 for t in update.sums.values())
+    assert all(update.sums[k].pushes == (pushed[0][k], pushed[1][k]) for k in s.params)
+    grads = rebuild(update, {})
+    late.step(grads, dict.fromkeys(grads))
+    assert_equal(late, s)
+
+
+def test_one_pusher_is_sent_nothing_but_the_weight() -> None:
+    s = gradient_store(SGD)
+    s.leave("w1")
+    m = mirror_of(s.pull(-1))
+    pushed = push(s, 0, 0, "qsgd:4")
+    update = s.pull(0).for_recipient("w0")
+    assert all(t.own == 0 and t.pushes == () and t.weights == (1.0,) for t in update.sums.values())
+    grads = rebuild(update, pushed)
+    m.step(grads, dict.fromkeys(grads))
+    assert_equal(m, s)
+
+
+@pytest.mark.parametrize("case", ["a pusher does not keep its pushes", "three pushers", "clipping"])
+def test_otherwise_the_mean_is_compressed_as_before(case: str) -> None:
+    """A relay (or an older worker) does not keep its pushes, three pushes cost more bytes than
+    their compressed mean, and clipping couples every key: then each key goes compressed."""
+    optimizer = {**SGD, "clip_grad_norm": 1.0} if case == "clipping" else SGD
+    s = gradient_store(optimizer)
+    workers = (0, 1, 2) if case == "three pushers" else (0, 1)
+    if case == "three pushers":
+        s.join("w2")
+    m = mirror_of(s.pull(-1))
+    for w in workers:
+        push(s, w, 0, "powersgd:1", keeps=not (case.startswith("a pusher") and w == 1))
+    update = s.pull(0)
+    assert not update.sums and all(p.codec == "powersgd:1" for p in update.tensors.values())
+    apply(m, update)
+    assert_equal(m, s)
+
+
+def test_what_a_compressed_step_left_owed_is_dropped_once_pushes_go_forwarded() -> None:
+    """Three pushers leave a residual; with two, the keys go forwarded and it is dropped (it would
+    need a lossless term of its own), and every replica still equals the PS."""
+    s = gradient_store(SGD)
+    s.join("w2")
+    m = mirror_of(s.pull(-1))
+    for w in (0, 1, 2):
+        push(s, w, 0, "powersgd:1")
+    apply(m, s.pull(0))
+    assert bool(owed(s, "a").any())
+    s.leave("w2")
+    pushed = [push(s, w, 1, "powersgd:1") for w in (0, 1)]
+    update = s.pull(1)
+    assert set(update.sums) == set(s.params)
+    grads = rebuild(update.for_recipient("w0"), pushed[0])
+    m.step(grads, dict.fromkeys(grads))
+    assert_equal(m, s)
+    assert not bool(owed(s, "a").any())
+
+
+def test_a_pipelined_step_forwards_the_keys_it_applies_ahead() -> None:
+    s = gradient_store(SGD)
+    m = mirror_of(s.pull(-1))
+    pushed = [push(s, w, 0, "powersgd:2") for w in (0, 1)]
+    assert s.version == 1
+    keyed = s.pull_keys(0, ["a", "b"])  # the finished step's keys, as a keyed pull takes them
+    assert set(keyed.sums) == {"a", "b"} and not keyed.tensors
+    grads = rebuild(s.pull(0).for_recipient("w1"), pushed[1])
+    m.step(grads, dict.fromkeys(grads))
+    assert_equal(m, s)
+
+
+def test_payloads_are_kept_only_where_they_may_be_forwarded() -> None:
+    """A parameter-domain PS never forwards: it keeps no pushes' payloads."""
+    s = gradient_store(SGD, domain="params")
+    s.push("w0", Push(0, 4, 3, {k: FP32.encode(torch.ones(v.shape)) for k, v in s.params.items()}, keeps=True))
+    assert not s._core.pending["w0"].payloads
+
+
+def test_a_peer_that_does_not_keep_its_pushes_is_sent_the_full_parameters() -> None:
+    """A relay (or an older worker) that pulls a forwarded update could not rebuild it: it gets the
+    full parameters, with the optimizer, which need no push of its own (ps/session.py)."""
+    s = gradient_store(SGD)
+    for w in (0, 1):
+        push(s, w, 0, "powersgd:2")
+    update = s.pull(0)
+    assert update.sums
+    session = SimpleNamespace(worker_id="w0", keeps=True, server=SimpleNamespace(store=s))
+    mine = WorkerSession._for_me(session, update)  # type: ignore[arg-type]
+    assert not mine.full and mine.sums["a"].own == 0
+    session.keeps = False
+    full = WorkerSession._for_me(session, update)  # type: ignore[arg-type]
+    assert full.full and full.optimizer and not full.sums
+    m = mirror_of(full)
+    assert_equal(m, s)

@@ -1,0 +1,98 @@
+"""A worker's replica takes a forwarded update (`Params.sums`): the other worker's push added to its
+own, in the PS's order, gives the PS's parameters bit for bit; a forwarded push is checked as the
+PS checks a push, and a bad one changes nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from netsense.compression import Payload, make_codec
+from netsense.errors import ProtocolError
+from netsense.ps.store import ParameterStore
+from netsense.transport.wire import Params, Push, Sum, decode_message, encode_message
+from netsense.worker.replica import Replica
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+
+
+def _setup() -> tuple[ParameterStore, Replica, torch.nn.Module]:
+    model = _model()
+    replica = Replica(model, 1 << 22, 1)
+    store = ParameterStore(downlink_domain="gradient")
+    store.initialize(replica.seed(0), {"name": "sgd", "lr": 0.1, "momentum": 0.9})
+    for w in ("w0", "w1"):
+        store.join(w)
+    replica.apply(store.pull(-1), 0)
+    return store, replica, model
+
+
+def _push(store: ParameterStore, worker: int, step: int, spec: str = "powersgd:2") -> dict[str, Payload]:
+    g = torch.Generator().manual_seed(10 * step + worker)
+    codec = make_codec(spec)
+    payloads = {k: codec.encode(torch.randn(v.shape, generator=g)) for k, v in store.params.items()}
+    store.push(f"w{worker}", Push(step, 3 + worker, len(store.params), payloads, keeps=True))
+    return payloads
+
+
+def _sent(update: Params) -> Params:
+    out = decode_message(encode_message(update))
+    assert isinstance(out, Params)
+    return out
+
+
+def _held(replica: Replica) -> dict[str, torch.Tensor]:
+    return {s.key: s.view(s.param.data).clone() for s in replica.slots}
+
+
+@pytest.mark.parametrize("worker", [0, 1])
+def test_the_replica_adds_its_own_push_and_equals_the_ps(worker: int) -> None:
+    store, replica, _ = _setup()
+    for step in range(4):
+        pushed = [_push(store, w, step) for w in (0, 1)]
+        replica.own = pushed[worker]
+        replica.apply(_sent(store.pull(step).for_recipient(f"w{worker}")), 0)
+        assert replica.forwarded and replica.versions == [step + 1]
+        for key, value in _held(replica).items():
+            assert torch.equal(value, store.params[key]), key
+
+
+def _bad_update(store: ParameterStore, pushed: dict[str, Payload], change: str) -> Params:
+    update = _sent(store.pull(0).for_recipient("w0"))
+    key = next(iter(update.sums))
+    terms = update.sums[key]
+    if change == "non-finite":
+        nan = torch.full(pushed[key].shape, float("nan"))
+        terms = dataclasses.replace(terms, pushes=(make_codec("fp32").encode(nan),))
+    elif change == "shape":
+        terms = dataclasses.replace(terms, pushes=(make_codec("fp32").encode(torch.zeros(2)),))
+    elif change == "key":
+        return dataclasses.replace(update, sums={**update.sums, "no.such.key": terms})
+    return dataclasses.replace(update, sums={**update.sums, key: terms})
+
+
+@pytest.mark.parametrize("change", ["non-finite", "shape", "key", "own push missing"])
+def test_a_bad_forwarded_update_is_refused_and_changes_nothing(change: str) -> None:
+    store, replica, _ = _setup()
+    pushed = [_push(store, w, 0) for w in (0, 1)]
+    before = _held(replica)
+    replica.own = {} if change == "own push missing" else pushed[0]
+    with pytest.raises(ProtocolError) as info:
+        replica.apply(_bad_update(store, pushed[0], change), 0)
+    assert info.value.code == {"own push missing": "key"}.get(change, change)
+    assert replica.versions == [0]
+    for key, value in _held(replica).items():
+        assert torch.equal(value, before[key]), key
+
+
+def test_a_sum_names_the_recipient_only_where_it_pushed() -> None:
+    a, b = (make_codec("fp32").encode(torch.full((2,), float(i))) for i in (1, 2))
+    s = Sum((0.25, 0.75), -1, (a, b), ("w0", "w1"))
+    assert s.for_recipient("w1") == Sum((0.25, 0.75), 1, (a,))
+    assert s.for_recipient("w0") == Sum((0.25, 0.75), 0, (b,))
+    assert s.for_recipient("w9") == Sum((0.25, 0.75), -1, (a, b))
