@@ -11,12 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from netsense.compression import Payload, make_codec
-from netsense.compression.limits import all_finite
-from netsense.errors import CompressionError, ProtocolError
-
-from .messages import Sum
-
 
 def weighted_sum(terms: list[tuple[torch.Tensor, float]], dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
     """sum(weight * tensor) in `dtype`, in the order of `terms` (at least one); into `out` when
@@ -29,32 +23,3 @@ def weighted_sum(terms: list[tuple[torch.Tensor, float]], dtype: torch.dtype, ou
     for tensor, w in rest:
         out.add_(tensor.to(dtype), alpha=w)
     return out
-
-
-def forwarded_gradient(key: str, terms: Sum, own: Payload | None, shape: tuple[int, ...]) -> torch.Tensor:
-    """The step's gradient of `key` from its forwarded pushes and the recipient's `own` push
-    (`Sum.own`), in the PS's order and arithmetic, in its parameters' float32: the PS's gradient
-    bit for bit. Every push is checked as a PS checks one (shape, codec, finite)."""
-    values = []
-    for payload in pushes_of(key, terms, own):
-        if tuple(payload.shape) != shape:
-            raise ProtocolError("shape", f"key {key!r}: forwarded shape {payload.shape} != model shape {shape}")
-        try:
-            value = make_codec(payload.codec).decode(payload)
-        except CompressionError as exc:
-            raise ProtocolError("bad-payload", f"forwarded push of {key!r}: {exc}") from None
-        if not all_finite(value):
-            raise ProtocolError("non-finite", f"forwarded push of {key!r} has NaN/Inf; rejected")
-        values.append(value)
-    return weighted_sum(list(zip(values, terms.weights)), torch.float32)
-
-
-def pushes_of(key: str, terms: Sum, own: Payload | None) -> list[Payload]:
-    """Every push of `terms` in order, `own` at its index (a relay hands its site's workers the
-    whole sum: `Sum(weights, -1, pushes_of(...))`)."""
-    pushes = list(terms.pushes)
-    if terms.own >= 0:
-        if own is None:
-            raise ProtocolError("key", f"forwarded pushes of key {key!r} count this peer's, which it did not push")
-        pushes.insert(terms.own, own)
-    return pushes

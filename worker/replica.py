@@ -17,11 +17,12 @@ import time
 import torch
 
 from netsense.compression import Payload, make_codec
-from netsense.errors import ConfigError, ProtocolError
-from netsense.transport.aggregate import forwarded_gradient
+from netsense.compression.limits import all_finite
+from netsense.errors import CompressionError, ConfigError, ProtocolError
+from netsense.transport.aggregate import weighted_sum
 from netsense.transport.optimizer import Hyper, as_hyper
 from netsense.transport.sharding import assign_shards
-from netsense.transport.wire import Params, TensorInfo
+from netsense.transport.wire import Params, Sum, TensorInfo
 
 from .layout import KeySlot, shard_layout, state_info, state_layout, wire_value
 from .mirror import OptimizerMirror
@@ -140,13 +141,36 @@ class Replica:
             slot = slots.get(key)
             if slot is None:
                 raise ProtocolError("key", f"forwarded pushes of key {key!r}, which PS shard {shard} does not own")
-            grads[key] = forwarded_gradient(key, terms, self.own.get(key), slot.shape)
+            grads[key] = self._sum(key, terms, slot.shape)
         decode_s = time.perf_counter() - td
         self.forwarded = bool(params.sums) and not any(k in slots for k in params.tensors)
         for key, value in mirror.step(grads, {k: self.hyper(k) for k in grads}).items():
             target = slots[key].view(slots[key].param.data)
             target.copy_(value.to(target.device, target.dtype))
         return decode_s
+
+    def _sum(self, key: str, terms: Sum, shape: tuple[int, ...]) -> torch.Tensor:
+        """The step's gradient of `key` from its forwarded pushes and this worker's own (`own`), in
+        the PS's order and arithmetic (`weighted_sum`, in its parameters' float32): the PS's
+        gradient bit for bit. Every push is checked as a PS checks one."""
+        pushes = list(terms.pushes)
+        if terms.own >= 0:
+            mine = self.own.get(key)
+            if mine is None:
+                raise ProtocolError("key", f"forwarded pushes of key {key!r} count this worker's, which it did not push")
+            pushes.insert(terms.own, mine)
+        values = []
+        for payload in pushes:
+            if tuple(payload.shape) != shape:
+                raise ProtocolError("shape", f"key {key!r}: forwarded shape {payload.shape} != model shape {shape}")
+            try:
+                value = make_codec(payload.codec).decode(payload)
+            except CompressionError as exc:
+                raise ProtocolError("bad-payload", f"forwarded push of {key!r}: {exc}") from None
+            if not all_finite(value):
+                raise ProtocolError("non-finite", f"forwarded push of {key!r} has NaN/Inf; rejected")
+            values.append(value)
+        return weighted_sum(list(zip(values, terms.weights)), torch.float32)
 
     def _write(self, params: Params, shard: int) -> float:
         """Parameters (full) or their change (a parameter-domain delta) into the model."""

@@ -239,11 +239,10 @@ class RelayServer(PSServer):
         first = not self.site.initialized
         if not first and params.version < self.site.version:
             self._restart_site(params.version)
-        result = self.site.install(params, own=self.upstream.own)
-        if self.upstream.adaptive is not None:  # the level comes back down too (`Policy.passes`)
-            policy, gradient = self.upstream.adaptive.policy, self.site.mirror is not None
-            policy.passes = 2 if gradient else 1
-            policy.compressions = 2 if gradient and not self.site.forwarded else 1  # compressed again, or forwarded
+        result = self.site.install(params)
+        if self.upstream.adaptive is not None:  # the level comes back down too: two compressions (`Policy.passes`)
+            policy = self.upstream.adaptive.policy  # a relay's site sum is never forwarded: compressed again
+            policy.passes = policy.compressions = 2 if self.site.mirror is not None else 1
         if first:
             for wid in self.sessions:  # every local worker already connected is in the first step
                 self.site.join(wid)

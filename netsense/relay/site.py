@@ -14,7 +14,7 @@ very gradient the PS would have summed from the same workers (docs/ARCHITECTURE.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,8 +24,7 @@ from netsense.compression import Payload, make_codec
 from netsense.errors import ProtocolError
 from netsense.ps.optim import OptimizerSettings, as_hyper, optimizer_state_payloads
 from netsense.ps.store.core import StepApplied, StoreCore, key_hparams
-from netsense.transport.aggregate import forwarded_gradient, pushes_of
-from netsense.transport.wire import Init, Params, Push, Sum, TensorInfo
+from netsense.transport.wire import Init, Params, Push, TensorInfo
 from netsense.worker.mirror import OptimizerMirror
 
 log = logging.getLogger(__name__)
@@ -99,9 +98,6 @@ class SiteStore:
         self._fp32 = make_codec("fp32")
         self.update: Params | None = None
         """The upstream's newest update: the same bytes answer every local pull that can use them."""
-        self.forwarded = False
-        """Whether the upstream's last gradient-domain update came as forwarded pushes
-        (`Params.sums`): the site's level is then compressed once (`Policy.compressions`)."""
         self.outgoing: Aggregate | None = None
         """A completed site step not yet taken by the relay (`take`)."""
         self.in_flight: int | None = None
@@ -186,9 +182,8 @@ class SiteStore:
         init, self.pending_init = self.pending_init, None
         return init
 
-    def install(self, params: Params, own: Mapping[str, Payload] | None = None) -> StepApplied | None:
+    def install(self, params: Params) -> StepApplied | None:
         """The upstream's PARAMS: checked, written into the replica, kept for the local pulls.
-        `own`: the site's push of the step, which a forwarded update counts (`Params.sums`).
         Returns the step it completes (None when the version did not move)."""
         core = self._core
         if not core.initialized:
@@ -198,7 +193,7 @@ class SiteStore:
         elif not params.full and params.base_version != core.version:
             raise ProtocolError("version", f"upstream delta for version {params.base_version}, the relay is at {core.version}")
         elif params.gradient:
-            params = self._step_mirror(params, own or {})
+            self._step_mirror(params)
         else:
             decoded = {k: core.decode(k, p) for k, p in params.tensors.items()}
             unknown = [k for k in decoded if k not in core.params and k not in core.state]
@@ -235,31 +230,24 @@ class SiteStore:
         mirror.load(core.params, params.optim_state)
         self.mirror = mirror
 
-    def _step_mirror(self, params: Params, own: Mapping[str, Payload]) -> Params:
+    def _step_mirror(self, params: Params) -> None:
         """A gradient-domain update: the upstream's optimizer steps here on it, with the
-        hyper-parameters the site's push carried (checked whole before anything changes).
-        Returns it as the site's workers take it: forwarded pushes whole, the site's own among
-        them (they pushed to the relay, not upstream: `Sum.own` -1)."""
+        hyper-parameters the site's push carried (checked whole before anything changes)."""
         core, mirror, agg = self._core, self.mirror, self._flying
         if mirror is None:
             raise ProtocolError("version", "a gradient-domain update before the upstream's optimizer (a full PARAMS)")
+        if params.sums:  # a relay does not keep its pushes (`Push.keeps`): a PS never forwards it any
+            raise ProtocolError("malformed", "forwarded pushes sent to a relay, which keeps none of its own")
         grads = {k: core.decode(k, p) for k, p in params.tensors.items() if k in core.params}
         unknown = [k for k in params.tensors if k not in core.params and k not in core.state]
-        unknown += [k for k in params.sums if k not in core.params]  # a sum is a gradient: never a state key
         if unknown:
             raise ProtocolError("keys", f"upstream PARAMS keys do not match the relay's ({unknown[:3]!r})")
-        whole = {}
-        for key, terms in params.sums.items():
-            grads[key] = forwarded_gradient(key, terms, own.get(key), tuple(core.params[key].shape))
-            whole[key] = Sum(terms.weights, -1, tuple(pushes_of(key, terms, own.get(key))))
         hparams = agg.hparams if agg is not None else {}
         for key, value in mirror.step(grads, {k: as_hyper(hparams[k]) if k in hparams else None for k in grads}).items():
             core.params[key].copy_(value)
-        self.forwarded = bool(params.sums) and not any(k in core.params for k in params.tensors)
         for key, payload in params.tensors.items():
             if key in core.state:
                 core.state[key].copy_(core.decode(key, payload).to(core.state[key].dtype))
-        return replace(params, sums=whole) if whole else params
 
     def _first(self, params: Params) -> None:
         """Become the upstream's replica. Which keys are state keys (buffers) is told by INIT's
@@ -423,8 +411,8 @@ class SiteStore:
         """`keys` of the upstream's update when it starts at `have_version`, else the replica whole."""
         last, keys = self.update, list(keys)
         if last is not None and last.version == self.version == have_version + 1 and (last.full or last.base_version == have_version):
-            if all(k in last.tensors or k in last.sums for k in keys):  # the same update, those keys
-                return replace(last, tensors={k: last.tensors[k] for k in keys if k in last.tensors}, sums={k: last.sums[k] for k in keys if k in last.sums})
+            if all(k in last.tensors for k in keys):
+                return replace(last, tensors={k: last.tensors[k] for k in keys})  # the same update, those keys
         return self.full_params()
 
     def state(self) -> dict[str, Any]:

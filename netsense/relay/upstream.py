@@ -54,9 +54,6 @@ class Upstream:
         """Seeds an upstream that came back empty (set by the relay when its site holds rank 0)."""
         self.last_push_s: float | None = None
         """The last `step`'s push, first byte to last ack (None: retried after a reconnect, untimed)."""
-        self.own: dict[str, Payload] = {}
-        """The last `step`'s pushed gradients, key -> payload as sent: a forwarded update
-        (`Params.sums`) adds them to the other sites' (the relay keeps its pushes: `Push.keeps`)."""
         self.wan: tuple[WanPushes, int] | None = None
         """The relay's `WanPushes` and this upstream's shard in it, when this shard is at another
         site: told when a step's pushes have left, or failed (docs/ARCHITECTURE.md, "WAN pushes first")."""
@@ -99,7 +96,6 @@ class Upstream:
             pad = decision.pad_bytes
         buckets, fields = self.encode(agg, payloads)
         self.client.step_fields = fields
-        self.own = {k: p for b in buckets for k, p in b.items() if k not in agg.state}
         sent = time.perf_counter()
         progress = asyncio.ensure_future(asyncio.to_thread(adaptive.track_progress, decision)) if adaptive else None
         try:
@@ -183,7 +179,7 @@ class Upstream:
         """The site's PUSH buckets (state keys in the first) and their step fields; `payloads`:
         the gradients already encoded (by the policy), else at the relay's codec."""
         if agg.skip:
-            return [{}], StepFields(skip=True, keeps=True)
+            return [{}], StepFields(skip=True)
         buckets: list[dict[str, Payload]] = [{}]
         size = 0
         for key, grad in agg.grads.items():
@@ -201,7 +197,7 @@ class Upstream:
                 groups.append(hyper)
             if groups.index(hyper):
                 key_groups[key] = groups.index(hyper)
-        return buckets, StepFields(tuple(groups), key_groups, keeps=True)
+        return buckets, StepFields(tuple(groups), key_groups)
 
     def _encode(self, key: str, grad: Any) -> Payload:
         if self._feedback is None:

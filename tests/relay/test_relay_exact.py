@@ -142,10 +142,8 @@ def test_relay_beside_a_direct_worker(certs: CertPaths) -> None:
 
 
 def test_wan_bytes_scale_with_sites(certs: CertPaths) -> None:
-    """Per step the relay's upstream connection carries about one model up, half of what two
-    direct workers push (read from the connection counters, steps 2..STEPS), and next to nothing
-    down: the site is the step's only pusher, so its own push is the update and the PS forwards
-    only its weight (docs/ARCHITECTURE.md, "Forwarded pushes"; compressed, it was a model down)."""
+    """Per step the relay's upstream connection carries about one model each way, half of what
+    two direct workers move (read from the connection counters, steps 2..STEPS)."""
     marks: dict[str, tuple[int, int]] = {}
 
     def direct() -> float:
@@ -185,7 +183,7 @@ def test_wan_bytes_scale_with_sites(certs: CertPaths) -> None:
     received = (marks[f"r-{STEPS}"][1] - marks["r-2"][1]) / (STEPS - 2)
     print(f"per step: relay up {sent:.0f} B, down {received:.0f} B; two direct workers up {direct_up:.0f} B; model {MODEL_BYTES} B")
     assert 0.9 * MODEL_BYTES < sent < 1.3 * MODEL_BYTES
-    assert received < 0.05 * MODEL_BYTES
+    assert 0.9 * MODEL_BYTES < received < 1.3 * MODEL_BYTES
     assert sent < 0.6 * direct_up
 
 

@@ -125,9 +125,7 @@ def test_two_relays_run_a_gradient_domain_downlink(certs: CertPaths) -> None:
     """A gradient-domain PS behind two relays (docs/ARCHITECTURE.md, "Gradient-domain downlink"):
     each relay runs the PS's optimizer on the update it forwards (with the hyper-parameters its
     push carried), its local workers run it too, and every replica, the relays' and the workers',
-    parameters and buffers, equals the PS bit for bit under a lossy codec. Two relays push each
-    key: the PS forwards each the other's site sum, and each hands its workers both
-    (docs/ARCHITECTURE.md, "Forwarded pushes")."""
+    parameters and buffers, equals the PS bit for bit under a lossy codec."""
     ps = start_ps(certs, downlink_domain="gradient")
     relays = [relay(certs, ps.port, site=n, site_workers=2) for n in "ab"]
     try:
@@ -155,6 +153,4 @@ def test_two_relays_run_a_gradient_domain_downlink(certs: CertPaths) -> None:
 async def _site_state(running: Any) -> dict[str, torch.Tensor]:
     site = running.relay.shards[0].site
     assert site.mirror is not None  # the upstream's optimizer runs at the relay
-    assert site.forwarded and site.update is not None
-    assert all(t.own == -1 and len(t.pushes) == 2 for t in site.update.sums.values())  # its workers get both sites' sums
     return {**{k: v.clone() for k, v in site.params.items()}, **{k: v.clone() for k, v in site._core.state.items()}}

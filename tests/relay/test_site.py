@@ -8,7 +8,7 @@ import torch
 from netsense.compression import make_codec
 from netsense.errors import ProtocolError
 from netsense.relay import SiteStore
-from netsense.transport.wire import Params, Push, Sum
+from netsense.transport.wire import Params, Push
 
 FP32 = make_codec("fp32")
 SHAPES = {"a": (3, 2), "b": (4,)}
@@ -131,43 +131,3 @@ def test_init_is_checked_before_it_goes_upstream() -> None:
     site.initialize({"a": FP32.encode(torch.zeros(2))}, {"name": "sgd", "lr": 0.1}, world_size=3)
     init = site.take_init()
     assert init is not None and init.world_size == 3 and not site.initialized
-
-
-def _gradient_site() -> SiteStore:
-    """A site whose upstream runs a gradient-domain downlink (its full PARAMS carry the optimizer),
-    with the site's step 0 upstream."""
-    site = SiteStore(local_quorum=1)
-    site.install(Params(0, True, {k: FP32.encode(torch.ones(s)) for k, s in SHAPES.items()}, optimizer={"name": "sgd", "lr": 0.5}))
-    site.join("w0")
-    site.push("w0", _push(0, 4, 1.0))
-    assert site.take() is not None
-    return site
-
-
-def test_a_forwarded_update_counts_the_sites_own_push_and_goes_to_its_workers_whole() -> None:
-    """The upstream forwards the other site's push (`Params.sums`, the relay's own at index 1): the
-    relay's optimizer steps on the weighted sum of both, in that order, and its workers are handed
-    both pushes (they pushed to the relay, not upstream)."""
-    site = _gradient_site()
-    mine = {k: FP32.encode(torch.full(s, 2.0)) for k, s in SHAPES.items()}
-    other = {k: FP32.encode(torch.full(s, -1.0)) for k, s in SHAPES.items()}
-    sums = {k: Sum((0.25, 0.75), 1, (other[k],)) for k in SHAPES}
-    site.install(Params(1, False, {}, base_version=0, gradient=True, sums=sums), own=mine)
-    assert site.version == 1 and site.forwarded
-    for k, shape in SHAPES.items():
-        assert torch.equal(site.params[k], torch.ones(shape) - 0.5 * (0.25 * -1.0 + 0.75 * 2.0))
-    assert site.update is not None
-    assert site.update.sums == {k: Sum((0.25, 0.75), -1, (other[k], mine[k])) for k in SHAPES}
-    assert site.pull(0) is site.update  # a local worker at the base: the update, both pushes
-
-
-@pytest.mark.parametrize("bad", ["own push missing", "unknown key"])
-def test_a_bad_forwarded_update_is_refused_before_anything_changes(bad: str) -> None:
-    site = _gradient_site()
-    other = FP32.encode(torch.zeros(SHAPES["a"]))
-    key = "zz" if bad == "unknown key" else "a"
-    update = Params(1, False, {}, base_version=0, gradient=True, sums={key: Sum((0.5, 0.5), 0, (other,))})
-    with pytest.raises(ProtocolError) as info:
-        site.install(update, own={})
-    assert info.value.code == ("key" if bad == "own push missing" else "keys")
-    assert site.version == 0 and torch.equal(site.params["a"], torch.ones(SHAPES["a"]))
