@@ -255,8 +255,8 @@ class WorkerSession:
 
     def _for_me(self, params: Params) -> Params:
         """`params` as this worker is sent it: forwarded pushes without its own
-        (`Params.for_recipient`), or, to a peer that does not keep its pushes (a relay, an older
-        worker, one that has not pushed yet), the full parameters, which need none."""
+        (`Params.for_recipient`), or, to a peer that does not keep its pushes (a relay, a worker
+        from before the field, one that has not pushed yet), the full parameters, which need none."""
         if not params.sums:
             return params
         assert self.worker_id is not None

@@ -360,8 +360,9 @@ class StoreCore:
         total = sum(self.pending[w].samples for w in workers)
         for key in keys:
             param = self.params[key]
-            if forward and all(key in self.pending[w].payloads for w in workers):
-                terms = [(w, self.pending[w].samples / total, self.pending[w].payloads.pop(key)) for w in workers]
+            payloads = [self.pending[w].payloads.pop(key, None) for w in workers]
+            if forward and _alike(payloads):
+                terms = [(w, self.pending[w].samples / total, p) for w, p in zip(workers, payloads) if p is not None]
                 self.gradient.forward(self.version, key, terms)  # the exact mean: `param.grad` as it is
                 continue
             pushed = [self.pending[w].specs[key] for w in workers if key in self.pending[w].specs]
@@ -369,8 +370,9 @@ class StoreCore:
             param.grad = self.gradient.compress(self.version, key, param.grad, spec, len(pushed))
 
     def _forwards(self, workers: list[str]) -> bool:
-        """Whether the step's keys go down as the pushes that make them up (`Params.sums`;
-        docs/ARCHITECTURE.md, "Forwarded pushes"): at most `MAX_SUM_TERMS` contributing `workers`
+        """Whether the step's keys may go down as the pushes that make them up (`Params.sums`;
+        docs/ARCHITECTURE.md, "Forwarded pushes"; each key's pushes must be `_alike` too): at most
+        `MAX_SUM_TERMS` contributing `workers`
         (each is sent the other's push, no more bytes than their compressed mean, and no second
         compression), each keeping its pushes (`Pending.keeps`: not a relay), and no clipping (it
         couples every key, and each worker would have to clip as the PS does)."""
@@ -443,6 +445,21 @@ class StoreCore:
                 self._decoders.clear()  # bound the cache against peers cycling through specs
             codec = self._decoders[spec] = make_codec(spec)
         return codec
+
+
+FORWARD_SPREAD = 1.25
+"""Largest push of a key, over its smallest, that is still forwarded (`StoreCore._forwards`)."""
+
+
+def _alike(payloads: list[Payload | None]) -> bool:
+    """Whether a key's pushes may go down as they are: every pusher's is there, and none is more
+    than `FORWARD_SPREAD` times the smallest's bytes. Each worker's policy chose its level for its
+    own path; a relay pushing its own site's shard over the LAN goes fp16 or fp32, and forwarded
+    that push crossed the WAN to the other site (digits-cnn, 2 sites x 2 workers: 38-63 kB a step
+    into a site where the mean compressed at the smaller push took 26). Unlike levels go as before:
+    the mean at the smallest push's codec."""
+    sizes = [p.wire_size for p in payloads if p is not None]
+    return len(sizes) == len(payloads) and max(sizes) <= FORWARD_SPREAD * max(1, min(sizes))
 
 
 def key_hparams(msg: Push) -> dict[str, Hyper]:

@@ -92,14 +92,13 @@ class GradientDownlink:
     def forward(self, version: int, key: str, terms: list[tuple[str, float, Payload]]) -> None:
         """`key` of the step from `version` goes as its pushes, (worker, weight, payload) in the
         order the PS summed them (`Sum`): every worker rebuilds the exact mean, the PS's gradient.
-        What an earlier compressed step left owed of the key is dropped when the step commits, as
-        a restore drops it: it would need a lossless term of its own, and forwarding goes on while
-        the step's pushers do not change (docs/ARCHITECTURE.md, "Forwarded pushes")."""
+        What an earlier compressed step left owed of the key stays owed, to go with the key's next
+        compressed step (docs/ARCHITECTURE.md, "Forwarded pushes")."""
         if version != self._version:
             self.discard()
             self._version = version
         owners = tuple(w for w, _, _ in terms)
-        self._pending[key] = (Sum(tuple(w for _, w, _ in terms), -1, tuple(p for _, _, p in terms), owners), None)
+        self._pending[key] = (Sum(tuple(w for _, w, _ in terms), -1, tuple(p for _, _, p in terms), owners), self.residual.get(key))
 
     def _sparse_exact(
         self, key: str, grad: torch.Tensor, old: torch.Tensor | None, codec: SparseCodec, pushes: int

@@ -13,6 +13,7 @@ import torch
 from netsense.compression import Payload, make_codec
 from netsense.ps.session import WorkerSession
 from netsense.ps.store import ParameterStore
+from netsense.ps.store.core import FORWARD_SPREAD
 from netsense.transport.aggregate import weighted_sum
 from netsense.transport.wire import Params, Push, decode_message, encode_message
 
@@ -121,24 +122,62 @@ def test_otherwise_the_mean_is_compressed_as_before(case: str) -> None:
     assert_equal(m, s)
 
 
-def test_what_a_compressed_step_left_owed_is_dropped_once_pushes_go_forwarded() -> None:
-    """Three pushers leave a residual; with two, the keys go forwarded and it is dropped (it would
-    need a lossless term of its own), and every replica still equals the PS."""
-    s = gradient_store(SGD)
+def test_what_a_compressed_step_left_owed_waits_for_the_next_compressed_step() -> None:
+    """Three pushers leave a residual; with two the keys go forwarded and it stays owed, untouched;
+    with three again it goes with the compressed mean (plain SGD: the parameters moved by every
+    step's exact mean, less what is still owed)."""
+    s = gradient_store({"name": "sgd", "lr": 0.1, "momentum": 0.0})
+    init = s.params["a"].clone()
     s.join("w2")
     m = mirror_of(s.pull(-1))
-    for w in (0, 1, 2):
-        push(s, w, 0, "powersgd:1")
-    apply(m, s.pull(0))
-    assert bool(owed(s, "a").any())
-    s.leave("w2")
-    pushed = [push(s, w, 1, "powersgd:1") for w in (0, 1)]
-    update = s.pull(1)
-    assert set(update.sums) == set(s.params)
-    grads = rebuild(update.for_recipient("w0"), pushed[0])
+    codec = make_codec("powersgd:1")
+    means = []
+    for step, workers in enumerate([(0, 1, 2), (0, 1), (0, 1, 2)]):
+        if step == 1:
+            s.leave("w2")
+        if step == 2:
+            s.join("w2")
+        pushed = {w: push(s, w, step, "powersgd:1") for w in workers}
+        total = sum(4 + w for w in workers)
+        means.append(weighted_sum([(codec.decode(pushed[w]["a"]), (4 + w) / total) for w in workers], torch.float32))
+        update = s.pull(step)
+        if step == 1:
+            assert set(update.sums) == set(s.params)
+            assert torch.equal(owed(s, "a"), before)  # forwarded: nothing owed is sent or dropped
+            grads = rebuild(update.for_recipient("w0"), pushed[0])
+            m.step(grads, dict.fromkeys(grads))
+        else:
+            assert not update.sums
+            apply(m, update)
+        assert_equal(m, s)
+        before = owed(s, "a")
+        assert bool(before.any())
+    torch.testing.assert_close(s.params["a"], init - 0.1 * (sum(means) - before), rtol=0, atol=1e-5)
+
+
+def test_pushes_of_unlike_size_go_as_the_compressed_mean() -> None:
+    """Each worker's policy chose its level for its own path: a push more than `FORWARD_SPREAD`
+    times the other's (a LAN-sized level beside a WAN-sized one) is not forwarded to the other;
+    the key goes at the smaller push's codec, as before. Sizes within the spread (one codec) go
+    forwarded."""
+    s = gradient_store(SGD)
+    m = mirror_of(s.pull(-1))
+    pushed = [push(s, 0, 0, "fp16"), push(s, 1, 0, "qsgd:4")]
+    update = s.pull(0)
+    for k in s.params:
+        small, large = sorted(p[k].wire_size for p in pushed)
+        if large > FORWARD_SPREAD * small:
+            assert k in update.tensors and update.tensors[k].codec == min((p[k] for p in pushed), key=lambda p: p.wire_size).codec
+        else:
+            assert k in update.sums
+    assert update.tensors and update.sums  # this model's keys fall on both sides
+    grads = {**rebuild(update.for_recipient("w0"), pushed[0]), **{k: make_codec(p.codec).decode(p) for k, p in update.tensors.items()}}
     m.step(grads, dict.fromkeys(grads))
     assert_equal(m, s)
-    assert not bool(owed(s, "a").any())
+    pushed = [push(s, w, 1, spec) for w, spec in ((0, "topk:0.2"), (1, "topk:0.2+fp16"))]
+    assert all(pushed[0][k].wire_size != pushed[1][k].wire_size for k in s.params)
+    assert all(max(p[k].wire_size for p in pushed) <= FORWARD_SPREAD * min(p[k].wire_size for p in pushed) for k in s.params)
+    assert set(s.pull(1).sums) == set(s.params)
 
 
 def test_a_pipelined_step_forwards_the_keys_it_applies_ahead() -> None:
