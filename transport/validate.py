@@ -129,7 +129,8 @@ def _sums(body: dict[str, Any], limits: Limits) -> dict[str, Sum]:
             raise _fail("malformed", f"sum {key!r}: own index {own!r} is not -1 or an index into its {len(weights)} weights")
         others = len(weights) - (own >= 0)
         if not isinstance(pushes, list) or len(pushes) != others:
-            raise _fail("malformed", f"sum {key!r}: {others} pushes expected, got {len(pushes) if isinstance(pushes, list) else pushes!r:.40}")
+            got = len(pushes) if isinstance(pushes, list) else f"{pushes!r:.40}"
+            raise _fail("malformed", f"sum {key!r}: {others} pushes expected, got {got}")
         payloads = tuple(_payload(key, p, limits) for p in pushes)
         if len({p.shape for p in payloads}) > 1:
             raise _fail("shape", f"sum {key!r}: its pushes differ in shape")
