@@ -8,7 +8,7 @@ import torch
 from netsense.compression import make_codec
 from netsense.errors import ProtocolError
 from netsense.relay import SiteStore
-from netsense.transport.wire import Params, Push
+from netsense.transport.wire import Params, Push, Sum
 
 FP32 = make_codec("fp32")
 SHAPES = {"a": (3, 2), "b": (4,)}
@@ -131,3 +131,19 @@ def test_init_is_checked_before_it_goes_upstream() -> None:
     site.initialize({"a": FP32.encode(torch.zeros(2))}, {"name": "sgd", "lr": 0.1}, world_size=3)
     init = site.take_init()
     assert init is not None and init.world_size == 3 and not site.initialized
+
+
+def test_forwarded_pushes_are_refused_at_a_relay() -> None:
+    """A relay keeps none of its pushes (`Push.keeps` left out), so a PS never forwards it any
+    (`Params.sums`); an upstream that does is refused before anything changes."""
+    site = SiteStore(local_quorum=1)
+    site.install(Params(0, True, {k: FP32.encode(torch.ones(s)) for k, s in SHAPES.items()}, optimizer={"name": "sgd", "lr": 0.5}))
+    site.join("w0")
+    site.push("w0", _push(0, 4, 1.0))
+    assert site.take() is not None
+    other = FP32.encode(torch.zeros(SHAPES["a"]))
+    update = Params(1, False, {"b": FP32.encode(torch.ones(4))}, base_version=0, gradient=True, sums={"a": Sum((0.5, 0.5), 0, (other,))})
+    with pytest.raises(ProtocolError) as info:
+        site.install(update)
+    assert info.value.code == "malformed"
+    assert site.version == 0 and torch.equal(site.params["b"], torch.ones(4))
