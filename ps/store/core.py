@@ -309,8 +309,9 @@ class StoreCore:
         assert self.optimizer is not None and self.optimizer_settings is not None
         if not workers:
             return 0
+        weights = self.weights(workers)
         for key, param in self.params.items():
-            param.grad = self._weighted_grad(key, [(self.pending[w].grads[key], self.pending[w].samples / total) for w in workers])
+            param.grad = self._weighted_grad(key, [(self.pending[w].grads[key], c) for w, c in zip(workers, weights)])
         self.optimizer_settings.clip(list(self.params.values()))
         self._compress(list(self.params), workers)
         self._step(list(self.params), workers)
@@ -337,16 +338,23 @@ class StoreCore:
         and SGD, Adam and AdamW couple no keys, so this equals the keys' share of a whole step.
         (Clipping couples every key, so a clipping PS never applies keys ahead: pipeline.py.)"""
         contributing = self.contributing(workers)
-        total = sum(self.pending[w].samples for w in contributing)
+        weights = self.weights(contributing)
         assert self.optimizer is not None
         for key in keys:
-            terms = [(self.pending[w].grads.pop(key), self.pending[w].samples / total) for w in contributing]
+            terms = [(self.pending[w].grads.pop(key), c) for w, c in zip(contributing, weights)]
             if terms:
                 self.params[key].grad = self._weighted_grad(key, terms)
         if contributing:
             self._compress([k for k in keys if self.params[k].grad is not None], contributing)
             # the step is not whole yet: a refusal of a later key undoes these too (`guard.commit`)
             self._step(keys, contributing, keep=True)
+
+    def weights(self, workers: list[str]) -> list[float]:
+        """Each of the contributing `workers`' weight in the step's mean, its samples over theirs:
+        one computation for the PS's sum and the weights a forwarded update carries, which every
+        worker's sum must match bit for bit."""
+        total = sum(self.pending[w].samples for w in workers)
+        return [self.pending[w].samples / total for w in workers]
 
     def _compress(self, keys: list[str], workers: list[str]) -> None:
         """Gradient-domain downlink: each key's gradient becomes what the downlink sends of it
@@ -356,13 +364,12 @@ class StoreCore:
         shard back over the WAN to the other site: docs/BENCHMARKS.md, "A gradient-domain downlink".)"""
         if self.gradient is None:
             return
-        forward = self._forwards(workers)
-        total = sum(self.pending[w].samples for w in workers)
+        forward, weights = self._forwards(workers), self.weights(workers)
         for key in keys:
             param = self.params[key]
             payloads = [self.pending[w].payloads.pop(key, None) for w in workers]
             if forward and _alike(payloads):
-                terms = [(w, self.pending[w].samples / total, p) for w, p in zip(workers, payloads) if p is not None]
+                terms = [(w, c, p) for w, c, p in zip(workers, weights, payloads) if p is not None]  # all there (`_alike`)
                 self.gradient.forward(self.version, key, terms)  # the exact mean: `param.grad` as it is
                 continue
             pushed = [self.pending[w].specs[key] for w in workers if key in self.pending[w].specs]
