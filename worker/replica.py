@@ -61,6 +61,9 @@ class Replica:
         self.forwarded = False
         """Whether the last gradient-domain update came as forwarded pushes, every key of it: then
         what goes up comes down exact, compressed once (`Policy.compressions`)."""
+        self.step_spec: str | None = None
+        """The level of the last gradient-domain update's smallest push where another worker sent
+        it (`Policy.step_spec`; None: this worker's own, or not known)."""
 
     @property
     def gradient_domain(self) -> bool:
@@ -144,10 +147,30 @@ class Replica:
             grads[key] = self._sum(key, terms, slot.shape)
         decode_s = time.perf_counter() - td
         self.forwarded = bool(params.sums) and not any(k in slots for k in params.tensors)
+        self.step_spec = self._step_spec(params, slots)
         for key, value in mirror.step(grads, {k: self.hyper(k) for k in grads}).items():
             target = slots[key].view(slots[key].param.data)
             target.copy_(value.to(target.device, target.dtype))
         return decode_s
+
+    def _step_spec(self, params: Params, slots: dict[str, KeySlot]) -> str | None:
+        """The level of the step's smallest push of the update's largest key where it was not this
+        worker's own (None: it was, or not known): a forwarded update carries the pushes, and a
+        compressed mean goes down at the smallest push's codec (a sparse mean sent exact at a codec
+        no ladder holds, which the policy ignores)."""
+        keys = [k for k in (*params.tensors, *params.sums) if k in slots]
+        if not keys:
+            return None
+        key = max(keys, key=lambda k: (slots[k].numel, k))
+        own = self.own.get(key)
+        if key in params.tensors:
+            smallest: str | None = params.tensors[key].codec
+        else:
+            pushes = params.sums[key].pushes
+            smallest = min(pushes, key=lambda p: p.wire_size).codec if pushes else None
+            if own is not None and smallest is not None and own.wire_size <= min(p.wire_size for p in pushes):
+                smallest = None
+        return None if own is not None and smallest == own.codec else smallest
 
     def _sum(self, key: str, terms: Sum, shape: tuple[int, ...]) -> torch.Tensor:
         """The step's gradient of `key` from its forwarded pushes and this worker's own (`own`), in

@@ -33,6 +33,10 @@ class Policy(ABC):
         the PS compresses the mean again, 1 when it forwards the pushes (docs/ARCHITECTURE.md,
         "Forwarded pushes"). A policy that prices progress (netsense) prices a level at
         q ** compressions; the others ignore it."""
+        self.step_spec: str | None = None
+        """The level of the last gradient-domain update's keys: the step's smallest push, another
+        worker's where it was not this one's (None: not known). netsense joins it where it holds by
+        its own costs (docs/POLICIES.md, "Joining the step's level"); the others ignore it."""
         self._levels: dict[str, Level] = {}
 
     @abstractmethod

@@ -8,6 +8,11 @@ its cost is within `eps` (10 %) of the best: heavier at once when it does not, l
 k steps of headroom, with k backing off when a relax is soon undone; within that dead band it
 moves to a level that has been the pick with `move_eps` alone for `settle_steps` decisions in a
 row (a difference the jitter hid in each step, that held), backing off the same way.
+With other workers in the step (`anchor`: the level its smallest push went at), the committed
+level joins the anchor wherever the anchor holds by this worker's own costs: the workers' policies
+measure on their own gradients, and near-ties left two workers on unlike levels for most steps,
+where the PS compresses their mean a second time instead of forwarding the pushes
+(docs/POLICIES.md, "Joining the step's level").
 Without progress awareness (q = 1, the step-time law) moves use `eps` and headroom the stricter
 `relax_eps`.
 """
@@ -54,6 +59,9 @@ class LevelHold:
         """The level `settle` counts for (None: no count running)."""
         self.since_settle: int | None = None
         """Decisions since the last settle move, while it is on probation (None: not on probation)."""
+        self.anchor: int | None = None
+        """The level of the step's smallest push when another worker's was that one (the policy
+        sets it before each decision; None: alone, or not known)."""
 
     def law(self, preds: list[float], q: list[float], eps: float, tie_eps: float) -> tuple[int, list[int]]:
         """The levels the law accepts (ascending) and its pick, the first of them, for step-time
@@ -117,6 +125,9 @@ class LevelHold:
         best = min(p / q[i] for i, p in enumerate(preds))
         target = self.target(preds, q)
         if self.level is None:
+            joined = self._join(None, preds, q, bw) if self.anchor != target else None
+            if joined is not None:
+                return joined
             self.set_level(target)
             return f"law: C*={best:.4g}s"
         current = self.level
@@ -135,6 +146,9 @@ class LevelHold:
             if self.since_settle >= 2 * self.settle_now:  # the settle held
                 self.settle_now = max(s.settle_steps, self.settle_now // 2)
                 self.since_settle = None
+        joined = self._join(current, preds, q, bw)
+        if joined is not None:
+            return joined
         fits = self.holds(current, preds, q)
         if not fits and target > current:
             self.go_heavier(target, bw)
@@ -174,6 +188,23 @@ class LevelHold:
         self.set_level(self.relax_to)
         self.since_relax = 0
         return f"relax: {self.k_now} steps of headroom, C*={best:.4g}s"
+
+    def _join(self, current: int | None, preds: list[float], q: list[float], bw: float) -> str | None:
+        """Move to the `anchor` when it is not the committed level and holds by this worker's costs
+        (`holds`: within eps of the best); the reason, else None. The anchor is the same for every
+        worker of the step (the smallest push), so they meet there rather than swap; heavier, it
+        counts as undoing a relax, so a worker whose own law keeps relaxing away waits longer each
+        time (k's back-off). Before it, two workers' levels agreed on 6-74 % of the steps of
+        digits-cnn, bagtext and patchattn runs (docs/BENCHMARKS.md, "Joining the step's level")."""
+        anchor = self.anchor
+        if anchor is None or anchor == current or not 0 <= anchor < len(preds) or not self.holds(anchor, preds, q):
+            return None
+        if current is not None and anchor > current:
+            self.go_heavier(anchor, bw)
+        else:
+            self.set_level(anchor)
+        cost = [p / qi for p, qi in zip(preds, q)]
+        return f"join: {self.specs[anchor]}, the step's smallest push, C={cost[anchor]:.4g}s, C*={min(cost):.4g}s"
 
     def _settle(self, current: int, preds: list[float], q: list[float]) -> str | None:
         """While holding within the dead band: count the decisions in a row on which one other

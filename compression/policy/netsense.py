@@ -217,6 +217,7 @@ class NetsensePolicy(Policy):
         best = min(p / qi for p, qi in zip(preds, q))
         self._contenders = [i for i, p in enumerate(preds) if p <= (1 + s.eps) * best]
         blind = self._release_blind()
+        self.hold.anchor = None if self.step_spec is None else self.ladder.find(self.step_spec)
         reason = self.hold.step(preds, q, bw) + (" (lower bound B)" if bound is not None else "") + blind
         self._blind = not self.progress.windows_seen
         self._decided_on = self._evidence

@@ -96,3 +96,27 @@ def test_a_sum_names_the_recipient_only_where_it_pushed() -> None:
     assert s.for_recipient("w1") == Sum((0.25, 0.75), 1, (a,))
     assert s.for_recipient("w0") == Sum((0.25, 0.75), 0, (b,))
     assert s.for_recipient("w9") == Sum((0.25, 0.75), -1, (a, b))
+
+
+@pytest.mark.parametrize(
+    ("specs", "seen"),
+    [
+        (("powersgd:2", "powersgd:2"), (None, None)),  # alike: forwarded, the own level
+        (("powersgd:2", "powersgd:1"), ("powersgd:1", None)),  # unlike: the mean at the smaller
+        (("powersgd:1", "powersgd:2"), (None, "powersgd:1")),
+        (("fp32", "fp16"), ("fp16", None)),
+        (("fp32", "fp32"), (None, None)),
+    ],
+)
+def test_the_step_spec_is_the_smallest_push_where_it_was_another_workers(
+    specs: tuple[str, str], seen: tuple[str | None, str | None]
+) -> None:
+    """What each worker reads of the step (`Replica.step_spec`, netsense's anchor): the level of
+    the step's smallest push where another worker sent it, through the real PS, forwarded or not."""
+    for worker in (0, 1):
+        store, replica, _ = _setup()
+        pushed = [_push(store, w, 0, specs[w]) for w in (0, 1)]
+        replica.own = pushed[worker]
+        replica.apply(_sent(store.pull(0).for_recipient(f"w{worker}")), 0)
+        assert replica.forwarded == (specs[0] == specs[1])
+        assert replica.step_spec == seen[worker], (specs, worker)
