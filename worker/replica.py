@@ -61,9 +61,8 @@ class Replica:
         self.forwarded = False
         """Whether the last gradient-domain update came as forwarded pushes, every key of it: then
         what goes up comes down exact, compressed once (`Policy.compressions`)."""
-        self.step_spec: str | None = None
-        """The level of the last gradient-domain update's smallest push where another worker sent
-        it (`Policy.step_spec`; None: this worker's own, or not known)."""
+        self._step_specs: list[tuple[int, str | None]] = [(-1, None)] * shards
+        """Per shard, its last gradient-domain update's largest key's size and what `step_spec` reads of it."""
 
     @property
     def gradient_domain(self) -> bool:
@@ -147,21 +146,32 @@ class Replica:
             grads[key] = self._sum(key, terms, slot.shape)
         decode_s = time.perf_counter() - td
         self.forwarded = bool(params.sums) and not any(k in slots for k in params.tensors)
-        self.step_spec = self._step_spec(params, slots)
+        self._step_specs[shard] = self._step_spec(params, slots)
         for key, value in mirror.step(grads, {k: self.hyper(k) for k in grads}).items():
             target = slots[key].view(slots[key].param.data)
             target.copy_(value.to(target.device, target.dtype))
         return decode_s
 
-    def _step_spec(self, params: Params, slots: dict[str, KeySlot]) -> str | None:
-        """The level of the step's smallest push of the update's largest key where it was not this
-        worker's own (None: it was, or not known): a forwarded update carries the pushes, and a
-        compressed mean goes down at the smallest push's codec (a sparse mean sent exact at a codec
-        no ladder holds, which the policy ignores)."""
+    @property
+    def step_spec(self) -> str | None:
+        """The level of the last step's smallest push of the model's largest key where another
+        worker sent it (`Policy.step_spec`; None: this worker's own, or not known). The largest key
+        of all shards': a shard of small keys (biases) sees pushes of every level alike in size."""
+        return max(self._step_specs, key=lambda entry: entry[0])[1]
+
+    def _step_spec(self, params: Params, slots: dict[str, KeySlot]) -> tuple[int, str | None]:
+        """The size of the update's largest key and the level of its smallest push where it was not
+        this worker's own (None: it was, or not known): a forwarded update carries the pushes, and
+        a compressed mean goes down at the smallest push's codec (a sparse mean sent exact at a
+        codec no ladder holds, which the policy ignores)."""
         keys = [k for k in (*params.tensors, *params.sums) if k in slots]
         if not keys:
-            return None
+            return -1, None
         key = max(keys, key=lambda k: (slots[k].numel, k))
+        return slots[key].numel, self._smallest(params, key)
+
+    def _smallest(self, params: Params, key: str) -> str | None:
+        """The codec of `key`'s smallest push of the step, None where it was this worker's own."""
         own = self.own.get(key)
         if key in params.tensors:
             smallest: str | None = params.tensors[key].codec

@@ -120,3 +120,29 @@ def test_the_step_spec_is_the_smallest_push_where_it_was_another_workers(
         replica.apply(_sent(store.pull(0).for_recipient(f"w{worker}")), 0)
         assert replica.forwarded == (specs[0] == specs[1])
         assert replica.step_spec == seen[worker], (specs, worker)
+
+
+def test_the_step_spec_is_read_from_the_models_largest_key_across_shards() -> None:
+    """Shard 1 holds only small keys, whose powersgd:1 and :2 pushes are alike in size (forwarded,
+    nothing to read): applied after shard 0's update it must not hide what shard 0's largest key
+    showed, the other worker's powersgd:1 under this worker's powersgd:2."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    replica = Replica(model, 1 << 22, 2)
+    stores = []
+    for shard in (0, 1):
+        store = ParameterStore(downlink_domain="gradient")
+        store.initialize(replica.seed(shard), {"name": "sgd", "lr": 0.1})
+        for w in ("w0", "w1"):
+            store.join(w)
+        replica.apply(store.pull(-1), shard)
+        stores.append(store)
+    assert list(stores[0].params) == ["0.weight"]
+    own: dict[str, Payload] = {}
+    for shard, store in enumerate(stores):
+        own.update(_push(store, 0, 0, "powersgd:2"))
+        _push(store, 1, 0, "powersgd:1")
+    replica.own = own
+    for shard, store in enumerate(stores):
+        replica.apply(_sent(store.pull(0).for_recipient("w0")), shard)
+    assert replica.step_spec == "powersgd:1"
