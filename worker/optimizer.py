@@ -423,6 +423,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         policy.passes = 2 if gradient else 1
         policy.compressions = 2 if gradient and not self._replica.forwarded else 1
         policy.step_spec = self._replica.step_spec if gradient else None
+        policy.join_compressions = 1 if self._replica.forwards else policy.compressions
         return self.uplink.choose(link, started=started)
 
     def _step_fields(self, *, skip: bool = False) -> StepFields:

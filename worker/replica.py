@@ -61,6 +61,9 @@ class Replica:
         self.forwarded = False
         """Whether the last gradient-domain update came as forwarded pushes, every key of it: then
         what goes up comes down exact, compressed once (`Policy.compressions`)."""
+        self.forwards = False
+        """Whether a shard has forwarded pushes to this worker: it forwards alike ones, so a step at
+        the other worker's level comes back compressed once (`Policy.join_compressions`)."""
         self._step_specs: list[tuple[int, str | None]] = [(-1, None)] * shards
         """Per shard, its last gradient-domain update's largest key's size and what `step_spec` reads of it."""
 
@@ -146,6 +149,7 @@ class Replica:
             grads[key] = self._sum(key, terms, slot.shape)
         decode_s = time.perf_counter() - td
         self.forwarded = bool(params.sums) and not any(k in slots for k in params.tensors)
+        self.forwards = self.forwards or bool(params.sums)
         self._step_specs[shard] = self._step_spec(params, slots)
         for key, value in mirror.step(grads, {k: self.hyper(k) for k in grads}).items():
             target = slots[key].view(slots[key].param.data)

@@ -62,6 +62,9 @@ class LevelHold:
         self.anchor: int | None = None
         """The level of the step's smallest push when another worker's was that one (the policy
         sets it before each decision; None: alone, or not known)."""
+        self.anchor_q: float | None = None
+        """The anchor's q as a step at it would be priced (one compression where the PS forwards
+        alike pushes); None: as the law's q."""
 
     def law(self, preds: list[float], q: list[float], eps: float, tie_eps: float) -> tuple[int, list[int]]:
         """The levels the law accepts (ascending) and its pick, the first of them, for step-time
@@ -191,13 +194,18 @@ class LevelHold:
 
     def _join(self, current: int | None, preds: list[float], q: list[float], bw: float) -> str | None:
         """Move to the `anchor` when it is not the committed level and holds by this worker's costs
-        (`holds`: within eps of the best); the reason, else None. The anchor is the same for every
+        (`holds`: within eps of the best, the anchor priced at `anchor_q`); the reason, else None. The anchor is the same for every
         worker of the step (the smallest push), so they meet there rather than swap; heavier, it
         counts as undoing a relax, so a worker whose own law keeps relaxing away waits longer each
         time (k's back-off). Before it, two workers' levels agreed on 6-74 % of the steps of
         digits-cnn, bagtext and patchattn runs (docs/BENCHMARKS.md, "Joining the step's level")."""
         anchor = self.anchor
-        if anchor is None or anchor == current or not 0 <= anchor < len(preds) or not self.holds(anchor, preds, q):
+        if anchor is None or anchor == current or not 0 <= anchor < len(preds):
+            return None
+        q = list(q)
+        if self.anchor_q is not None:
+            q[anchor] = self.anchor_q
+        if not self.holds(anchor, preds, q):
             return None
         if current is not None and anchor > current:
             self.go_heavier(anchor, bw)

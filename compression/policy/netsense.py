@@ -217,7 +217,7 @@ class NetsensePolicy(Policy):
         best = min(p / qi for p, qi in zip(preds, q))
         self._contenders = [i for i, p in enumerate(preds) if p <= (1 + s.eps) * best]
         blind = self._release_blind()
-        self.hold.anchor = None if self.step_spec is None else self.ladder.find(self.step_spec)
+        self._set_anchor()
         reason = self.hold.step(preds, q, bw) + (" (lower bound B)" if bound is not None else "") + blind
         self._blind = not self.progress.windows_seen
         self._decided_on = self._evidence
@@ -492,6 +492,15 @@ class NetsensePolicy(Policy):
         self._push_byte_s = byte_s(bw, decision.per_byte_s)
         self._predicted_wire_s = wire / bw + rtt, wire * self._push_byte_s + rtt
         return decision
+
+    def _set_anchor(self) -> None:
+        """The hold's anchor from `step_spec`, priced at `join_compressions`: the step at the other
+        worker's level is the forwarded one (on two sites, two workers at powersgd:1 and :2 priced
+        it at q ** 2 for as long as they differed, 10 % dearer than :2, and never met)."""
+        anchor = None if self.step_spec is None else self.ladder.find(self.step_spec)
+        self.hold.anchor = anchor
+        aware = self.settings.progress_aware
+        self.hold.anchor_q = None if anchor is None or not aware else self.progress.values[anchor] ** self.join_compressions
 
     def _qs(self) -> list[float]:
         """q per level as the law uses it (1 everywhere when not progress-aware)."""

@@ -114,3 +114,28 @@ def test_the_policy_takes_its_anchor_from_the_step_spec(mbit: float) -> None:
     policy = aware()
     policy.step_spec = "threshold:1e-45"
     assert run_aware(policy, [mbit])[0] == plain and policy.hold.anchor is None
+
+
+def test_the_anchor_is_priced_as_the_step_it_would_make() -> None:
+    """Two sites, seen: worker 1 at powersgd:2 (q 0.909), the other at powersgd:1 (q 0.762), the
+    update compressed twice while they differ, so at q ** 2 rank 1 cost 10.5 % over rank 2 and was
+    never joined, though at one compression (a forwarded step, which a join makes) it is 7 % cheaper."""
+    q2 = [1.0, 0.909**2, 0.762**2]
+    preds = [0.02, 0.01300 * 0.909**2 / 0.909, 0.0121 * 0.762]  # c1 costs 20, 13.0 and 12.1 ms
+    hold = _hold()
+    hold.step(preds, q2, bw=1e6)
+    assert hold.level == 1
+    hold.anchor = 2
+    assert hold.step(preds, q2, bw=1e6).startswith("hold") and hold.level == 1  # priced twice compressed
+    hold.anchor_q = 0.762
+    assert hold.step(preds, q2, bw=1e6).startswith("join: c") and hold.level == 2
+
+
+@pytest.mark.parametrize(("join_compressions", "power"), [(1, 1), (2, 2)])
+def test_the_policy_prices_its_anchor_at_join_compressions(join_compressions: int, power: int) -> None:
+    policy = aware()
+    policy.compressions, policy.join_compressions = 2, join_compressions
+    policy.step_spec = LADDER_Q[3].spec
+    run_aware(policy, [20])
+    assert policy.hold.anchor == 3
+    assert policy.hold.anchor_q == pytest.approx(policy.progress.values[3] ** power)

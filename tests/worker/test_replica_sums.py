@@ -146,3 +146,24 @@ def test_the_step_spec_is_read_from_the_models_largest_key_across_shards() -> No
     for shard, store in enumerate(stores):
         replica.apply(_sent(store.pull(0).for_recipient("w0")), shard)
     assert replica.step_spec == "powersgd:1"
+
+
+def test_forwards_says_whether_a_shard_has_forwarded_pushes() -> None:
+    """False until a shard forwards (pushes that do not keep are never forwarded), then sticky:
+    a step of unlike levels (its large keys compressed) still says a step at the other's level
+    would come back forwarded (`Policy.join_compressions`)."""
+    store, replica, _ = _setup()
+    codec = make_codec("powersgd:2")
+    for w in (0, 1):
+        payloads = {k: codec.encode(torch.randn(v.shape)) for k, v in store.params.items()}
+        store.push(f"w{w}", Push(0, 3, len(store.params), payloads, keeps=False))
+        if w == 0:
+            replica.own = payloads
+    replica.apply(_sent(store.pull(0).for_recipient("w0")), 0)
+    assert not replica.forwards and replica.step_spec is None
+    for step, specs in ((1, ("powersgd:2", "powersgd:2")), (2, ("powersgd:2", "powersgd:1"))):
+        pushed = [_push(store, w, step, specs[w]) for w in (0, 1)]
+        replica.own = pushed[0]
+        replica.apply(_sent(store.pull(step).for_recipient("w0")), 0)
+        assert replica.forwards and replica.forwarded == (step == 1)
+    assert replica.step_spec == "powersgd:1"
