@@ -34,9 +34,9 @@ class Policy(ABC):
         "Forwarded pushes"). A policy that prices progress (netsense) prices a level at
         q ** compressions; the others ignore it."""
         self.step_spec: str | None = None
-        """The level of the last gradient-domain update's keys: the step's smallest push, another
-        worker's where it was not this one's (None: not known). netsense joins it where it holds by
-        its own costs (docs/POLICIES.md, "Joining the step's level"); the others ignore it."""
+        """The level of the last gradient-domain step's smallest push where another worker sent it
+        (None: this worker's own, or not known). netsense joins it where it holds by its own costs
+        (docs/POLICIES.md, "Joining the step's level"); the others ignore it."""
         self.join_compressions = 1
         """`compressions` for the `step_spec` level: 1 where the PS has forwarded pushes (a step at
         the other worker's level is forwarded again), else `compressions`."""
