@@ -52,8 +52,8 @@ def test_near_tie_without_an_anchor_sends_unlike_levels_for_good() -> None:
 
 def test_near_tie_with_the_anchor_meets_at_the_heavier_level() -> None:
     """Worker 0 joins c, the step's smallest push, the step after they differ; its own law's
-    settles back to b are undone the step after, each one waiting twice as long (the settle's
-    back-off), so the two agree on nearly every step."""
+    relaxes back to b are undone the step after, each one waiting twice as long (k's back-off),
+    so the two agree on nearly every step."""
     sent = _pair(NEAR_TIE, 400, anchored=True)
     assert sent[0] == (1, 2) and sent[1] == (2, 2)
     agreed = sum(a == b for a, b in sent)
