@@ -181,9 +181,8 @@ class Replica:
             smallest: str | None = params.tensors[key].codec
         else:
             pushes = params.sums[key].pushes
-            smallest = min(pushes, key=lambda p: p.wire_size).codec if pushes else None
-            if own is not None and smallest is not None and own.wire_size <= min(p.wire_size for p in pushes):
-                smallest = None
+            least = min(pushes, key=lambda p: p.wire_size) if pushes else None
+            smallest = None if least is None or (own is not None and own.wire_size <= least.wire_size) else least.codec
         return None if own is not None and smallest == own.codec else smallest
 
     def _sum(self, key: str, terms: Sum, shape: tuple[int, ...]) -> torch.Tensor:

@@ -461,10 +461,11 @@ FORWARD_SPREAD = 1.25
 def _alike(payloads: list[Payload | None]) -> bool:
     """Whether a key's pushes may go down as they are: every pusher's is there, and none is more
     than `FORWARD_SPREAD` times the smallest's bytes. Each worker's policy chose its level for its
-    own path; a relay pushing its own site's shard over the LAN goes fp16 or fp32, and forwarded
-    that push crossed the WAN to the other site (digits-cnn, 2 sites x 2 workers: 38-63 kB a step
-    into a site where the mean compressed at the smaller push took 26). Unlike levels go as before:
-    the mean at the smallest push's codec."""
+    own path, and a push sized for a fast path must not cross a slow one: seen when relays kept
+    their pushes (since reverted), a relay's LAN-level push to its own site's shard crossed the WAN
+    to the other site (digits-cnn, 2 sites x 2 workers: 38-63 kB a step into a site where the mean
+    compressed at the smaller push took 26). Unlike levels go as before: the mean at the smallest
+    push's codec (netsense's workers join the step's level where they can: docs/POLICIES.md)."""
     sizes = [p.wire_size for p in payloads if p is not None]
     return len(sizes) == len(payloads) and max(sizes) <= FORWARD_SPREAD * max(1, min(sizes))
 
