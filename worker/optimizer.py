@@ -418,14 +418,12 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         """The uplink policy's level for this step; against gradient-domain shards it goes down at
         that level too, so the policy prices its bytes twice (`Policy.passes`) and, unless they
         forward the pushes (`Replica.forwarded`), two compressions (`Policy.compressions`); the level
-        the step came down at is netsense's anchor (`Policy.step_spec`), and its version the step every
-        worker decides at (`Policy.shared_step`)."""
+        the step came down at is netsense's anchor (`Policy.step_spec`)."""
         policy, gradient = self.uplink.policy, self._replica.gradient_domain
         policy.passes = 2 if gradient else 1
         policy.compressions = 2 if gradient and not self._replica.forwarded else 1
         policy.step_spec = self._replica.step_spec if gradient else None
         policy.join_compressions = 1 if self._replica.forwards else policy.compressions
-        policy.shared_step = self._replica.version if gradient else None  # (gradient domain: synchronous)
         return self.uplink.choose(link, started=started)
 
     def _step_fields(self, *, skip: bool = False) -> StepFields:

@@ -40,10 +40,6 @@ class Policy(ABC):
         self.join_compressions = 1
         """`compressions` for the `step_spec` level: 1 where the PS has forwarded pushes (a step at
         the other worker's level is forwarded again), else `compressions`."""
-        self.shared_step: int | None = None
-        """The number every worker of a synchronous step decides it at (the version its model is
-        at; None: not known). netsense moves lighter in company only on shared slots of it
-        (docs/POLICIES.md, "Relaxing together"); the others ignore it."""
         self._levels: dict[str, Level] = {}
 
     @abstractmethod

@@ -65,18 +65,6 @@ class LevelHold:
         self.anchor_q: float | None = None
         """The anchor's q as a step at it would be priced (one compression where the PS forwards
         alike pushes); None: as the law's q."""
-        self.shared_step: int | None = None
-        """The step number every worker of the step decides it at (the policy sets it; None: not
-        known): once a move lighter has been joined back, the next waits for a slot of it (`on_slot`)."""
-        self.relax_period = settings.k
-        """Shared steps between a relax's slots: doubled when a relax is joined back, halved when one
-        holds (k times a power of two, at most max_k); at k, no slot is waited for."""
-        self.settle_period = settings.settle_steps
-        """The same for settles (`settle_steps` times a power of two)."""
-        self._left: tuple[str, int, int, int] | None = None
-        """The last move lighter, while on probation: ("relax" or "settle", the level it left, the
-        level it went to, the count it was made on). Joined back to that level, the count resumes:
-        the other worker's law may want the same move and not have counted enough yet."""
 
     def law(self, preds: list[float], q: list[float], eps: float, tie_eps: float) -> tuple[int, list[int]]:
         """The levels the law accepts (ascending) and its pick, the first of them, for step-time
@@ -153,7 +141,6 @@ class LevelHold:
             self.since_relax += 1
             if self.since_relax >= self.k_now:  # the relax held: trust relaxing a bit sooner again
                 self.k_now = max(s.k, self.k_now // 2)
-                self.relax_period = max(s.k, self.relax_period // 2)
                 self.since_relax = None
         if self.since_settle is not None:
             self.since_settle += 1
@@ -161,7 +148,6 @@ class LevelHold:
             # or heavier move comes) takes settle_now decisions itself.
             if self.since_settle >= 2 * self.settle_now:  # the settle held
                 self.settle_now = max(s.settle_steps, self.settle_now // 2)
-                self.settle_period = max(s.settle_steps, self.settle_period // 2)
                 self.since_settle = None
         joined = self._join(current, preds, q, bw)
         if joined is not None:
@@ -202,12 +188,8 @@ class LevelHold:
         self.headroom += 1
         if self.headroom < self.k_now:
             return f"hold: headroom {self.headroom}/{self.k_now} toward {self.specs[lighter]}"
-        if not self.on_slot(self.relax_period, s.k):
-            return f"hold: headroom {self.headroom}/{self.k_now} toward {self.specs[lighter]}, until a shared slot"
-        left = ("relax", current, self.relax_to, self.headroom)
         self.set_level(self.relax_to)
         self.since_relax = 0
-        self._left = left
         return f"relax: {self.k_now} steps of headroom, C*={best:.4g}s"
 
     def _join(self, current: int | None, preds: list[float], q: list[float], bw: float) -> str | None:
@@ -225,17 +207,10 @@ class LevelHold:
             q[anchor] = self.anchor_q
         if not self.holds(anchor, preds, q):
             return None
-        back = self._joined_back(anchor)
         if current is not None and anchor > current:
             self.go_heavier(anchor, bw)
         else:
             self.set_level(anchor)
-        if back is not None:
-            kind, to, count = back
-            if kind == "relax":
-                self.headroom, self.relax_to = count + 1, to
-            else:
-                self.settle, self.settle_to = count + 1, to
         cost = [p / qi for p, qi in zip(preds, q)]
         return f"join: {self.specs[anchor]}, the step's smallest push, C={cost[anchor]:.4g}s, C*={min(cost):.4g}s"
 
@@ -255,53 +230,13 @@ class LevelHold:
             return None
         self.settle = self.settle + 1 if strict == self.settle_to else 1
         self.settle_to = strict
-        if self.settle < self.settle_now or (strict < current and not self.on_slot(self.settle_period, s.settle_steps)):
+        if self.settle < self.settle_now:
             return None
         cost = [p / qi for p, qi in zip(preds, q)]
         reason = f"settle: {self.settle} decisions at C_{strict}={cost[strict]:.4g}s, C_{current}={cost[current]:.4g}s"
-        left = ("settle", current, strict, self.settle)
         self.set_level(strict)
         self.since_settle = 0
-        self._left = left
         return reason
-
-    def _joined_back(self, anchor: int) -> tuple[str, int, int] | None:
-        """Where joining `anchor` undoes this worker's last move lighter, on its probation, with
-        slots in force: that move's kind, where it went and its count, which the join resumes. Its
-        back-off is then the slots' period, not the count: the other worker's law may want the same
-        move and not have counted enough yet, and the law's count was not wrong (ends `_left`)."""
-        left, self._left = self._left, None
-        if left is None or self.shared_step is None or left[1] != anchor:
-            return None  # (without slots a resumed count, done, would leave again the next step)
-        kind, _, to, count = left
-        s = self.settings
-        if kind == "relax" and self.since_relax is not None:
-            self.since_relax = None
-            self.relax_period = min(s.max_k, 2 * self.relax_period)
-        elif kind == "settle" and self.since_settle is not None:
-            self.since_settle = None
-            self.settle_period = min(max(s.max_k, s.settle_steps), 2 * self.settle_period)
-        else:
-            return None  # the move held, or was undone otherwise
-        return kind, to, count
-
-    def on_slot(self, period: int, base: int) -> bool:
-        """Whether this decision may move lighter on slots `period` shared steps apart (`base` times
-        a power of two): any while the period is its base (no move lighter of this kind joined
-        back since one last held) or no shared step is known. Each worker's law counts its own
-        steps of headroom; relaxing alone, a worker was joined back by the other (`anchor`), its k
-        doubled and its count restarted, the other's relax was undone the same way, and a pair
-        whose laws both wanted lighter leapfrogged at the heavier level (a simulation: 191 of 200
-        steps; digits-cnn on the step trace: both at powersgd:1 for 60+ steps, relaxes at k = 5,
-        10, 20, 40). After a join back the count resumes and the retry waits for a shared slot; the
-        periods double from one base, so the slots of the one that has backed off further are
-        slots of the other too, and two counts that are both done move on the same step
-        (docs/POLICIES.md, "Relaxing together"). First moves are not held back: gating every one
-        held pairs at heavier levels at two sites (docs/BENCHMARKS.md, "Relaxing together: tried,
-        not kept")."""
-        if self.shared_step is None or period <= base:
-            return True
-        return self.shared_step % period == 0
 
     def go_heavier(self, target: int, bw: float) -> None:
         """Commit to the heavier `target` (the law's pick at bandwidth `bw`)."""

@@ -498,7 +498,7 @@ class NetsensePolicy(Policy):
         worker's level is the forwarded one (on two sites, two workers at powersgd:1 and :2 priced
         it at q ** 2 for as long as they differed, 10 % dearer than :2, and never met)."""
         anchor = None if self.step_spec is None else self.ladder.find(self.step_spec)
-        self.hold.anchor, self.hold.shared_step = anchor, self.shared_step
+        self.hold.anchor = anchor
         aware = self.settings.progress_aware
         self.hold.anchor_q = None if anchor is None or not aware else self.progress.values[anchor] ** self.join_compressions
 
