@@ -20,16 +20,13 @@ from netsense.compression import Codec, Payload, make_codec
 from netsense.compression.progress import codec_clock
 from netsense.transport.wire import Params, Sum
 
-from .gradient import GradientDownlink
+from .gradient import LOSSLESS, GradientDownlink
 
 log = logging.getLogger(__name__)
 
 Chooser = Callable[[dict[str, torch.Tensor]], "str | None"]
 """A choice of the next update's codec that needs the update: called with the new parameters
 (the update is them less the shadow) just before they are encoded; returns the spec, as `choose`."""
-
-LOSSLESS = ("fp32", "none")
-"""Downlink specs that send the parameters themselves rather than a delta."""
 
 OptimizerView = Callable[[], "tuple[dict[str, Any], dict[str, Payload]]"]
 """The PS optimizer's settings and its state per key (``<name>:<key>`` -> payload): what a full

@@ -40,7 +40,8 @@ from netsense.compression.topkscan import largest_indices
 from netsense.transport.wire import Sum
 
 LOSSLESS = ("fp32", "none")
-"""Specs sent as fp32, whole, with nothing left over."""
+"""Downlink specs sent as fp32, whole: a gradient with nothing left over, or in the parameter
+domain the parameters themselves rather than a delta (`encode.py`)."""
 
 EXACT_SPARSE = "threshold:1e-45"
 """Every entry at or above the least fp32 subnormal, at fp32: a tensor's nonzeros, exactly (a CPU

@@ -27,7 +27,8 @@ from netsense.compression import Payload
 from netsense.transport.wire import Params, Sum
 
 from .core import StepApplied, StoreCore
-from .encode import LOSSLESS, UpdateEncoder, gradient_params
+from .encode import UpdateEncoder, gradient_params
+from .gradient import LOSSLESS
 
 
 class PipelinedStep:
