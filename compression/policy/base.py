@@ -177,4 +177,5 @@ class Policy(ABC):
             jitter=jitter,
             pad_bytes=pad_bytes,
             return_share=request.return_share,
+            overhead_s=request.overhead_s,
         )

@@ -43,6 +43,9 @@ class ChooseRequest:
     """What a byte of the update costs on its way back, in a pushed byte's time (`byte_s`): the
     sends after the first are priced at this many times the push's. Measured by the policy
     (`ReturnShare`: ~n where n workers' copies cross one bottleneck at once); 1 until then."""
+    overhead_s: float = 0.0
+    """The step's time that the model leaves out, the same at every level (the policy measures it:
+    `StepOverhead`); added to every P_l after compute and communication."""
 
     def __post_init__(self) -> None:
         if self.payload_bytes < 0:
@@ -53,6 +56,8 @@ class ChooseRequest:
             raise ValueError(f"return_share must be finite and > 0, got {self.return_share}")
         if not (math.isfinite(self.compute_s) and self.compute_s >= 0):
             raise ValueError(f"compute_s must be finite and >= 0, got {self.compute_s}")
+        if not (math.isfinite(self.overhead_s) and self.overhead_s >= 0):
+            raise ValueError(f"overhead_s must be finite and >= 0, got {self.overhead_s}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,12 +131,14 @@ class Decision:
     receiver drops it), only when the request allowed it (`ChooseRequest.pad_ok`)."""
     return_share: float = 1.0
     """The request's `ChooseRequest.return_share` the prediction used."""
+    overhead_s: float = 0.0
+    """The request's `ChooseRequest.overhead_s` the prediction used."""
 
     def request(self, link: LinkState) -> ChooseRequest:
         """The request this decision answered, asked again on the path as `link` shows it now."""
         return ChooseRequest(
             link=link, payload_bytes=self.payload_bytes, compute_s=self.compute_s, step=self.step, overlap=self.overlap,
-            return_share=self.return_share,
+            return_share=self.return_share, overhead_s=self.overhead_s,
         )
 
     def to_record(
@@ -166,6 +173,7 @@ class Decision:
             "jitter": self.jitter,
             "pad_bytes": self.pad_bytes,
             "return_share": self.return_share,
+            "overhead_s": self.overhead_s,
             "bw_Bps": link.bandwidth_Bps,
             "min_rtt_s": link.min_rtt_s,
             "srtt_s": link.srtt_s,
@@ -193,7 +201,8 @@ class Prediction:
     """T_l = r_l * S * max(1 / B, c) * (1 + (passes - 1) * share) + min_rtt + e_l (c: measured seconds
     per wire byte, 0 if unknown; share: `ChooseRequest.return_share`)."""
     step_s: float
-    """P_l = Tc + T_l, or max(Tc, T_l) when communication overlaps compute."""
+    """P_l = Tc + T_l, or max(Tc, T_l) when communication overlaps compute, plus the request's
+    `overhead_s`."""
 
 
 def byte_s(bandwidth_Bps: float, per_byte_s: float | None = 0.0) -> float:
@@ -213,15 +222,16 @@ def predict(
     per_byte_s: float = 0.0,
     wire_passes: int = 1,
     return_share: float = 1.0,
+    overhead_s: float = 0.0,
 ) -> Prediction:
     """The step-time model for one level; `per_byte_s` is the transport's measured cost of a
     wire byte (`TransportCost`), which bounds the rate where the hosts, not the link, limit it;
     `wire_passes` sends of its bytes per step (`ChooseRequest.wire_passes`), those after the
-    first at `return_share` times a pushed byte's time."""
+    first at `return_share` times a pushed byte's time; `overhead_s` the step's unmodelled time."""
     sends = 1 + (wire_passes - 1) * return_share
     wire_s = sends * level.wire_bytes(payload_bytes) * byte_s(bandwidth_Bps, per_byte_s)
     comm = wire_s + min_rtt_s + level.codec_s(payload_bytes)
-    return Prediction(comm, max(compute_s, comm) if overlap else compute_s + comm)
+    return Prediction(comm, (max(compute_s, comm) if overlap else compute_s + comm) + overhead_s)
 
 
 def predict_request(
@@ -238,6 +248,7 @@ def predict_request(
         per_byte_s=per_byte_s,
         wire_passes=request.wire_passes,
         return_share=request.return_share,
+        overhead_s=request.overhead_s,
     )
 
 

@@ -24,6 +24,7 @@ from .ladder import NOMINAL_NUMEL, Ladder, Level
 from .law import LevelHold
 from .link import LinkState
 from .netsense_settings import NetsensePolicySettings
+from .overhead import StepOverhead
 from .probes import Probes
 from .progress import ProgressEstimate, error_odds
 from .registry import register_policy
@@ -97,6 +98,8 @@ class NetsensePolicy(Policy):
         self._evidence = 0  # window results that priced levels, up to the first full window's
         self._decided_on = 0  # `_evidence` in hand at the last decision
         self._full_window_seen = False
+        self.overhead = StepOverhead(s.overhead_window)
+        """The step's unmodelled time, added to every level's predicted step."""
         self._pin_table(s.progress_table or {})
 
     def _pin_table(self, table: Mapping[str, float]) -> None:
@@ -184,8 +187,15 @@ class NetsensePolicy(Policy):
         return self.bandwidth.effective(link, queue_tolerance_s=self.settings.queue_tolerance_s)
 
     def choose(self, request: ChooseRequest) -> Decision:
-        # A gradient-domain downlink sends the level back, at the share its deliveries measured.
-        request = replace(request, wire_passes=self.passes, return_share=self.returns.value)
+        # A gradient-domain downlink sends the level back, at the share its deliveries measured;
+        # every level's step holds the time the model leaves out (`StepOverhead`).
+        request = replace(request, wire_passes=self.passes, return_share=self.returns.value, overhead_s=self.overhead.value)
+        decision = self._choose(request)
+        predicted = decision.predicted_step_s
+        self.overhead.decided(request.link.time_s, None if predicted is None else predicted - request.overhead_s)
+        return decision
+
+    def _choose(self, request: ChooseRequest) -> Decision:
         s, link = self.settings, request.link
         self._decisions += 1
         if link.min_rtt_s is not None:
@@ -263,6 +273,7 @@ class NetsensePolicy(Policy):
         s, index = self.settings, sent.level
         if index is None or self.level is None or elapsed_s <= 0:
             return None
+        self.overhead.drop()  # this step's push was slow: its length says nothing of the model's gaps
         self.bandwidth.add_app_sample(
             bytes_sent=bytes_acked, comm_s=elapsed_s, min_rtt_s=self._min_rtt_s, app_limited=False, mid_push=True
         )

@@ -166,6 +166,11 @@ class NetsensePolicySettings:
     sender's timings and the candidate rounds) instead of the ladder's figures once timed."""
     cost_window: int = 8
     """Timings per level whose median is its measured cost."""
+    overhead_window: int = 16
+    """Steps whose median length beyond the law's prediction for the level sent is added to every
+    level's predicted step (`StepOverhead`: the update's decode and apply, thread hops, a return
+    slower than priced; 0: off). The progress-aware law divides the step by q, so time left out of
+    it prices lossy levels too low."""
     transport_cost: bool = True
     """Charge wire bytes at least the transport's measured marginal cost per byte (`TransportCost`,
     fitted over the sends of different levels), not only 1 / B: on CPU-bound paths (loopback QUIC)
@@ -204,6 +209,7 @@ class NetsensePolicySettings:
         require(s.progress_window == 0 or s.progress_window >= 2, n, "progress_window", s.progress_window, "0 or >= 2")
         require(s.sent_window_drift == 0 or s.sent_window_drift > 1, n, "sent_window_drift", s.sent_window_drift, "0 or > 1")
         require(s.cost_window >= 1, n, "cost_window", s.cost_window, ">= 1")
+        require(s.overhead_window >= 0, n, "overhead_window", s.overhead_window, ">= 0")
         table = s.progress_table
         require(table is None or isinstance(table, Mapping), n, "progress_table", table, "a mapping of level spec to q")
         for spec, q in (table or {}).items():

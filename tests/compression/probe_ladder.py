@@ -25,8 +25,12 @@ LADDER = Ladder(
 
 def cadence_policy(**settings: object) -> NetsensePolicy:
     """netsense on `LADDER` with the step-time law, probing on a 2-step cadence without back-off;
-    `settings` override (and add to) those."""
-    settings = {"progress_aware": False, "probe_interval": 2, "probe_interval_s": 0, "probe_backoff_max": 1, **settings}
+    `settings` override (and add to) those. No step overhead: these tests' clock ticks a second a
+    step whatever the predictions, which `StepOverhead` would read as 0.9 s left out of each."""
+    settings = {
+        "progress_aware": False, "probe_interval": 2, "probe_interval_s": 0, "probe_backoff_max": 1, "overhead_window": 0,
+        **settings,
+    }  # fmt: skip
     p = make_policy("netsense", LADDER, **settings)
     assert isinstance(p, NetsensePolicy)
     return p
