@@ -47,8 +47,7 @@ class StepOverhead:
             at, predicted = self._mark
             if time_s > at:
                 self._samples.append(time_s - at - predicted)
-        sampled = predicted_s is not None and self._decisions > SKIP_DECISIONS
-        self._mark = (time_s, predicted_s) if sampled else None  # type: ignore[assignment]
+        self._mark = (time_s, predicted_s) if predicted_s is not None and self._decisions > SKIP_DECISIONS else None
 
     def drop(self) -> None:
         """The marked step is no sample (its push was withdrawn and sent again: `redecide`)."""
