@@ -176,6 +176,11 @@ class Push(Message):
     """The worker keeps this step's pushes until its update comes, so a gradient-domain PS may send
     it the other pushes of a key instead of their compressed mean (`Params.sums`;
     docs/ARCHITECTURE.md, "Forwarded pushes"). Left out when False (a relay, an older worker)."""
+    intent: str = ""
+    """The ladder spec of the level the worker's policy is heading for (its committed level, or the
+    one it counts headroom toward; not a probe's), which a gradient-domain PS hands the step's other
+    workers (`Params.intents`) so they can meet there (docs/POLICIES.md, "Joining the step's level").
+    Empty: no such policy (left out of the message)."""
 
 
 @dataclass(frozen=True)
@@ -195,6 +200,13 @@ class Pull(Message):
 
 MAX_PULL_KEYS = 64
 """Most keys one PULL may name (msgpack's array bound in `decode_message`)."""
+
+
+MAX_INTENTS = 16
+"""Most intents one PARAMS carries: a step of more workers carries none (`Params.intents`)."""
+
+INTENT_RE = re.compile(r"^[A-Za-z0-9_.:+\-]{1,64}$")
+"""What an intent may be: a codec spec's characters, at most 64 (`Push.intent`)."""
 
 
 MAX_SUM_TERMS = 2
@@ -254,11 +266,20 @@ class Params(Message):
     """With `gradient`: keys sent as the pushes that make them up instead of a payload in
     `tensors` (docs/ARCHITECTURE.md, "Forwarded pushes"). Left out when empty."""
 
+    intents: tuple[str, ...] = ()
+    """With `gradient`: the intents (`Push.intent`) of the step's other pushers, in the PS's worker
+    order; empty where one of them sent none or more than `MAX_INTENTS` pushed. Left out when empty."""
+    intent_owners: tuple[str, ...] = ()
+    """The PS's own record of whose intent each is (never on the wire: `for_recipient`)."""
+
     def for_recipient(self, worker_id: str) -> Params:
-        """This update as `worker_id` is sent it (`Sum.for_recipient`); itself without sums."""
-        if not self.sums:
+        """This update as `worker_id` is sent it (`Sum.for_recipient`, and the intents of the
+        others); itself without sums or intents."""
+        if not self.sums and not self.intent_owners:
             return self
-        return replace(self, sums={k: s.for_recipient(worker_id) for k, s in self.sums.items()})
+        sums = {k: s.for_recipient(worker_id) for k, s in self.sums.items()}
+        intents = tuple(i for i, w in zip(self.intents, self.intent_owners) if w != worker_id)
+        return replace(self, sums=sums, intents=intents, intent_owners=())
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from netsense.errors import ProtocolError
 
 from .hparams import MAX_GROUPS, check_group
 from .messages import (
-    HELLO_ROLES, JOB_ID_RE, MAX_PULL_KEYS, MAX_SUM_TERMS, SITE_RE, STATE_DTYPES, Ack, Auth, Bye, Challenge, Error, Hello, Init,
+    HELLO_ROLES, INTENT_RE, JOB_ID_RE, MAX_INTENTS, MAX_PULL_KEYS, MAX_SUM_TERMS, SITE_RE, STATE_DTYPES, Ack, Auth, Bye, Challenge, Error, Hello, Init,
     Limits, Params, Probe, Pull, Push, Sum, TensorInfo, Welcome,
 )
 
@@ -183,6 +183,21 @@ def _hparams(body: dict[str, Any]) -> tuple[dict[str, float], ...]:
     return tuple(check_group(g) for g in v)
 
 
+def _intent(raw: Any, name: str) -> str:
+    if not isinstance(raw, str) or not INTENT_RE.match(raw):
+        raise _fail("malformed", f"field {name!r} must be a codec spec of 1-64 chars of [A-Za-z0-9_.:+-], got {raw!r:.80}")
+    return raw
+
+
+def _intents(body: dict[str, Any]) -> tuple[str, ...]:
+    v = body.get("intents", [])  # absent: none known, or a PS from before intents
+    if not isinstance(v, list) or len(v) > MAX_INTENTS:
+        raise _fail("malformed", f"field 'intents' must be a list of <= {MAX_INTENTS} codec specs")
+    if v and not (body.get("gradient") is True and body.get("full") is False):
+        raise _fail("malformed", "only a gradient-domain update (not full) carries intents")
+    return tuple(_intent(i, "intents") for i in v)
+
+
 def _push(body: dict[str, Any], limits: Limits) -> Push:
     grads = _tensors(body, "grads", limits)
     hparams = _hparams(body)
@@ -200,7 +215,8 @@ def _push(body: dict[str, Any], limits: Limits) -> Push:
     step = _int(body, "step", 0)
     keeps = _bool(body, "keeps") if "keeps" in body else False  # absent: a relay or an older worker
     samples, total = _int(body, "samples", 1, 1 << 30), _int(body, "total_keys", 1, limits.max_keys)
-    return Push(step, samples, total, grads, hparams, groups, skip, keeps)
+    intent = _intent(body["intent"], "intent") if "intent" in body else ""  # absent: no such policy, or an older worker
+    return Push(step, samples, total, grads, hparams, groups, skip, keeps, intent)
 
 
 def _pull_keys(body: dict[str, Any]) -> tuple[str, ...]:
@@ -281,7 +297,7 @@ PARSERS: dict[str, Any] = {
     "params": lambda b, lim: Params(
         _int(b, "version", 0), _bool(b, "full"), _tensors(b, "tensors", lim), _int(b, "base_version", -1),
         _pad(b, lim), _bool(b, "gradient") if "gradient" in b else False,  # absent: a parameter-domain PS
-        _opt_map(b, "optimizer"), _tensors(b, "optim_state", lim) if "optim_state" in b else {}, _params_sums(b, lim),
+        _opt_map(b, "optimizer"), _tensors(b, "optim_state", lim) if "optim_state" in b else {}, _params_sums(b, lim), _intents(b),
     ),
     "ack": lambda b, lim: Ack(
         _int(b, "version", 0), _int(b, "delivered_bytes", 0, lim.max_message_bytes) if "delivered_bytes" in b else 0,

@@ -21,13 +21,13 @@ from netsense.errors import ProtocolError
 
 from .messages import (
     HELLO_ROLES, JOB_ID_RE, MAX_PULL_KEYS, MESSAGE_TYPES, STATE_DTYPES, Ack, Auth, Bye, Challenge, Error, Hello, Init, Limits,
-    MAX_SUM_TERMS, Message, Params, Probe, Pull, Push, Sum, TensorInfo, Welcome,
+    MAX_INTENTS, MAX_SUM_TERMS, Message, Params, Probe, Pull, Push, Sum, TensorInfo, Welcome,
 )
 from .validate import PARSERS
 
 # The message types are re-exported: `from netsense.transport.wire import Push` is their public spelling.
 __all__ = [
-    "ALPN", "FRAMED", "HELLO_ROLES", "INLINE_MAX", "JOB_ID_RE", "MAX_PULL_KEYS", "MAX_SUM_TERMS", "MESSAGE_TYPES", "PROTOCOL_VERSION",
+    "ALPN", "FRAMED", "HELLO_ROLES", "INLINE_MAX", "JOB_ID_RE", "MAX_INTENTS", "MAX_PULL_KEYS", "MAX_SUM_TERMS", "MESSAGE_TYPES", "PROTOCOL_VERSION",
     "SECTION_EXT", "STATE_DTYPES", "SUPPORTED_VERSIONS", "Ack", "Auth", "Bye", "Challenge", "Chunk", "Error", "Hello",
     "Init", "Limits", "Message", "Params", "Probe", "Pull", "Push", "Sum", "TensorInfo", "Welcome", "decode_message",
     "encode_chunks", "encode_message",
@@ -48,8 +48,8 @@ def _payload_to_wire(p: Payload) -> dict[str, Any]:
 
 
 _OMIT_DEFAULT = {
-    "hello": ("job_id", "resume", "site"), "welcome": ("job_id", "site"), "init": ("model",), "push": ("keeps",),
-    "params": ("pad", "gradient", "optimizer", "optim_state", "sums"), "ack": ("delivered_bytes", "delivered_s"),
+    "hello": ("job_id", "resume", "site"), "welcome": ("job_id", "site"), "init": ("model",), "push": ("keeps", "intent"),
+    "params": ("pad", "gradient", "optimizer", "optim_state", "sums", "intents"), "ack": ("delivered_bytes", "delivered_s"),
 }  # fmt: skip
 """Optional fields left out at their default, so a message without them is byte-identical to an older peer's."""
 
@@ -59,6 +59,8 @@ def _body(msg: Message) -> dict[str, Any]:
     omit = _OMIT_DEFAULT.get(msg.TYPE, ())
     for name, f in msg.__dataclass_fields__.items():
         value = getattr(msg, name)
+        if name == "intent_owners":  # the PS's own record: `Params.for_recipient` used it
+            continue
         if name in omit and value == (f.default_factory() if callable(f.default_factory) else f.default):
             continue
         if name in ("tensors", "grads", "optim_state"):

@@ -83,10 +83,12 @@ class StepFields:
     skip: bool = False
     keeps: bool = False
     """The pusher keeps its pushes until the update (`Push.keeps`): a worker, never a relay."""
+    intent: str = ""
+    """The level the uplink policy is heading for (`Push.intent`; empty: none)."""
 
     def push(self, step: int, samples: int, total_keys: int, grads: dict[str, Payload]) -> Push:
         groups = {k: self.key_groups[k] for k in grads if k in self.key_groups}
-        return Push(step, samples, total_keys, grads, self.hparams, groups, self.skip, self.keeps)
+        return Push(step, samples, total_keys, grads, self.hparams, groups, self.skip, self.keeps, self.intent)
 
 
 class PSClient:

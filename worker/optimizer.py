@@ -19,7 +19,7 @@ import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -423,6 +423,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
         policy.passes = 2 if gradient else 1
         policy.compressions = 2 if gradient and not self._replica.forwarded else 1
         policy.step_spec = self._replica.step_spec if gradient else None
+        policy.step_intents = self._replica.step_intents if gradient else ()
         policy.join_compressions = 1 if self._replica.forwards else policy.compressions
         return self.uplink.choose(link, started=started)
 
@@ -431,7 +432,9 @@ class NetSenseOptimizer(torch.optim.Optimizer):
 
     def _set_fields(self, fields: StepFields) -> None:
         """The PUSH fields of the step about to start, on every shard's client (read on the network
-        thread only by the pushes submitted after this)."""
+        thread only by the pushes submitted after this), with where the uplink policy is heading
+        now that it has decided (`Push.intent`)."""
+        fields = replace(fields, intent=self.uplink.policy.intent() or "")
         for client in self._exchange.clients:
             client.step_fields = fields
         self._replica.hparams, self._replica.key_groups = fields.hparams, fields.key_groups  # a gradient-domain update steps with them

@@ -37,6 +37,10 @@ class Policy(ABC):
         """The level of the last gradient-domain step's smallest push where another worker sent it
         (None: this worker's own, or not known). netsense joins it where it holds by its own costs
         (docs/POLICIES.md, "Joining the step's level"); the others ignore it."""
+        self.step_intents: tuple[str, ...] = ()
+        """The other workers' intents of the last gradient-domain step (`Params.intents`: where each
+        one's policy is heading; empty: not known). netsense meets them there (docs/POLICIES.md,
+        "Joining the step's level"); the others ignore it."""
         self.join_compressions = 1
         """`compressions` for the `step_spec` level: 1 where the PS has forwarded pushes (a step at
         the other worker's level is forwarded again), else `compressions`."""
@@ -46,6 +50,11 @@ class Policy(ABC):
     def choose(self, request: ChooseRequest) -> Decision:
         """Decide the level for `request.step`; its `payload_bytes` is the dense fp32 size S,
         its `compute_s` Tc."""
+
+    def intent(self) -> str | None:
+        """The ladder spec of the level this policy is heading for, which the other workers of a
+        gradient-domain step are told (`Push.intent`); None (the default): not said."""
+        return None
 
     def observe(self, report: SendReport) -> None:
         """Feedback after a send: `report.bytes_sent` wire bytes took `report.comm_s` (first byte to

@@ -62,6 +62,8 @@ class LevelHold:
         self.anchor: int | None = None
         """The level of the step's smallest push when another worker's was that one (the policy
         sets it before each decision; None: alone, or not known)."""
+        self.anchor_source = "the step's smallest push"
+        """Where the anchor came from, for the reason's wording."""
         self.anchor_q: float | None = None
         """The anchor's q as a step at it would be priced (one compression where the PS forwards
         alike pushes); None: as the law's q."""
@@ -212,7 +214,7 @@ class LevelHold:
         else:
             self.set_level(anchor)
         cost = [p / qi for p, qi in zip(preds, q)]
-        return f"join: {self.specs[anchor]}, the step's smallest push, C={cost[anchor]:.4g}s, C*={min(cost):.4g}s"
+        return f"join: {self.specs[anchor]}, {self.anchor_source}, C={cost[anchor]:.4g}s, C*={min(cost):.4g}s"
 
     def _settle(self, current: int, preds: list[float], q: list[float]) -> str | None:
         """While holding within the dead band: count the decisions in a row on which one other
@@ -237,6 +239,11 @@ class LevelHold:
         self.set_level(strict)
         self.since_settle = 0
         return reason
+
+    def intent(self) -> int | None:
+        """Where this hold is heading: the level a running count of headroom relaxes to, else the
+        committed level (a probe is neither); None before the first decision."""
+        return self.relax_to if self.headroom and self.level is not None else self.level
 
     def go_heavier(self, target: int, bw: float) -> None:
         """Commit to the heavier `target` (the law's pick at bandwidth `bw`)."""

@@ -505,13 +505,35 @@ class NetsensePolicy(Policy):
         return decision
 
     def _set_anchor(self) -> None:
-        """The hold's anchor from `step_spec`, priced at `join_compressions`: the step at the other
-        worker's level is the forwarded one (on two sites, two workers at powersgd:1 and :2 priced
-        it at q ** 2 for as long as they differed, 10 % dearer than :2, and never met)."""
-        anchor = None if self.step_spec is None else self.ladder.find(self.step_spec)
-        self.hold.anchor = anchor
+        """The hold's anchor, priced at `join_compressions`: the step at the other worker's level is
+        the forwarded one (on two sites, two workers at powersgd:1 and :2 priced it at q ** 2 for as
+        long as they differed, 10 % dearer than :2, and never met)."""
+        anchor, source = self._intents_anchor(), "the others' intent"
+        if anchor is False:
+            anchor, source = None if self.step_spec is None else self.ladder.find(self.step_spec), "the step's smallest push"
+        self.hold.anchor, self.hold.anchor_source = anchor, source
         aware = self.settings.progress_aware
         self.hold.anchor_q = None if anchor is None or not aware else self.progress.values[anchor] ** self.join_compressions
+
+    def _intents_anchor(self) -> int | None | bool:
+        """The anchor from the other workers' intents (`step_intents`): the heaviest of theirs where
+        it is at least as heavy as this worker's own (`LevelHold.intent`), None where this worker's
+        is the heaviest; False where they are not known (one off this ladder: the step's smallest
+        push instead). The same for every worker, as the smallest push is, but a probe or a count
+        of headroom does not move it: two workers whose laws both head for a lighter level meet
+        there on the step the first knows the other's, rather than each being joined back by the
+        other's held level (docs/POLICIES.md, "Joining the step's level")."""
+        specs = self.ladder.specs
+        if not self.step_intents or any(i not in specs for i in self.step_intents):
+            return False
+        top = max(specs.index(i) for i in self.step_intents)
+        mine = self.hold.intent()
+        return top if mine is None or top >= mine else None
+
+    def intent(self) -> str | None:
+        """The committed level, or the lighter one a count of headroom heads for (`Push.intent`)."""
+        level = self.hold.intent()
+        return None if level is None else self.ladder.specs[level]
 
     def _qs(self) -> list[float]:
         """q per level as the law uses it (1 everywhere when not progress-aware)."""

@@ -25,7 +25,7 @@ from netsense.compression.limits import all_finite
 from netsense.errors import CompressionError, ProtocolError
 from netsense.transport.hparams import check_allowed
 from netsense.transport.aggregate import weighted_sum
-from netsense.transport.wire import MAX_SUM_TERMS, Params, Push, TensorInfo
+from netsense.transport.wire import MAX_INTENTS, MAX_SUM_TERMS, Params, Push, TensorInfo
 
 from ..optim import Hyper, OptimizerSettings, as_hyper
 from .gradient import GradientDownlink
@@ -53,6 +53,8 @@ class Pending:
     """The worker keeps its pushes until the update (`Push.keeps`): it may be sent the others'."""
     payloads: dict[str, Payload] = field(default_factory=dict)
     """Key -> the payload it came in, kept where the step may forward it (gradient domain, `keeps`)."""
+    intent: str = ""
+    """The level its policy is heading for (`Push.intent`; empty: none said), handed to the others."""
 
 
 @dataclass(frozen=True)
@@ -266,6 +268,7 @@ class StoreCore:
         pending.grads.update((k, g) for k, g in grads.items() if k not in skip and k not in self.state)
         pending.specs.update((k, (p.wire_size, p.codec)) for k, p in msg.grads.items() if k not in skip and k not in self.state)
         pending.keeps = msg.keeps
+        pending.intent = msg.intent or pending.intent
         if msg.keeps and self.gradient is not None:
             pending.payloads.update((k, p) for k, p in msg.grads.items() if k not in skip and k not in self.state)
         pending.state.update((k, g) for k, g in grads.items() if k in self.state)
@@ -365,6 +368,9 @@ class StoreCore:
         if self.gradient is None:
             return
         forward, weights = self._forwards(workers), self.weights(workers)
+        intents = [self.pending[w].intent for w in workers]
+        if len(workers) <= MAX_INTENTS and all(intents):  # one worker without: none, so nobody joins a part of the step
+            self.gradient.note_intents(self.version, tuple(zip(workers, intents)))
         for key in keys:
             param = self.params[key]
             payloads = [self.pending[w].payloads.pop(key, None) for w in workers]

@@ -135,7 +135,7 @@ class UpdateEncoder:
         assert self.gradient is not None
         entries = self.gradient.commit(base)
         self._follow(params)
-        return gradient_params(version, base, entries, self.state_payloads())
+        return gradient_params(version, base, entries, self.state_payloads(), self.gradient.intents)
 
     def _follow(self, params: dict[str, torch.Tensor]) -> None:
         """The shadow becomes `params`, in place where it can."""
@@ -197,9 +197,15 @@ class UpdateEncoder:
         return self.full_params(version)
 
 
-def gradient_params(version: int, base: int, entries: dict[str, Payload | Sum], state: dict[str, Payload]) -> Params:
+def gradient_params(
+    version: int, base: int, entries: dict[str, Payload | Sum], state: dict[str, Payload], intents: tuple[tuple[str, str], ...] = ()
+) -> Params:
     """A gradient-domain update from `base` to `version`: each key's compressed payload, or its
-    forwarded pushes (`Params.sums`), and the `state` keys' payloads."""
+    forwarded pushes (`Params.sums`), the `state` keys' payloads, and the contributors' (worker,
+    intent) pairs (`Params.intents`, each recipient sent the others')."""
     tensors = {k: v for k, v in entries.items() if isinstance(v, Payload)}
     sums = {k: v for k, v in entries.items() if isinstance(v, Sum)}
-    return Params(version, False, {**tensors, **state}, base_version=base, gradient=True, sums=sums)
+    owners, specs = (tuple(w for w, _ in intents), tuple(i for _, i in intents)) if intents else ((), ())
+    return Params(
+        version, False, {**tensors, **state}, base_version=base, gradient=True, sums=sums, intents=specs, intent_owners=owners
+    )

@@ -60,6 +60,10 @@ class GradientDownlink:
         self._rng = np.random.default_rng()  # the top-k scan's sample: steers only its speed
         self._pending: dict[str, tuple[Payload | Sum, torch.Tensor | None]] = {}  # key -> (what goes, new residual)
         self._version = -1  # the step the pending payloads belong to
+        self._intents: tuple[tuple[str, str], ...] = ()  # the pending step's (worker, intent)
+        self.intents: tuple[tuple[str, str], ...] = ()
+        """The last committed step's (worker, `Push.intent`) of every contributor, in the PS's worker
+        order; empty where one said none (`Params.intents`)."""
 
     def compress(self, version: int, key: str, grad: torch.Tensor, spec: str, pushes: int = 1) -> torch.Tensor:
         """C(grad + e) for the step from `version` (`grad`: the mean of `pushes` pushes of `key`):
@@ -89,6 +93,13 @@ class GradientDownlink:
         sent = codec.decode(payload).to(grad.dtype).view_as(grad)
         self._pending[key] = (payload, m.sub_(sent))
         return sent
+
+    def note_intents(self, version: int, intents: tuple[tuple[str, str], ...]) -> None:
+        """The step from `version`'s contributors' intents, (worker, spec): its update hands them on."""
+        if version != self._version:
+            self.discard()
+            self._version = version
+        self._intents = intents
 
     def forward(self, version: int, key: str, terms: list[tuple[str, float, Payload]]) -> None:
         """`key` of the step from `version` goes as its pushes, (worker, weight, payload) in the
@@ -159,7 +170,9 @@ class GradientDownlink:
         key (compressed or forwarded for it, in order)."""
         if version != self._version:
             self.discard()
+            self.intents = ()
             return {}
+        self.intents = self._intents
         out = {}
         for key, (payload, residual) in self._pending.items():
             out[key] = payload
@@ -169,6 +182,7 @@ class GradientDownlink:
                 self.residual[key] = residual
         self._pending = {}
         self._version = -1
+        self._intents = ()
         return out
 
     def payload(self, key: str) -> Payload | Sum:
@@ -179,6 +193,7 @@ class GradientDownlink:
         """A step refused or abandoned: what it compressed is forgotten, residuals as they were."""
         self._pending = {}
         self._version = -1
+        self._intents = ()
 
     def reset(self) -> None:
         """A fresh start or a restore: nothing owed."""

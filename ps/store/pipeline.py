@@ -160,7 +160,7 @@ class PipelinedStep:
         entries = {k: self.applied[k] for k in core.params}
         state = self._encoder.state_payloads()  # the averaged buffers, as in a whole step's update
         if self._gradient:
-            self._encoder.last_update = gradient_params(core.version, base, entries, state)
+            self._encoder.last_update = gradient_params(core.version, base, entries, state, core.gradient.intents if core.gradient else ())
         else:
             self._encoder.last_update = Params(core.version, full, {**_payloads(entries), **state}, base_version=-1 if full else base)
         core.pending.clear()
