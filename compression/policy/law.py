@@ -26,6 +26,15 @@ from .netsense_settings import NetsensePolicySettings
 logger = logging.getLogger(__name__)
 
 
+def intents_anchor(others: list[int], mine: int | None) -> int | None:
+    """The anchor from the other workers' intents (ladder indices, heavier higher): the heaviest of
+    theirs where it is at least as heavy as this worker's own intent, None where this worker's is
+    the heaviest (the others join it). Every worker of the step computes the same level, as with the
+    smallest push, but from where each law is heading rather than what it sent."""
+    top = max(others)
+    return top if mine is None or top >= mine else None
+
+
 class LevelHold:
     """The committed level and the counters its hysteresis and the probes' cadence run on."""
 

@@ -21,7 +21,7 @@ from .base import Policy
 from .costs import CodecCosts, ReturnShare, StepJitter, TransportCost
 from .decision import ChooseRequest, Decision, SendReport, byte_s, predict_steps
 from .ladder import NOMINAL_NUMEL, Ladder, Level
-from .law import LevelHold
+from .law import LevelHold, intents_anchor
 from .link import LinkState
 from .netsense_settings import NetsensePolicySettings
 from .overhead import StepOverhead
@@ -526,9 +526,7 @@ class NetsensePolicy(Policy):
         specs = self.ladder.specs
         if not self.step_intents or any(i not in specs for i in self.step_intents):
             return False
-        top = max(specs.index(i) for i in self.step_intents)
-        mine = self.hold.intent()
-        return top if mine is None or top >= mine else None
+        return intents_anchor([specs.index(i) for i in self.step_intents], self.hold.intent())
 
     def intent(self) -> str | None:
         """The committed level, or the lighter one a count of headroom heads for (`Push.intent`)."""
