@@ -250,9 +250,14 @@ class LevelHold:
         return reason
 
     def intent(self) -> int | None:
-        """Where this hold is heading: the level a running count of headroom relaxes to, else the
-        committed level (a probe is neither); None before the first decision."""
-        return self.relax_to if self.headroom and self.level is not None else self.level
+        """Where this hold is heading: the level a count of headroom relaxes to once it has run `k`
+        steps (the relax it would be without back-off), else the committed level (a probe is
+        neither); None before the first decision. A count's first steps are not yet evidence: taken
+        at once, one worker's single step of headroom toward `topk:0.01+fp16` had the other join
+        it (two sites)."""
+        if self.level is not None and self.headroom >= self.settings.k:
+            return self.relax_to
+        return self.level
 
     def go_heavier(self, target: int, bw: float) -> None:
         """Commit to the heavier `target` (the law's pick at bandwidth `bw`)."""

@@ -55,11 +55,32 @@ def test_without_intents_a_relax_is_joined_back_and_the_pair_holds_the_heavier_l
     assert sum(levels == (2, 2) for levels in sent) >= 0.9 * len(sent)
 
 
-def test_with_intents_both_move_on_the_step_after_the_first_count_starts() -> None:
-    """Both laws count headroom toward b from the first step, so both say b, and each joins it the
-    step after, whatever its own k."""
+def test_with_intents_the_pair_moves_together_once_both_counts_ran_k_steps() -> None:
+    """Worker 0 (k 5) relaxes to b at step 5; worker 1 (k 10, backed off) says b from its k-th
+    count on, so worker 0 is not joined back, and worker 1 joins b the step after: both at b from
+    step 6, for good."""
     sent = _pair(BOTH_LIGHTER, 200, intents=True)
-    assert sent[0] == (2, 2) and all(levels == (1, 1) for levels in sent[1:]), sent[:12]
+    assert all(levels == (2, 2) for levels in sent[:4]) and sent[4] == (1, 2), sent[:8]
+    assert all(levels == (1, 1) for levels in sent[5:]), sent[:12]
+
+
+def test_with_intents_counts_out_of_phase_meet_after_one_back_off() -> None:
+    """Both with k 5, worker 1's count a step behind (it had one step without headroom): worker 0
+    relaxes first and is joined back (its k doubles, as without intents), then both counts pass k
+    while both say b, and they meet there."""
+    holds = (_hold(2, 5), _hold(2, 5))
+    _decide(holds[1], [1.2, 1.00, 1.20])  # its own law's best is c this once: its count starts later
+    holds[1].level = 2
+    sent, said = [], None
+    for _ in range(60):
+        for i, hold in enumerate(holds):
+            if said is not None:
+                hold.anchor = intents_anchor([said[1 - i]], hold.intent())
+            _decide(hold, BOTH_LIGHTER[i])
+        sent.append((holds[0].level, holds[1].level))
+        said = (holds[0].intent(), holds[1].intent())
+    first = next(i for i, levels in enumerate(sent) if levels == (1, 1))
+    assert first <= 15 and all(levels == (1, 1) for levels in sent[first:]), sent[:20]
 
 
 def test_a_near_tie_from_opposite_sides_still_meets_at_the_heavier_level() -> None:
@@ -77,14 +98,15 @@ def test_the_heaviest_intent_is_the_anchor_unless_it_is_this_workers_own() -> No
     assert intents_anchor([2], None) == 2  # before the first decision
 
 
-def test_the_intent_is_the_committed_level_or_the_relax_a_count_heads_for() -> None:
+def test_the_intent_is_the_committed_level_or_the_relax_a_count_of_k_steps_heads_for() -> None:
     hold = _hold()
     assert hold.intent() is None
     _decide(hold, [1.2, 1.00, 1.20])
     assert hold.level == 1 and hold.intent() == 1
-    hold.level = 2  # committed at c, b now 8 % cheaper: a count of headroom toward b
-    assert _decide(hold, BOTH_LIGHTER[0]).startswith("hold: headroom 1/")
-    assert hold.level == 2 and hold.intent() == 1
+    hold.level, hold.k_now = 2, 10  # committed at c (k backed off to 10), b now 8 % cheaper
+    for count in range(1, 10):
+        assert _decide(hold, BOTH_LIGHTER[0]).startswith(f"hold: headroom {count}/10")
+        assert hold.level == 2 and hold.intent() == (1 if count >= 5 else 2), count
 
 
 def test_the_policy_says_its_intent_and_takes_its_anchor_from_the_others() -> None:

@@ -91,3 +91,34 @@ def test_a_rejoining_worker_gets_the_optimizer_state(shards: list[RunningPS]) ->
         o.close()
     assert [ps.server.store.version for ps in shards] == [6, 6]
     _assert_replicas_equal(shards, fresh)
+
+
+def test_each_worker_learns_where_the_others_policy_is_heading(shards: list[RunningPS]) -> None:
+    """`Push.intent` to `Params.intents` over QUIC: after a few steps each worker's netsense policy
+    holds the other's intent of the last step, a spec of its ladder (netsense's anchor)."""
+    models = [_model(), _model()]
+    done: list[NetSenseOptimizer] = []
+    said: dict[int, list[str | None]] = {0: [], 1: []}
+
+    def work(rank: int) -> None:
+        opt = NetSenseOptimizer(
+            models[rank], connect=[ps.connect_settings() for ps in shards], rank=rank, world_size=2, worker_id=f"w{rank}",
+            optimizer={"name": "sgd", "lr": 0.1}, policy="netsense",
+        )  # fmt: skip
+        done.append(opt)
+        for step in range(6):
+            x, y = _batch(step, rank)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(models[rank](x), y).backward()
+            opt.step(samples=len(x))
+            said[rank].append(opt.uplink.policy.intent())
+
+    try:
+        run_ranks(work, timeout_s=90)
+        for rank, opt in enumerate(sorted(done, key=lambda o: o.rank)):
+            heard = opt.uplink.policy.step_intents
+            assert len(heard) == 1 and heard[0] in opt.uplink.policy.ladder.specs, heard
+            assert heard[0] == said[1 - rank][-2], (heard, said)  # the other's, as it pushed the last step
+    finally:
+        for opt in done:
+            opt.close()

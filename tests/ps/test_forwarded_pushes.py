@@ -21,12 +21,14 @@ from storehelp import FP32
 from test_gradient_downlink import ADAM, SGD, apply, assert_equal, gradient_store, mirror_of, owed
 
 
-def push(s: ParameterStore, worker: int, step: int, spec: str, *, keeps: bool = True, samples: int | None = None) -> dict[str, Payload]:
+def push(
+    s: ParameterStore, worker: int, step: int, spec: str, *, keeps: bool = True, samples: int | None = None, intent: str = ""
+) -> dict[str, Payload]:
     """Worker `worker`'s push of step `step` at `spec` (its weight: 4 + worker samples); its payloads."""
     g = torch.Generator().manual_seed(step * 7 + worker)
     codec = make_codec(spec)
     payloads = {k: codec.encode(torch.randn(v.shape, generator=g)) for k, v in s.params.items()}
-    s.push(f"w{worker}", Push(step, samples or 4 + worker, len(s.params), payloads, keeps=keeps))
+    s.push(f"w{worker}", Push(step, samples or 4 + worker, len(s.params), payloads, keeps=keeps, intent=intent))
     return payloads
 
 
@@ -215,3 +217,18 @@ def test_a_peer_that_does_not_keep_its_pushes_is_sent_the_full_parameters() -> N
     assert full.full and full.optimizer and not full.sums
     m = mirror_of(full)
     assert_equal(m, s)
+
+
+def test_each_worker_is_told_the_others_intents() -> None:
+    """`Params.intents`: a gradient-domain update hands each recipient the other contributors'
+    `Push.intent`, forwarded or compressed; a step in which one said none hands on none."""
+    s = gradient_store(SGD)
+    push(s, 0, 0, "powersgd:2", intent="powersgd:2")
+    push(s, 1, 0, "topk:0.2", intent="powersgd:1")  # a probe: its intent is its committed level
+    update = s.pull(0)
+    assert update.for_recipient("w0").intents == ("powersgd:1",)
+    assert update.for_recipient("w1").intents == ("powersgd:2",)
+    assert update.for_recipient("w9").intents == ("powersgd:2", "powersgd:1")
+    push(s, 0, 1, "powersgd:2", intent="powersgd:2")
+    push(s, 1, 1, "powersgd:2")
+    assert s.pull(1).for_recipient("w0").intents == ()

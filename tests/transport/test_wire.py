@@ -41,6 +41,8 @@ MESSAGES = [
     Params(5, False, {"a": P}, base_version=4),
     Push(4, 16, 2, {"a": P}, keeps=True),
     Params(5, False, {"a": P}, base_version=4, gradient=True, sums={"b": Sum((0.25, 0.75), 1, (P,)), "c": Sum((1.0,), -1, (P,))}),
+    Push(4, 16, 2, {"a": P}, keeps=True, intent="topk:0.01+fp16"),
+    Params(5, False, {"a": P}, base_version=4, gradient=True, intents=("powersgd:2", "qsgd:4")),
     Ack(7),
     Ack(8, delivered_bytes=14_700, delivered_s=0.031),
     Error("shape", "bad"),
@@ -119,6 +121,15 @@ SUMS_BAD = [
         (_raw(t="push", step=0, samples=1, total_keys=1, grads={"a": {"c": "fp32"}}), "malformed"),
         (_raw(t="push", step=0, samples=1, total_keys=1, grads={}, keeps=1), "malformed"),
         *[(_sums(**bad), code) for bad, code in SUMS_BAD],
+        (_raw(t="push", step=0, samples=1, total_keys=1, grads={}, intent=""), "malformed"),
+        (_raw(t="push", step=0, samples=1, total_keys=1, grads={}, intent="x" * 65), "malformed"),
+        (_raw(t="push", step=0, samples=1, total_keys=1, grads={}, intent="qsgd 4"), "malformed"),
+        (_raw(t="push", step=0, samples=1, total_keys=1, grads={}, intent=4), "malformed"),
+        (_raw(t="params", version=1, full=False, tensors={}, base_version=0, gradient=True, intents="fp16"), "malformed"),
+        (_raw(t="params", version=1, full=False, tensors={}, base_version=0, gradient=True, intents=["fp16"] * 17), "malformed"),
+        (_raw(t="params", version=1, full=False, tensors={}, base_version=0, gradient=True, intents=["fp16", None]), "malformed"),
+        (_raw(t="params", version=1, full=False, tensors={}, base_version=0, intents=["fp16"]), "malformed"),  # not gradient
+        (_raw(t="params", version=1, full=True, tensors={}, base_version=0, gradient=True, intents=["fp16"]), "malformed"),
     ],
 )
 def test_malformed_messages_raise_protocol_error(data: bytes, code: str) -> None:
@@ -189,3 +200,17 @@ def test_an_ack_without_a_delivery_is_the_bytes_of_a_peer_from_before_reports() 
     assert b"delivered" not in encode_message(Ack(3))
     back = decode_message(_raw(t="ack", version=3))
     assert isinstance(back, Ack) and (back.delivered_bytes, back.delivered_s) == (0, 0.0)
+
+
+def test_intents_are_left_out_when_none_and_the_ps_keeps_whose_they_are() -> None:
+    """`Push.intent` and `Params.intents` (docs/PROTOCOL.md): absent at their defaults, so a worker
+    or PS that says none sends an older peer's bytes; `intent_owners` never leaves the PS, and each
+    recipient is sent the others' intents alone."""
+    assert b"intent" not in encode_message(Push(4, 16, 2, {"a": P}, keeps=True))
+    update = Params(5, False, {"a": P}, base_version=4, gradient=True, intents=("fp16", "qsgd:4"), intent_owners=("w0", "w1"))
+    assert b"w1" not in encode_message(update)
+    for worker, others in (("w0", ("qsgd:4",)), ("w1", ("fp16",)), ("w2", ("fp16", "qsgd:4"))):
+        sent = decode_message(encode_message(update.for_recipient(worker)))
+        assert isinstance(sent, Params) and sent.intents == others and sent.intent_owners == ()
+    back = decode_message(_raw(t="push", step=0, samples=1, total_keys=1, grads={}))
+    assert isinstance(back, Push) and back.intent == ""

@@ -32,11 +32,11 @@ def _setup() -> tuple[ParameterStore, Replica, torch.nn.Module]:
     return store, replica, model
 
 
-def _push(store: ParameterStore, worker: int, step: int, spec: str = "powersgd:2") -> dict[str, Payload]:
+def _push(store: ParameterStore, worker: int, step: int, spec: str = "powersgd:2", intent: str = "") -> dict[str, Payload]:
     g = torch.Generator().manual_seed(10 * step + worker)
     codec = make_codec(spec)
     payloads = {k: codec.encode(torch.randn(v.shape, generator=g)) for k, v in store.params.items()}
-    store.push(f"w{worker}", Push(step, 3 + worker, len(store.params), payloads, keeps=True))
+    store.push(f"w{worker}", Push(step, 3 + worker, len(store.params), payloads, keeps=True, intent=intent))
     return payloads
 
 
@@ -167,3 +167,18 @@ def test_forwards_says_whether_a_shard_has_forwarded_pushes() -> None:
         replica.apply(_sent(store.pull(step).for_recipient("w0")), 0)
         assert replica.forwards and replica.forwarded == (step == 1)
     assert replica.step_spec == "powersgd:1"
+
+
+def test_the_step_intents_are_the_others_through_the_real_ps() -> None:
+    """`Replica.step_intents` (netsense's anchor where known): the other worker's intent, not its
+    sent level (a probe at topk:0.2 heading for powersgd:1), and none from a step that said none."""
+    store, replica, _ = _setup()
+    assert replica.step_intents == ()
+    replica.own = _push(store, 0, 0, "powersgd:2", intent="powersgd:2")
+    _push(store, 1, 0, "topk:0.2", intent="powersgd:1")
+    replica.apply(_sent(store.pull(0).for_recipient("w0")), 0)
+    assert replica.step_intents == ("powersgd:1",) and replica.step_spec == "topk:0.2"
+    replica.own = _push(store, 0, 1, intent="powersgd:2")
+    _push(store, 1, 1)
+    replica.apply(_sent(store.pull(1).for_recipient("w0")), 0)
+    assert replica.step_intents == ()
