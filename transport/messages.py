@@ -178,9 +178,9 @@ class Push(Message):
     docs/ARCHITECTURE.md, "Forwarded pushes"). Left out when False (a relay, an older worker)."""
     intent: str = ""
     """The ladder spec of the level the worker's policy is heading for (its committed level, or the
-    one it counts headroom toward; not a probe's), which a gradient-domain PS hands the step's other
-    workers (`Params.intents`) so they can meet there (docs/POLICIES.md, "Joining the step's level").
-    Empty: no such policy (left out of the message)."""
+    one a count of headroom relaxes to; not a probe's), which a gradient-domain PS hands the step's
+    other workers (`Params.intents`) so they can meet there (docs/POLICIES.md, "Where the others are
+    heading"). Empty: no such policy (left out of the message)."""
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ class Policy(ABC):
         self.step_intents: tuple[str, ...] = ()
         """The other workers' intents of the last gradient-domain step (`Params.intents`: where each
         one's policy is heading; empty: not known). netsense meets them there (docs/POLICIES.md,
-        "Joining the step's level"); the others ignore it."""
+        "Where the others are heading"); the others ignore it."""
         self.join_compressions = 1
         """`compressions` for the `step_spec` level: 1 where the PS has forwarded pushes (a step at
         the other worker's level is forwarded again), else `compressions`."""

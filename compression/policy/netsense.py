@@ -519,17 +519,18 @@ class NetsensePolicy(Policy):
         """The anchor from the other workers' intents (`step_intents`): the heaviest of theirs where
         it is at least as heavy as this worker's own (`LevelHold.intent`), None where this worker's
         is the heaviest; False where they are not known (one off this ladder: the step's smallest
-        push instead). The same for every worker, as the smallest push is, but a probe or a count
-        of headroom does not move it: two workers whose laws both head for a lighter level meet
-        there on the step the first knows the other's, rather than each being joined back by the
-        other's held level (docs/POLICIES.md, "Joining the step's level")."""
+        push instead). The same for every worker, as the smallest push is, but a probe does not
+        move it, and two workers whose laws both head for a lighter level meet there rather than
+        each being joined back by the other's held level (docs/POLICIES.md, "Where the others are
+        heading")."""
         specs = self.ladder.specs
         if not self.step_intents or any(i not in specs for i in self.step_intents):
             return False
         return intents_anchor([specs.index(i) for i in self.step_intents], self.hold.intent())
 
     def intent(self) -> str | None:
-        """The committed level, or the lighter one a count of headroom heads for (`Push.intent`)."""
+        """The committed level, or the lighter one a count of headroom of k steps heads for
+        (`LevelHold.intent`; sent as `Push.intent`)."""
         level = self.hold.intent()
         return None if level is None else self.ladder.specs[level]
 
