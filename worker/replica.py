@@ -64,10 +64,9 @@ class Replica:
         self.forwards = False
         """Whether a shard has forwarded pushes to this worker: it forwards alike ones, so a step at
         the other worker's level comes back compressed once (`Policy.join_compressions`)."""
-        self._step_specs: list[tuple[int, str | None]] = [(-1, None)] * shards
-        """Per shard, its last gradient-domain update's largest key's size and what `step_spec` reads of it."""
-        self._step_intents: list[tuple[int, tuple[str, ...]]] = [(-1, ())] * shards
-        """Per shard, the same size and its update's intents of the other workers (`step_intents`)."""
+        self._step_specs: list[tuple[int, str | None, tuple[str, ...]]] = [(-1, None, ())] * shards
+        """Per shard, its last gradient-domain update's largest key's size, what `step_spec` reads of
+        it and the update's intents of the other workers (`step_intents`)."""
 
     @property
     def gradient_domain(self) -> bool:
@@ -152,8 +151,7 @@ class Replica:
         decode_s = time.perf_counter() - td
         self.forwarded = bool(params.sums) and not any(k in slots for k in params.tensors)
         self.forwards = self.forwards or bool(params.sums)
-        self._step_specs[shard] = self._step_spec(params, slots)
-        self._step_intents[shard] = (self._step_specs[shard][0], params.intents)
+        self._step_specs[shard] = (*self._step_spec(params, slots), params.intents)
         for key, value in mirror.step(grads, {k: self.hyper(k) for k in grads}).items():
             target = slots[key].view(slots[key].param.data)
             target.copy_(value.to(target.device, target.dtype))
@@ -170,7 +168,7 @@ class Replica:
     def step_intents(self) -> tuple[str, ...]:
         """The other workers' intents (`Params.intents`) of the last step, from the update of the
         shard that holds the model's largest key, as `step_spec` (empty: not known)."""
-        return max(self._step_intents, key=lambda entry: entry[0])[1]
+        return max(self._step_specs, key=lambda entry: entry[0])[2]
 
     def _step_spec(self, params: Params, slots: dict[str, KeySlot]) -> tuple[int, str | None]:
         """The size of the update's largest key and the level of its smallest push where it was not

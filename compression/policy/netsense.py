@@ -508,25 +508,26 @@ class NetsensePolicy(Policy):
         """The hold's anchor, priced at `join_compressions`: the step at the other worker's level is
         the forwarded one (on two sites, two workers at powersgd:1 and :2 priced it at q ** 2 for as
         long as they differed, 10 % dearer than :2, and never met)."""
-        anchor, source = self._intents_anchor(), "the others' intent"
-        if anchor is False:
+        others = self._intent_levels()
+        if others is not None:
+            anchor, source = intents_anchor(others, self.hold.intent()), "the others' intent"
+        else:
             anchor, source = None if self.step_spec is None else self.ladder.find(self.step_spec), "the step's smallest push"
         self.hold.anchor, self.hold.anchor_source = anchor, source
         aware = self.settings.progress_aware
         self.hold.anchor_q = None if anchor is None or not aware else self.progress.values[anchor] ** self.join_compressions
 
-    def _intents_anchor(self) -> int | None | bool:
-        """The anchor from the other workers' intents (`step_intents`): the heaviest of theirs where
-        it is at least as heavy as this worker's own (`LevelHold.intent`), None where this worker's
-        is the heaviest; False where they are not known (one off this ladder: the step's smallest
-        push instead). The same for every worker, as the smallest push is, but a probe does not
-        move it, and two workers whose laws both head for a lighter level meet there rather than
-        each being joined back by the other's held level (docs/POLICIES.md, "Where the others are
-        heading")."""
+    def _intent_levels(self) -> list[int] | None:
+        """The other workers' intents (`step_intents`) as ladder indices, None where they are not
+        known (or one is off this ladder: the step's smallest push is the anchor instead). The
+        anchor they make (`intents_anchor`) is the same for every worker, as the smallest push is,
+        but a probe does not move it, and two workers whose laws both head for a lighter level meet
+        there rather than each being joined back by the other's held level (docs/POLICIES.md,
+        "Where the others are heading")."""
         specs = self.ladder.specs
         if not self.step_intents or any(i not in specs for i in self.step_intents):
-            return False
-        return intents_anchor([specs.index(i) for i in self.step_intents], self.hold.intent())
+            return None
+        return [specs.index(i) for i in self.step_intents]
 
     def intent(self) -> str | None:
         """The committed level, or the lighter one a count of headroom of k steps heads for

@@ -69,9 +69,7 @@ class GradientDownlink:
         """C(grad + e) for the step from `version` (`grad`: the mean of `pushes` pushes of `key`):
         kept with its new residual until `commit`; returns what the optimizer steps on (a new float
         tensor of `grad`'s dtype)."""
-        if version != self._version:
-            self.discard()
-            self._version = version
+        self._begin(version)
         old = self.residual.get(key)
         if old is not None and old.shape != grad.shape:
             old = None
@@ -96,9 +94,7 @@ class GradientDownlink:
 
     def note_intents(self, version: int, intents: tuple[tuple[str, str], ...]) -> None:
         """The step from `version`'s contributors' intents, (worker, spec): its update hands them on."""
-        if version != self._version:
-            self.discard()
-            self._version = version
+        self._begin(version)
         self._intents = intents
 
     def forward(self, version: int, key: str, terms: list[tuple[str, float, Payload]]) -> None:
@@ -106,9 +102,7 @@ class GradientDownlink:
         order the PS summed them (`Sum`): every worker rebuilds the exact mean, the PS's gradient.
         What an earlier compressed step left owed of the key stays owed, to go with the key's next
         compressed step (docs/ARCHITECTURE.md, "Forwarded pushes")."""
-        if version != self._version:
-            self.discard()
-            self._version = version
+        self._begin(version)
         owners = tuple(w for w, _, _ in terms)
         self._pending[key] = (Sum(tuple(w for _, w, _ in terms), -1, tuple(p for _, _, p in terms), owners), self.residual.get(key))
 
@@ -164,6 +158,12 @@ class GradientDownlink:
             if sum(len(p) for p in payload.parts) < 4 * m.numel():
                 return payload
         return self._fp32.encode(m)
+
+    def _begin(self, version: int) -> None:
+        """What is pending belongs to the step from `version`: a different step's is forgotten."""
+        if version != self._version:
+            self.discard()
+            self._version = version
 
     def commit(self, version: int) -> dict[str, Payload | Sum]:
         """The step from `version` applied: its residuals replace the old ones; what goes of each
