@@ -95,7 +95,7 @@ class Codec(ABC):
         the codec's state (a warm-start basis, `clamped`, a generator's draws). For callers that
         need only what a receiver would apply, not the bytes: the progress windows run every
         candidate level this way each step. Codecs override it where skipping the wire format is
-        cheaper (top-k 1 % on digits-cnn's window subsample: 0.48 ms against 1.58, docs/BENCHMARKS.md,
+        cheaper (top-k 1 % on digits-cnn's window subsample: 0.48 ms against 1.58, docs/history/BENCHMARKS-2026.md,
         "Window steps without the wire format"), and must return exactly the same values."""
         return self.decode(self.encode(tensor), device=tensor.device)
 

@@ -5,7 +5,7 @@ A progress window (window.py) prices a level by running its codec beside the rea
 cost that keeps windows rare (`progress_budget`), and the first of them sees a fresh model's
 gradients, of low rank: on a patch-attention model (not in the repo, Adam) the first window priced
 powersgd:1 at 0.92 where the run's steps put it at 0.52, no later window ran it for 160 steps,
-and netsense sent it for 114 of them (docs/BENCHMARKS.md, "The sent level's window"). The level
+and netsense sent it for 114 of them (docs/history/BENCHMARKS-2026.md, "The sent level's window"). The level
 actually sent needs no second codec: over W consecutive steps at one level, what error feedback
 sent less the gradients is sum_t (sent_t - g_t) = r_start - r_end = D, and r_end is the residual it
 holds, so window.py's

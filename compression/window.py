@@ -66,7 +66,7 @@ def packs(spec: str) -> bool:
     a step: codecs that act element by element (16-bit casts) or per `BUCKET` elements from a
     key's start (QSGD), so that with each key's slot starting on a bucket they send what one call
     per key would. Per-key calls cost 3-17x the codec's own time on a 16k-element subsample of 6-8
-    keys (docs/BENCHMARKS.md, "Window steps in one codec call"). Top-k picks per key, not packed."""
+    keys (docs/history/BENCHMARKS-2026.md, "Window steps in one codec call"). Top-k picks per key, not packed."""
     return isinstance(make_codec(spec), (HalfCast, QSGD))
 
 

@@ -49,7 +49,7 @@ START_ROUNDS = 2
 case 0.05) priced wide-mlp's first updates at qsgd:8, 0.30 s each at 20 Mbit/s where powersgd:4
 takes 0.05. The first round's figures are interim (they stand only until the second's): a fresh
 model's first update is of low rank, and priced on it alone (an EWMA's start, held for 50 updates)
-digits-cnn's downlink sent powersgd:1 and needed 95 steps where it needed 80 (docs/BENCHMARKS.md,
+digits-cnn's downlink sent powersgd:1 and needed 95 steps where it needed 80 (docs/history/BENCHMARKS-2026.md,
 "The downlink's first round"; "The downlink's start rounds")."""
 WINDOW_QUEUE = 4
 """Window steps that may wait for the window thread; beyond that the loop waits for the newest one
@@ -256,7 +256,7 @@ class DownlinkController:
         update itself (`choose_on_update`): the first update, when its round was snapshotted (a
         netsense policy at a fresh start). Chosen at the first push, it had only the levels'
         priors (PowerSGD's worst case, 0.05) and went out at qsgd:8 on every run of the matrix's
-        two models (0.14-0.37 s where the next updates took 0.03-0.10 s; docs/BENCHMARKS.md,
+        two models (0.14-0.37 s where the next updates took 0.03-0.10 s; docs/history/BENCHMARKS-2026.md,
         "Start-up: update 0 chosen on itself, the probe while connecting")."""
         snap = self._snapshot
         return version == PROGRESS_START_VERSION and snap is not None and snap[0] == version
@@ -292,7 +292,7 @@ class DownlinkController:
         replayed into the policy on the loop when it is done, and None is returned: on the loop a
         round held every worker's push for 0.05-0.1 s at versions 2 and 3, and two such pushes in
         a row read as a *slowed* path (deepmlp's uplink estimate fell 13x and it sent top-k 0.1 %
-        for ~20 steps: docs/BENCHMARKS.md, "Rounds before the choice, and off the PS's loop"). Its
+        for ~20 steps: docs/history/BENCHMARKS-2026.md, "Rounds before the choice, and off the PS's loop"). Its
         codec timings are read on `codec_clock` (thread CPU time), which leaves out the GIL waits
         the busy loop imposes there (2-4x a codec's work in wall time: docs/POLICIES.md, "Measured
         costs"). Without a running loop it runs here, reporting to the policy."""
@@ -403,7 +403,7 @@ class DownlinkController:
         # Before the first interval is timed the compute time counts as 0 (`PolicyLoop.choose`), and
         # the bandwidth the workers' INIT pulls measured decides: blanked until 2026-12-03, it sent
         # update 0 at the unknown-bandwidth level (fp16 on wide-mlp at 20 Mbit/s: 0.56 s where
-        # qsgd:8 took 0.28; docs/BENCHMARKS.md, "Start-up of the downlink").
+        # qsgd:8 took 0.28; docs/history/BENCHMARKS-2026.md, "Start-up of the downlink").
         link = self.slowest(links)
         decision = self.loop.choose(link, payload_bytes=payload_bytes, step=version, compute_s=compute_s)
         self._pending = (decision, link, now)
@@ -454,7 +454,7 @@ class DownlinkController:
                 # The first interval held the workers' first step (set-up, first encodes, a push at
                 # an unknown bandwidth): folded in, it kept Tc at 4-5x its steady value for ~8
                 # updates, and wide-mlp's downlink on 8- and 4-bit levels while PowerSGD already
-                # cost less (docs/BENCHMARKS.md, "The first updates"). The second replaces it.
+                # cost less (docs/history/BENCHMARKS-2026.md, "The first updates"). The second replaces it.
                 self.loop.restart_compute()
             self._intervals += 1
             # Not the whole interval: with the delivery in it, every level's predicted step carried

@@ -112,7 +112,7 @@ class ServerSettings:
     the step's aggregated gradient under error feedback, at the codec of each key's smallest push, with
     every worker and relay running the PS's optimizer on it (synchronous mode; the downlink codec
     and policy are not used); ``auto``, ``gradient`` unless `staleness`, `policy` or a
-    `downlink_codec` other than fp32 is set, which keep ``params`` (docs/BENCHMARKS.md, "The
+    `downlink_codec` other than fp32 is set, which keep ``params`` (docs/history/BENCHMARKS-2026.md, "The
     gradient domain by default")."""
 
     def __post_init__(self) -> None:

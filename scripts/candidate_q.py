@@ -1,5 +1,5 @@
 """How a candidate round prices low-rank levels, against what the level sent measures itself
-(docs/BENCHMARKS.md, "What a level costs in steps"). Not a test: one process plays the PS and its
+(docs/history/BENCHMARKS-2026.md, "What a level costs in steps"). Not a test: one process plays the PS and its
 workers (SGD with momentum 0.9, lr 0.05, batch 64) with the downlink sent at `--sent` under error
 feedback (one warm codec per key, as `UpdateEncoder` sends it). Every 10 updates it prints the sent
 level's own one-update q and every candidate's q measured on the same update v = params - shadow:

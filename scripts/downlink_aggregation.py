@@ -1,5 +1,5 @@
 """Steps to a target when W workers each push a lossy level under error feedback and the update
-is formed three ways (docs/BENCHMARKS.md, "What the PS's second compression costs"). Not a test:
+is formed three ways (docs/history/BENCHMARKS-2026.md, "What the PS's second compression costs"). Not a test:
 one process, the task's own model, optimizer and batches, no network.
 
 - ``recompress``: the PS averages the decoded pushes and compresses the mean again under error

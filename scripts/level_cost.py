@@ -1,5 +1,5 @@
 """What each ladder level costs in steps on a model, and what the estimators say it costs
-(docs/BENCHMARKS.md, "What a level costs in steps"). Not a test, and no network: one process
+(docs/history/BENCHMARKS-2026.md, "What a level costs in steps"). Not a test, and no network: one process
 plays the PS and `--workers` workers (`netsense.worker.trials.TrialRun`), the task's own model,
 loss, batch size and optimizer.
 
@@ -12,7 +12,7 @@ loss, batch size and optimizer.
     adam    the same window weighed in Adam's metric (`WindowProbe`'s `precondition`), as the
             policy prices an uplink whose PS runs Adam or AdamW (since 2026-12-04); uplink only
     curv    downlink, SGD-family: the same window with the lag weighed by the loss's curvature
-            (`window_sweep.curvature_lag`, offline only: docs/BENCHMARKS.md, "The downlink's lag
+            (`window_sweep.curvature_lag`, offline only: docs/history/BENCHMARKS-2026.md, "The downlink's lag
             weighed by curvature")
 
     .venv/bin/python scripts/level_cost.py --model wide-mlp --target 0.9 [--direction down]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CPU time per training step of each NetSense process (PS shards, workers, relays, the link
 # emulator), measured over a window of a running `netsense bench scenario` job: where a step's CPU
-# goes when the processes share the cores (docs/BENCHMARKS.md, "One transmit per burst"). Linux
+# goes when the processes share the cores (docs/history/BENCHMARKS-2026.md, "One transmit per burst"). Linux
 # only (reads /proc).
 #
 #   scripts/step_cpu.sh [--after S] [--window S] -- BENCH-SCENARIO-ARGS...

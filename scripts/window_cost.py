@@ -1,5 +1,5 @@
 """What one progress-window step costs each ladder level on a model's keys, on the thread's CPU
-clock (docs/POLICIES.md, "Schedule and cost"; docs/BENCHMARKS.md, "Window steps without the wire
+clock (docs/POLICIES.md, "Schedule and cost"; docs/history/BENCHMARKS-2026.md, "Window steps without the wire
 format"). Not a test: random gradients of the model's parameter shapes, one intra-op thread as a
 window runs, `WindowProbe` with one level at a time and then with all of them, W = 16, no fill;
 the first feed (codec set-up) is not timed.

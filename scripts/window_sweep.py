@@ -1,5 +1,5 @@
 """What a progress window of W steps prices each level at, for several W, on an fp32 run of a model
-(docs/BENCHMARKS.md, "The downlink's window"). Not a test, and no network: one process plays the PS
+(docs/history/BENCHMARKS-2026.md, "The downlink's window"). Not a test, and no network: one process plays the PS
 and two workers (`netsense.worker.trials.TrialRun`), the task's own model, loss and optimizer.
 Compare with the steps each level really costs (`scripts/level_cost.py`).
 
@@ -10,7 +10,7 @@ Downlink: the window is fed the parameters after each update (`cumulative`), as 
 with `--curvature` (SGD-family tasks) each column gives two figures, the lag charged raw (as the
 PS's windows charge it) and weighed by the loss's curvature, |lr_eff H r_t|^2 with lr_eff = lr /
 (1 - momentum) and H r_t a Hessian-vector product at that step's parameters on the step's batches
-(whole-key levels only: PowerSGD; the others stay raw; docs/BENCHMARKS.md, "The downlink's lag
+(whole-key levels only: PowerSGD; the others stay raw; docs/history/BENCHMARKS-2026.md, "The downlink's lag
 weighed by curvature");
 uplink: worker 0's gradient, weighed in Adam's metric where the task's optimizer is Adam(W), as
 the worker does. Each window starts at step `start` from zero residuals, fills them for `--fill`

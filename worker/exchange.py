@@ -9,7 +9,7 @@ last act and the next `read_link` takes that snapshot. Between a step's pull and
 nothing of this worker's crosses the path but its acknowledgements of the pull, which its sending
 state (cwnd, bytes in flight, RTT samples, delivery rate) does not see, so the snapshot is the path
 at `step()` start; a crossing of its own for it cost every adaptive step two thread hand-overs
-(~1 % of a wide-mlp worker's training thread on a busy 2-core host: docs/BENCHMARKS.md, "The clock
+(~1 % of a wide-mlp worker's training thread on a busy 2-core host: docs/history/BENCHMARKS-2026.md, "The clock
 from the last worker's start"). A probe (`probe`) moves the path: the snapshot before it is
 dropped. Redeciding a slow push (worker/redecide.py) adds one crossing (progress, the policy's
 verdict and the withdrawal at once) and, when pushes were withdrawn, one to hand over their re-encoded
@@ -216,7 +216,7 @@ class Exchange:
         (the whole model through the path) with at least `probe_bytes` (a smaller model's rank 0
         sends filler after it), and any other rank sends its filler while the PS waits for that
         INIT. At step 0 it held each worker's first push 0.08-0.24 s on the matrix's
-        links (docs/BENCHMARKS.md, "Start-up: update 0 chosen on itself, the probe while
+        links (docs/history/BENCHMARKS-2026.md, "Start-up: update 0 chosen on itself, the probe while
         connecting"). A rank that finds the PS running sends its filler here as it did at step 0:
         its first push waits for it either way."""
         seeded = await asyncio.gather(*(self._connect_shard(i) for i in range(len(self.clients))))

@@ -1,7 +1,7 @@
 """Level trials: what a ladder level costs in steps, measured by training with it (docs/POLICIES.md,
 "Level trials").
 
-A codec's error statistics do not say what it costs the run (docs/BENCHMARKS.md, "Estimators
+A codec's error statistics do not say what it costs the run (docs/history/BENCHMARKS-2026.md, "Estimators
 against the steps they predict"): powersgd:2 keeps more of each step on a small transformer than on
 a tanh MLP (one-step contraction 0.63 against 0.46) yet runs at 0.72 of fp32's speed per step there
 and 0.93 here, and top-k 1 % costs wide-mlp 2.8x the steps with momentum SGD and nothing without

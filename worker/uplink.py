@@ -38,7 +38,7 @@ of its own step and before that step's push leaves (`NetSenseOptimizer.step`), s
 step 0, prices every level on the run's first gradient before anything is sent: with the 8-bit
 level measured lossless the steps of unknown bandwidth go out at it instead of fp16, and the first
 step with a known bandwidth already has PowerSGD's measured q instead of its 0.05 prior
-(docs/BENCHMARKS.md, "Rounds before the choice, and off the PS's loop"). It was step 2 while rounds
+(docs/history/BENCHMARKS-2026.md, "Rounds before the choice, and off the PS's loop"). It was step 2 while rounds
 ran after the choice and, before that, on the wire, where they delayed the first samples' acks."""
 STARTUP_STEPS = 1
 """Pushes that are not bandwidth evidence: the first one runs in slow start right after the

@@ -2,7 +2,7 @@
 (`netsense calibrate`; docs/POLICIES.md, "Calibrated q"), as a file the worker and the PS read.
 
 The run-time estimators price a level from its compression error, and that error does not say what
-the level costs in steps (docs/BENCHMARKS.md, "Estimators against the steps they predict"); a trial
+the level costs in steps (docs/history/BENCHMARKS-2026.md, "Estimators against the steps they predict"); a trial
 trains with the level and counts. The file holds one table per direction (``up``: the workers'
 gradients, ``down``: the PS's updates) and what it was measured on, so a table made for another
 model or optimizer is visible as such in the run's log.

@@ -209,7 +209,7 @@ class LevelHold:
         The anchor is the same for every worker of the step (the smallest push), so they meet there
         rather than swap; heavier, it counts as undoing a relax, so a worker whose own law keeps
         relaxing away waits longer each time (k's back-off). Before it two workers' levels agreed on 6-97 % of the steps of 44 runs,
-        under half in 15 (docs/BENCHMARKS.md, "Joining the step's level")."""
+        under half in 15 (docs/history/BENCHMARKS-2026.md, "Joining the step's level")."""
         anchor = self.anchor
         if anchor is None or anchor == current or not 0 <= anchor < len(preds):
             return None

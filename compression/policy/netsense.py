@@ -152,7 +152,7 @@ class NetsensePolicy(Policy):
         measured by a round or window, else the codec's worst case. A calibrated figure does not
         count (`progress_table`): a table pricing qsgd:4 at 1.00 made it the unknown-bandwidth
         level, and its 180 kB sends on wide-mlp were app-limited, so the bandwidth stayed unknown
-        and one worker sent it for 21 steps (docs/BENCHMARKS.md, "Calibrated q")."""
+        and one worker sent it for 21 steps (docs/history/BENCHMARKS-2026.md, "Calibrated q")."""
         p = self.progress
         return [p.values[i] if p.measured[i] and not p.pinned[i] else self._worst_q[i] for i in range(len(self.ladder))]
 
@@ -169,7 +169,7 @@ class NetsensePolicy(Policy):
         be near the best at unlimited bandwidth as well as at the bound, and a lossless one near
         the best at the bound. Lossless levels alone (before 2026-12-05) kept digits-cnn's uplinks
         (153 kB pushes, never a bandwidth sample) at qsgd:4 for whole runs, whose encode and
-        decode cost 3-4 ms a step more than powersgd:4's at twice the bytes (docs/BENCHMARKS.md,
+        decode cost 3-4 ms a step more than powersgd:4's at twice the bytes (docs/history/BENCHMARKS-2026.md,
         "Lower bound: the least regret")."""
         host = max(0.0, per_byte - 1.0 / bound)
         worst = [1.0] * len(preds)

@@ -66,7 +66,7 @@ class NetsensePolicySettings:
     runs from the last probe, not the last change of level: on the tanh MLP at 20 Mbit/s (a model
     not in the repo) the level moved between two near-equal PowerSGD ranks every few seconds, each
     move restarted the short cadence, and probes costing 0.2 s (uplink) and 0.4 s (downlink) came
-    every 2-5 s: ~10 % of the run for a rate that never changed (docs/BENCHMARKS.md, "Probe share")."""
+    every 2-5 s: ~10 % of the run for a rate that never changed (docs/history/BENCHMARKS-2026.md, "Probe share")."""
     probe_unseen_s: float = 30.0
     """A probe looks for a rise that makes a lighter level pay. Where the law would pick none at
     `PROBE_RISE` times the estimate nor at the highest estimate this path has shown (`Probes.peak_Bps`),
@@ -74,13 +74,13 @@ class NetsensePolicySettings:
     of the share's 8 s at most (0: no such wait). On the bandwidth-bound models a lighter level than
     PowerSGD paid only at 6-12x the rate, and the probes for it (qsgd:8 or fp16 steps, 8-20x
     powersgd:4's bytes, from each worker's uplink and the downlink in turn) took up to 10 % of a run on
-    a link whose rate never came near (docs/BENCHMARKS.md, "Probes within reach")."""
+    a link whose rate never came near (docs/history/BENCHMARKS-2026.md, "Probes within reach")."""
     probe_pad: bool = False
     """Where the sender can pad (`ChooseRequest.pad_ok`: a worker's uplink, the PS's downlink, a
     relay's upstream), probe by sending the committed level with filler that makes the send a
     bandwidth sample, instead of a lighter level. Off by default: padding halved what the probe
     steps cost, yet the transformer (a model not in the repo) reached its target 20-80 steps later
-    in 3 of 4 seeds without the lighter levels' fp16 steps (docs/BENCHMARKS.md, "Padded probes")."""
+    in 3 of 4 seeds without the lighter levels' fp16 steps (docs/history/BENCHMARKS-2026.md, "Padded probes")."""
     queue_tolerance_s: float = 0.010
     """Standing queue (srtt - min_rtt) ignored before it starts to shrink the bandwidth."""
     safe_level: int | None = None
@@ -104,7 +104,7 @@ class NetsensePolicySettings:
     2026-12-06; before, off under `min_sample_bytes`): a payload that small never makes a sample
     itself, and on digits-cnn rank 1 ran 98 of 100 decisions on a lower bound of 0.35-0.6 MB/s on
     a 2.5 MB/s link, pushed powersgd:2 where rank 0 pushed powersgd:4, and the gradient-domain PS
-    sent each key back at the smaller (docs/BENCHMARKS.md, "A start-up probe for small payloads")."""
+    sent each key back at the smaller (docs/history/BENCHMARKS-2026.md, "A start-up probe for small payloads")."""
     min_sample_rtts: float = 8.0
     """...unless it lasted at least this many min RTTs (and carried >= min_sample_bytes / 16): then
     the ramp-up is a small part of it, as for a 150 kB push taking 30 ms over a 2 ms loopback RTT

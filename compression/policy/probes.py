@@ -141,7 +141,7 @@ class Probes:
         probe's). A probe priced at the estimate runs into the link's slow phase, or a queue its
         own bytes build, unseen by the prediction: on an Adam MLP (not in the repo) at the steps
         link a qsgd:8 probe predicted at ~0.07 s more took 0.51 s where the held sends took
-        0.04 s (docs/BENCHMARKS.md, "The downlink's metric")."""
+        0.04 s (docs/history/BENCHMARKS-2026.md, "The downlink's metric")."""
         if self._probe_overrun is None:
             return 0.0
         held = statistics.median(self._held_overruns) if self._held_overruns else 0.0
@@ -156,7 +156,7 @@ class Probes:
         32 kB) come as rarely as their cost asks, also in the seconds after a change of level,
         where the cadence alone probes after `probe_interval_s`. Without `owed_s` the share was
         planned, not kept: the transformer's probes (not in the repo) took 2-9 % of its time to
-        target at a 3 % share (docs/BENCHMARKS.md, "The downlink's metric")."""
+        target at a 3 % share (docs/history/BENCHMARKS-2026.md, "The downlink's metric")."""
         s = self.settings
         cost = max(0.0, extra_s) + self.owed_s()
         if s.probe_share <= 0 or cost <= 0:
@@ -250,7 +250,7 @@ class Probes:
         own rule) if less: a bigger rise shows as a lower bound above the estimate, which raises
         it, and the sends after it measure the rest. On wide-mlp's 1 ms, 20 Mbit/s path the first
         rule alone probed fp16 (337 kB, ~135 ms a probe) where qsgd:4 (86 kB) measures up to 40
-        Mbit/s (docs/BENCHMARKS.md, "The first updates"); at a 20 ms RTT the two rules agree."""
+        Mbit/s (docs/history/BENCHMARKS-2026.md, "The first updates"); at a 20 ms RTT the two rules agree."""
         s = self.settings
         long_enough = max(s.min_sample_bytes / 16, PROBE_RISE * s.min_sample_rtts * rtt_s * bw)
         return s.min_sample_bytes if s.min_sample_rtts <= 0 or rtt_s <= 0 else min(s.min_sample_bytes, long_enough)

@@ -1,6 +1,6 @@
 """Where the rows of `netsense bench scenario` run: on loopback (through the emulator child), across
 the single tbf bottleneck (`NetnsTopology`), or across sites (`SitesTopology`), and the WAN figures of
-a sites row (docs/BENCHMARKS.md, "Peer comparison across two sites").
+a sites row (docs/history/BENCHMARKS-2026.md, "Peer comparison across two sites").
 
 Kept apart from scenario.py, which drives the rows, so that each reads at one sitting.
 """

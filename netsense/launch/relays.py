@@ -49,7 +49,7 @@ RELAYED_WORKER_POLICY = "fp16"
 relay on one host, so that hop never crosses the WAN: compressing it lossily would only add a
 second compression's error under the relay's (and its CPU). On 2 sites x 2 workers it took
 digits-cnn from 57-60 to 43-44 ms a step and reached wide-mlp's target 10-20 steps sooner
-(docs/BENCHMARKS.md, "Relayed workers push fp16")."""
+(docs/history/BENCHMARKS-2026.md, "Relayed workers push fp16")."""
 
 
 def relayed_sites(config: JobConfig) -> list[Site]:

@@ -364,7 +364,7 @@ class StoreCore:
         (`GradientDownlink.compress`), at the codec of the smallest push of it (the first such
         worker in id order): the update goes to every worker, so at the level the slowest path's
         sender chose. (The first worker's codec sent a relay's LAN-sized choice for its own site's
-        shard back over the WAN to the other site: docs/BENCHMARKS.md, "A gradient-domain downlink".)"""
+        shard back over the WAN to the other site: docs/history/BENCHMARKS-2026.md, "A gradient-domain downlink".)"""
         if self.gradient is None:
             return
         forward, weights = self._forwards(workers), self.weights(workers)

@@ -96,7 +96,7 @@ def test_unconstrained_loopback_digits_cnn_stays_near_lossless(tmp_path: Path) -
     unshaped, docs/BENCHMARKS.md); sparsification and low rank never are: fixed powersgd:4 up
     measured 5 ms slower per step here and behind in loss, though its windowed q is 0.98, and the
     levels' predicted steps differ by about the step's own jitter, which a move's band now spans
-    (docs/BENCHMARKS.md, "A move's band widens to the step's jitter"; before it, 1 CI run in ~20
+    (docs/history/BENCHMARKS-2026.md, "A move's band widens to the step's jitter"; before it, 1 CI run in ~20
     sent powersgd:4). Separate processes via `netsense launch`, as a job really runs; asserted
     from the logs."""
     steps = 20

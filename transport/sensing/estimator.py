@@ -296,7 +296,7 @@ class SensingState:
         """Call `callback(now)` from the ack that takes `delivered` `nbytes` past its count now,
         `now` being that ack's time (the connection's clock); at once, with the latest ack's time,
         if `nbytes` <= 0. A delivery is timed at its ack, with no task per reply polling the count
-        (the PS's downlink polled every 2 ms: docs/BENCHMARKS.md, "The first updates").
+        (the PS's downlink polled every 2 ms: docs/history/BENCHMARKS-2026.md, "The first updates").
         `callback` must not raise: it runs inside the connection's ack handling."""
         if nbytes <= 0:
             callback(self._delivered_time)
