@@ -4,10 +4,11 @@ Cost C_l = P_l / q_l is time per unit of progress; the law for a tolerance x acc
 within (1 + x) of the best cost and picks the least lossy among the most progressive of them.
 `LevelHold` commits to a level: a move goes to the law's pick with `move_eps` (2 %), or the step's
 measured jitter where that is larger (`jitter`, at most eps), and the committed level holds while
-its cost is within `eps` (10 %) of the best: heavier at once when it does not, lighter only after
-k steps of headroom, with k backing off when a relax is soon undone; within that dead band it
-moves to a level that has been the pick with `move_eps` alone for `settle_steps` decisions in a
-row (a difference the jitter hid in each step, that held), backing off the same way.
+its cost is within `eps` (10 %) of the best: heavier when it does not (at once past `confirm_gap`,
+else on the second decision in a row: one step's noise), lighter only after k steps of headroom,
+with k backing off when a relax is soon undone; within that dead band it moves to a level that
+has been the pick with `move_eps` alone for `settle_steps` decisions in a row (a difference the
+jitter hid in each step, that held), backing off the same way.
 With other workers in the step (`anchor`: the level its smallest push went at), the committed
 level joins the anchor wherever the anchor holds by this worker's own costs: the workers' policies
 measure on their own gradients, and near-ties left two workers on unlike levels for most steps,
@@ -76,6 +77,9 @@ class LevelHold:
         self.anchor_q: float | None = None
         """The anchor's q as a step at it would be priced (one compression where the PS forwards
         alike pushes); None: as the law's q."""
+        self.unfit = 0
+        """Consecutive decisions the committed level did not hold and the law's target was heavier
+        (`settings.confirm_gap`: a small gap moves on the second)."""
 
     def law(self, preds: list[float], q: list[float], eps: float, tie_eps: float) -> tuple[int, list[int]]:
         """The levels the law accepts (ascending) and its pick, the first of them, for step-time
@@ -165,8 +169,19 @@ class LevelHold:
             return joined
         fits = self.holds(current, preds, q)
         if not fits and target > current:
+            self.unfit += 1
+            gap = preds[current] / q[current] / best - 1
+            lossier = q[target] < q[current] - s.progress_tol
+            if s.progress_aware and lossier and 0 < gap <= s.confirm_gap and self.unfit < 2:
+                # One step's predictions carry its noise; a heavier move is undone only after k
+                # steps of headroom. A rate drop's gap is larger and moves at once, and a move that
+                # loses nothing (fp32 -> fp16) needs no second look.
+                self.headroom = 0
+                self.settle, self.settle_to = 0, None
+                return f"hold: C_{current}={preds[current] / q[current]:.4g}s over C*={best:.4g}s once, heavier if again"
             self.go_heavier(target, bw)
             return f"heavier: C_{current}={preds[current] / q[current]:.4g}s, C*={best:.4g}s"
+        self.unfit = 0
         # Headroom is judged by the same law with the stricter tolerances (a dead band), unless the
         # bandwidth rose well above the lowest seen at this level: then the link changed, and the
         # dead band would only hold a level the law no longer picks (the rate-step test's 100 ->
@@ -279,4 +294,5 @@ class LevelHold:
                 self.since_settle = None
         self.level = index
         self.headroom = 0
+        self.unfit = 0
         self.settle, self.settle_to = 0, None

@@ -35,6 +35,14 @@ class NetsensePolicySettings:
     least lossy of those levels wins (0: move_eps alone)."""
     k: int = 5
     """Consecutive steps of headroom before moving back toward lighter levels."""
+    confirm_gap: float = 0.2
+    """Progress-aware law: a heavier move whose committed level costs at most this much over the
+    best (eps < gap <= confirm_gap) waits for a second decision in a row that says the same; a
+    larger gap moves at once (a rate drop's: 100 -> 20 Mbit/s puts a light level 2-5x over). One
+    step's predictions carry that step's noise (its bandwidth sample, the transport's fit), and a
+    heavier move is undone only after k steps of headroom: 37 % of the small-gap heavier moves of
+    a 2026-12-07 sample were gone at the next decision (docs/POLICIES.md, "Hysteresis on the
+    committed level"; 0: every heavier move at once)."""
     relax_rise: float = 1.5
     """Once the bandwidth is this many times the lowest seen at the committed level, the link
     changed (not +-10% jitter): headroom is judged with `eps`, not the stricter `relax_eps` (0: never)."""
@@ -207,6 +215,7 @@ class NetsensePolicySettings:
         require(0 <= s.progress_budget < 1, n, "progress_budget", s.progress_budget, "in [0, 1)")
         require(s.window_drift == 0 or s.window_drift > 1, n, "window_drift", s.window_drift, "0 or > 1")
         require(s.progress_window == 0 or s.progress_window >= 2, n, "progress_window", s.progress_window, "0 or >= 2")
+        require(s.confirm_gap == 0 or s.confirm_gap >= s.eps, n, "confirm_gap", s.confirm_gap, f"0 or >= eps ({s.eps})")
         require(s.sent_window_drift == 0 or s.sent_window_drift > 1, n, "sent_window_drift", s.sent_window_drift, "0 or > 1")
         require(s.cost_window >= 1, n, "cost_window", s.cost_window, ">= 1")
         require(s.overhead_window >= 0, n, "overhead_window", s.overhead_window, ">= 0")
