@@ -53,12 +53,13 @@ def resolves(section: str, names: list[str]) -> bool:
     return any(name.startswith(want) or want in name for name in names)
 
 
-def repo_files() -> list[Path]:
-    """The repo's text files, without walking a virtual environment or git's store."""
+def repo_files(suffixes: tuple[str, ...] = SUFFIXES, skip: frozenset[str] = frozenset()) -> list[Path]:
+    """The repo's files ending in `suffixes`, without walking a virtual environment, git's store or
+    the folders named in `skip`."""
     found = []
     for folder, dirs, files in os.walk(ROOT):
-        dirs[:] = [d for d in dirs if d not in SKIP and not d.startswith(".")]
-        found += [Path(folder) / f for f in files if f.endswith(SUFFIXES)]
+        dirs[:] = [d for d in dirs if d not in SKIP | skip and not d.startswith(".")]
+        found += [Path(folder) / f for f in files if f.endswith(suffixes)]
     return found
 
 

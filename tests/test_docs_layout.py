@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from tests.test_docs_citations import repo_files
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("compression", "transport", "ps", "worker", "netsense")
 
@@ -57,9 +59,8 @@ def test_no_file_cites_documents_outside_the_repo() -> None:
     built here so that this file does not cite them itself)."""
     outside = re.compile("|".join(re.escape(n) for n in ("DESIGN" + ".md", "TRANSPORT-FACTS" + ".md", "../" + "shared")))
     cites = []
-    for path in ROOT.rglob("*"):
-        if path.suffix in (".py", ".md", ".toml", ".sh", ".cfg") and not {".venv", ".git", "history"} & set(path.parts):
-            for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-                if outside.search(line):
-                    cites.append(f"{path.relative_to(ROOT)}:{n}")
+    for path in repo_files((".py", ".md", ".toml", ".sh", ".cfg"), skip=frozenset({"history"})):
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if outside.search(line):
+                cites.append(f"{path.relative_to(ROOT)}:{n}")
     assert not cites, f"these cite documents that are not in the repo (put what they need in docs/): {cites}"

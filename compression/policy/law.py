@@ -77,9 +77,9 @@ class LevelHold:
         self.anchor_q: float | None = None
         """The anchor's q as a step at it would be priced (one compression where the PS forwards
         alike pushes); None: as the law's q."""
-        self.unfit = 0
-        """Consecutive decisions the committed level did not hold and the law's target was heavier
-        (`settings.confirm_gap`: a small gap moves on the second)."""
+        self.waited = False
+        """The last decision held over a small gap to a heavier target (`settings.confirm_gap`): a
+        second such decision in a row moves."""
 
     def law(self, preds: list[float], q: list[float], eps: float, tie_eps: float) -> tuple[int, list[int]]:
         """The levels the law accepts (ascending) and its pick, the first of them, for step-time
@@ -169,10 +169,10 @@ class LevelHold:
             return joined
         fits = self.holds(current, preds, q)
         if not fits and target > current:
-            self.unfit += 1
             gap = preds[current] / q[current] / best - 1
             lossier = q[target] < q[current] - s.progress_tol
-            if s.progress_aware and lossier and 0 < gap <= s.confirm_gap and self.unfit < 2:
+            if s.progress_aware and lossier and 0 < gap <= s.confirm_gap and not self.waited:
+                self.waited = True
                 # One step's predictions carry its noise; a heavier move is undone only after k
                 # steps of headroom. A rate drop's gap is larger and moves at once, and a move that
                 # loses nothing (fp32 -> fp16) needs no second look.
@@ -181,7 +181,7 @@ class LevelHold:
                 return f"hold: C_{current}={preds[current] / q[current]:.4g}s over C*={best:.4g}s once, heavier if again"
             self.go_heavier(target, bw)
             return f"heavier: C_{current}={preds[current] / q[current]:.4g}s, C*={best:.4g}s"
-        self.unfit = 0
+        self.waited = False
         # Headroom is judged by the same law with the stricter tolerances (a dead band), unless the
         # bandwidth rose well above the lowest seen at this level: then the link changed, and the
         # dead band would only hold a level the law no longer picks (the rate-step test's 100 ->
@@ -294,5 +294,5 @@ class LevelHold:
                 self.since_settle = None
         self.level = index
         self.headroom = 0
-        self.unfit = 0
+        self.waited = False
         self.settle, self.settle_to = 0, None
