@@ -98,6 +98,7 @@ class DownlinkController:
         self._window_last: Future[Any] | None = None  # the newest work handed to the window thread
         self._unfinished: dict[Future[Any], tuple[Any, ...]] = {}  # handed over, not yet reported (`_finished`)
         self._first_params_at: float | None = None  # loop time the last version-0 PARAMS (the workers' first pull) was acked
+        self._first_written_at: float | None = None  # ...and written: its stand-in while that ack is not in (`defer`)
         self._first_compute_s: float | None = None  # from then to the first push: update 0's compute time (`defer`)
         self.metric: Callable[[], dict[str, torch.Tensor] | None] | None = None
         """Per key, the PS optimizer's diagonal metric of a parameter change, read when a round
@@ -264,11 +265,20 @@ class DownlinkController:
     def defer(self, version: int) -> None:
         """The choice of `version`'s update is deferred (`defers`): `due` is False until the next.
         Called at the first push, which also times the workers' first step: from the last ack of
-        their first pull to now (`_first_compute_s`)."""
+        their first pull to now (`_first_compute_s`), or from its write where that ack is not in
+        yet: a worker that has its update can compute and push before its (delayed) ACK frame
+        reaches the PS, and timed from nothing, or from an ack after the push, the step was 0.
+        The write is earlier by the delivery, so the fallback errs toward a longer step."""
         self._chosen_for = version
         loop = _running_loop()
-        if loop is not None and self._first_params_at is not None:
-            self._first_compute_s = max(0.0, loop.time() - self._first_params_at)
+        if loop is None:
+            return
+        now = loop.time()
+        start = self._first_params_at
+        if start is None or start >= now:
+            start = self._first_written_at
+        if start is not None:
+            self._first_compute_s = max(0.0, now - start)
 
     def choose_on_update(
         self, version: int, params: dict[str, torch.Tensor], links: list[LinkState], payload_bytes: int
@@ -424,6 +434,8 @@ class DownlinkController:
         self._expected[version] = self._expected.get(version, 0) + 1
         loop = asyncio.get_running_loop()
         t0 = loop.time()
+        if version == 0:
+            self._first_written_at = max(t0, self._first_written_at or t0)
 
         def delivered(at: float) -> None:  # inside the connection's ack handling: record, no more
             self._sent.setdefault(version, []).append(max(0.0, at - t0))

@@ -338,3 +338,45 @@ def test_update_1_is_priced_on_itself_not_on_the_residual_update_0_left() -> Non
         v.view(-1)[3] += 1.0  # update 1: one coordinate per key
     measured = down.measure(PROGRESS_START_VERSION + 2, params2, shadow1)
     assert measured[4] > 0.99  # topk:0.01 keeps the whole update; on update + residual it kept ~0.1
+
+
+class _Deliveries:
+    """A connection's reader whose deliveries the test acks by hand (`SensingState.when_delivered`)."""
+
+    def __init__(self) -> None:
+        self.waiting: list[object] = []
+        self.state = self
+
+    def when_delivered(self, nbytes: int, callback: object) -> None:
+        self.waiting.append(callback)
+
+
+@pytest.mark.parametrize("acked", [False, True], ids=["ack-not-in", "acked"])
+def test_the_first_step_is_timed_from_the_first_pull_even_before_its_ack(acked: bool) -> None:
+    """Update 0's compute time is the workers' first step: from the ack of their first pull to
+    their first push, or from the pull's write where a (delayed) ACK frame comes after the push,
+    which timed the step at 0 (a flaky e2e check, tests/ps/test_downlink_first.py)."""
+    down = DownlinkController("netsense", ladder=LOW_RANK)
+    reader = _Deliveries()
+    down._reader = lambda quic: reader  # type: ignore[method-assign,assignment,return-value]
+
+    async def main() -> tuple[float, float, float]:
+        """The first step as timed, and the bounds its start (the write, or the ack) puts on it."""
+        loop = asyncio.get_running_loop()
+        written = loop.time()
+        down.sent(object(), PROGRESS_START_VERSION, 1000)
+        await asyncio.sleep(0.02)
+        start = written
+        if acked:
+            start = loop.time()
+            reader.waiting[0](start)  # type: ignore[operator]
+        await asyncio.sleep(0.02)
+        before = loop.time()
+        down.defer(PROGRESS_START_VERSION)
+        after = loop.time()
+        assert down._first_compute_s is not None
+        return down._first_compute_s, before - start, after - start
+
+    first, low, high = asyncio.run(main())
+    assert first > 0 and low - 0.005 <= first <= high + 0.005
+    down.close()
