@@ -3,8 +3,9 @@
 Chunking bounds the size of one message (and one decode) and lets a large tensor's pieces travel
 on parallel streams; small tensors keep their shape so matrix codecs (low-rank) can see it, and a
 chunk of a matrix is a block of whole rows, a matrix itself. With several PS shards a tensor
-larger than a shard's fair share is chunked too (`shard_layout`), so the shards' bytes are
-balanced: across sites each direction then carries its share in both halves of a step.
+larger than a shard's fair share is chunked too (`shard_layout`), so the shards' bytes can be
+balanced (`shard_sizes`: at dense and low-rank levels alike): across sites each direction then
+carries its share in both halves of a step.
 The model's other state (persistent buffers such as BatchNorm's running stats, and frozen
 parameters) gets keys too (`state_layout`): they travel whole with every push and the PS averages
 them (docs/ARCHITECTURE.md, "Model buffers"); `state_info` is the key -> state_dict name map
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from netsense.compression.lowrank import factors_pay, matrix_dims
 from netsense.transport.wire import TensorInfo
 
 DEFAULT_CHUNK_ELEMS = 1 << 22  # 4 Mi elements = 16 MiB of fp32
@@ -52,6 +54,20 @@ class KeySlot:
     @property
     def numel(self) -> int:
         return self.end - self.start
+
+    def lowrank_size(self, rank: int) -> int:
+        """Elements a rank-`rank` PowerSGD level sends of the key: its factors, rank x (rows +
+        columns), where they pay, else all of it (a vector, a matrix too small for factors)."""
+        dims = matrix_dims(self.shape)
+        return rank * (dims[0] + dims[1]) if dims is not None and factors_pay(*dims, rank) else self.numel
+
+
+def shard_sizes(slots: list[KeySlot]) -> list[tuple[str, tuple[int, int, int]]]:
+    """(key, (elements, rank-1 size, rank-4 size)) per slot, the sizes `assign_shards` balances: a
+    dense level sends in proportion to the first, a low-rank one about as the others (a matrix's
+    factors grow with the rank, a vector's elements do not). Balanced on all three, a shard's
+    share of a push is about the same at every level (docs/ARCHITECTURE.md, "Sharding")."""
+    return [(s.key, (s.numel, s.lowrank_size(1), s.lowrank_size(4))) for s in slots]
 
 
 def key_layout(model: torch.nn.Module, chunk_elems: int = DEFAULT_CHUNK_ELEMS) -> list[KeySlot]:

@@ -24,7 +24,7 @@ from netsense.transport.optimizer import Hyper, as_hyper
 from netsense.transport.sharding import assign_shards
 from netsense.transport.wire import Params, Sum, TensorInfo
 
-from .layout import KeySlot, shard_layout, state_info, state_layout, wire_value
+from .layout import KeySlot, shard_layout, shard_sizes, state_info, state_layout, wire_value
 from .mirror import OptimizerMirror
 
 
@@ -35,7 +35,7 @@ class Replica:
         self.slots: list[KeySlot] = shard_layout(model, shards, chunk_elems)
         if not 1 <= shards <= len(self.slots):
             raise ConfigError(f"{shards} PS shards for {len(self.slots)} keys: use 1..{len(self.slots)} shards")
-        self.owner: dict[str, int] = assign_shards([(s.key, 4 * s.numel) for s in self.slots], shards)
+        self.owner: dict[str, int] = assign_shards(shard_sizes(self.slots), shards)
         """Key -> index of the PS shard that owns it (the same on every worker)."""
         self.shard_slots: list[list[KeySlot]] = [[s for s in self.slots if self.owner[s.key] == i] for i in range(shards)]
         """Each shard's keys, in layout order."""

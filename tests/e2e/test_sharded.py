@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from netsense.transport.sharding import assign_shards
+from netsense.worker.layout import shard_layout, shard_sizes
 from netsense.worker.optimizer import NetSenseOptimizer
 
 from ..conftest import RunningPS, start_ps, stop_ps
@@ -75,7 +76,7 @@ def test_two_shards_match_single_process(shards: list[RunningPS]) -> None:
         torch.nn.functional.cross_entropy(ref(torch.cat([x0, x1])), torch.cat([y0, y1])).backward()
         ref_opt.step()
 
-    owner = assign_shards([(n, 4 * p.numel()) for n, p in ref.named_parameters()], 2)
+    owner = assign_shards(shard_sizes(shard_layout(ref, 2)), 2)
     for i, ps in enumerate(shards):
         store = ps.server.store
         assert store.version == steps
