@@ -250,21 +250,26 @@ class WorkerSession:
         # Not reported to the downlink policy: it times one delivery of the whole update per
         # worker, and per-bucket replies queued behind each other would read as a slow link.
         if whole:
-            return self.server.params_bytes(params)
+            return self.server.params_bytes(params, self._recipient(params))
         return self.server.keyed_params_bytes(params, msg.keys, self._recipient(params))
 
     def _for_me(self, params: Params) -> Params:
-        """`params` as this worker is sent it: forwarded pushes without its own
-        (`Params.for_recipient`), or, to a peer that does not keep its pushes (a relay, a worker
-        from before the field, one that has not pushed yet), the full parameters, which need none."""
-        if not params.sums:
+        """`params` as this worker is sent it: forwarded pushes without its own and the others'
+        intents (`Params.for_recipient`), or, to a peer that does not keep its pushes (a relay, a
+        worker from before the field, one that has not pushed yet), the full parameters, which need
+        none. A compressed update carries intents too: sent as it was, each worker heard its own
+        intent beside the other's (an e2e test saw two intents of a two-worker step)."""
+        if params.sums and not self.keeps:
+            return self.server.store.full_params()
+        if not params.sums and not params.intent_owners:
             return params
         assert self.worker_id is not None
-        return params.for_recipient(self.worker_id) if self.keeps else self.server.store.full_params()
+        return params.for_recipient(self.worker_id)
 
     def _recipient(self, params: Params) -> str:
-        """Whom `params`' bytes are for: this worker where they differ from worker to worker."""
-        return (self.worker_id or "") if params.sums else ""
+        """Whom `params`' bytes are for: this worker where they differ from worker to worker
+        (forwarded pushes, the others' intents)."""
+        return (self.worker_id or "") if params.sums or params.intents else ""
 
     def _on_hello(self, msg: Hello) -> Message:
         if self.authenticated:

@@ -232,3 +232,20 @@ def test_each_worker_is_told_the_others_intents() -> None:
     push(s, 0, 1, "powersgd:2", intent="powersgd:2")
     push(s, 1, 1, "powersgd:2")
     assert s.pull(1).for_recipient("w0").intents == ()
+
+
+def test_a_compressed_update_tells_each_worker_only_the_others_intent() -> None:
+    """An update that goes down as a compressed mean (no forwarded pushes) carries the intents
+    too, and each worker is sent the other's alone: before, `_for_me` passed such an update on
+    whole, own intent included (ps/session.py)."""
+    s = gradient_store(SGD)
+    s.join("w2")
+    for w in (0, 1, 2):  # three pushes cost more than their compressed mean: not forwarded
+        push(s, w, 0, "powersgd:1", intent=f"powersgd:{w + 1}")
+    update = s.pull(0)
+    assert not update.sums and update.intents
+    for w in (0, 1, 2):
+        session = SimpleNamespace(worker_id=f"w{w}", keeps=True, server=SimpleNamespace(store=s))
+        mine = WorkerSession._for_me(session, update)  # type: ignore[arg-type]
+        assert mine.intents == tuple(f"powersgd:{v + 1}" for v in (0, 1, 2) if v != w) and not mine.intent_owners
+        assert WorkerSession._recipient(session, mine) == f"w{w}"  # type: ignore[arg-type]  # cached per worker
