@@ -228,15 +228,6 @@ class LevelHold:
         anchor = self.anchor
         if anchor is None or anchor == current or not 0 <= anchor < len(preds):
             return None
-        if current is not None and anchor > current and self.since_relax == 1:
-            # This worker relaxed at its last decision, and the anchor is the others' level or
-            # intent of the step before: a worker whose count of headroom ran a step behind says
-            # its held level there and relaxes now. Joined back at once, the first to relax
-            # doubled its k each time, one step out of phase with the other: 53 of 84 relaxes at
-            # two sites (digits-cnn) were joined back at the next decision, k reached 40 in half
-            # the worker-runs (docs/BENCHMARKS.md, "Why the pair stays heavier"). The join waits
-            # one decision; an anchor still heavier then is joined, k doubling as before.
-            return None
         q = list(q)
         if self.anchor_q is not None:
             q[anchor] = self.anchor_q

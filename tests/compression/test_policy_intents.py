@@ -130,36 +130,3 @@ def test_the_policy_says_its_intent_and_takes_its_anchor_from_the_others() -> No
     policy.step_intents, policy.step_spec = ("threshold:1e-45",), LADDER_Q[2].spec
     run_aware(policy, [20])
     assert policy.hold.anchor == 2 and policy.hold.anchor_source == "the step's smallest push"
-
-
-def test_a_relax_is_not_joined_back_to_an_intent_one_step_stale() -> None:
-    """Counts a step apart (both k 5): one worker relaxes first; at its next decision the other's
-    intent is still c (its count was at 4 when it pushed), and the other relaxes at that decision.
-    The first waits a decision instead of joining c back, so both are at b from there on and
-    neither k doubled (joined back at once, k went 5 -> 10 -> 20 -> 40 in real runs)."""
-    holds = (_hold(2, 5), _hold(2, 5))
-    _decide(holds[1], [1.2, 1.00, 1.20])  # one count a step ahead of the other's
-    holds[1].level = 2
-    sent, said = [], None
-    for _ in range(30):
-        for i, hold in enumerate(holds):
-            if said is not None:
-                hold.anchor = intents_anchor([said[1 - i]], hold.intent())
-            _decide(hold, BOTH_LIGHTER[i])
-        sent.append((holds[0].level, holds[1].level))
-        said = (holds[0].intent(), holds[1].intent())
-    first = next(i for i, levels in enumerate(sent) if levels == (1, 1))
-    assert sorted(sent[first - 1]) == [1, 2] and all(levels == (1, 1) for levels in sent[first:]), sent[:12]
-    assert holds[0].k_now == 5 and holds[1].k_now == 5
-
-
-def test_an_anchor_still_heavier_after_the_wait_is_joined() -> None:
-    """The other worker stays at c (its law wants c): the relaxed worker waits one decision, then
-    joins c, its k doubling (a real disagreement, not a lag)."""
-    hold = _hold(2, 5)
-    for _ in range(5):
-        _decide(hold, BOTH_LIGHTER[0])
-    assert hold.level == 1
-    hold.anchor = intents_anchor([2], hold.intent())
-    assert _decide(hold, BOTH_LIGHTER[0]).startswith("hold") and hold.level == 1
-    assert _decide(hold, BOTH_LIGHTER[0]).startswith("join") and hold.level == 2 and hold.k_now == 10

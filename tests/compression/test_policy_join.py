@@ -52,14 +52,13 @@ def test_near_tie_without_an_anchor_sends_unlike_levels_for_good() -> None:
 
 def test_near_tie_with_the_anchor_meets_at_the_heavier_level() -> None:
     """Worker 0 joins c, the step's smallest push, the step after they differ; its own law's
-    relaxes back to b are undone two steps after (one decision's wait: the other might have been
-    a step behind), each one waiting twice as long (k's back-off), so the two agree on nearly
-    every step."""
+    relaxes back to b are undone the step after, each one waiting twice as long (k's back-off),
+    so the two agree on nearly every step."""
     sent = _pair(NEAR_TIE, 400, anchored=True)
     assert sent[0] == (1, 2) and sent[1] == (2, 2)
     agreed = sum(a == b for a, b in sent)
-    assert agreed >= 0.95 * len(sent), agreed
-    apart = [i for i, (a, b) in enumerate(sent) if a != b and (i == 0 or sent[i - 1][0] == sent[i - 1][1])]
+    assert agreed >= 0.97 * len(sent), agreed
+    apart = [i for i, (a, b) in enumerate(sent) if a != b]
     gaps = [j - i for i, j in zip(apart, apart[1:])]
     assert gaps == sorted(gaps), gaps  # the departures come ever more rarely
 
@@ -95,7 +94,6 @@ def test_a_join_heavier_undoes_a_relax_on_probation() -> None:
     reasons = [_decide(hold, [1.0, 1.3, 1.5]) for _ in range(k)]
     assert hold.level == 0 and reasons[-1].startswith("relax"), reasons
     hold.anchor = 1
-    assert _decide(hold, [1.0, 1.05, 1.5]).startswith("hold") and hold.level == 0  # relaxed last decision: waits one
     assert _decide(hold, [1.0, 1.05, 1.5]).startswith("join: b") and hold.level == 1
     assert hold.k_now == 2 * k
 
