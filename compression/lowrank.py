@@ -46,6 +46,15 @@ def factors_pay(rows: int, cols: int, rank: int) -> bool:
     return min(rows, cols) > rank and (rows + cols) * rank < rows * cols
 
 
+def wire_elems(shape: tuple[int, ...], rank: int) -> int:
+    """Elements a rank-`rank` level sends of a tensor of `shape`: its factors, rank x (rows +
+    columns), where they pay, else all of it (a vector, a matrix too small for factors)."""
+    dims = matrix_dims(shape)
+    if dims is not None and factors_pay(*dims, rank):
+        return rank * (dims[0] + dims[1])
+    return math.prod(shape)
+
+
 class PowerSGD(Codec):
     """Rank-r factors P, Q with M ~= P @ Q.T; 1-D and tiny tensors fall back to dense."""
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from netsense.compression.lowrank import factors_pay, matrix_dims
+from netsense.compression.lowrank import wire_elems
 from netsense.transport.wire import TensorInfo
 
 DEFAULT_CHUNK_ELEMS = 1 << 22  # 4 Mi elements = 16 MiB of fp32
@@ -56,10 +56,8 @@ class KeySlot:
         return self.end - self.start
 
     def lowrank_size(self, rank: int) -> int:
-        """Elements a rank-`rank` PowerSGD level sends of the key: its factors, rank x (rows +
-        columns), where they pay, else all of it (a vector, a matrix too small for factors)."""
-        dims = matrix_dims(self.shape)
-        return rank * (dims[0] + dims[1]) if dims is not None and factors_pay(*dims, rank) else self.numel
+        """Elements a rank-`rank` PowerSGD level sends of the key (`wire_elems`)."""
+        return wire_elems(self.shape, rank)
 
 
 def shard_sizes(slots: list[KeySlot]) -> list[tuple[str, tuple[int, int, int]]]:
