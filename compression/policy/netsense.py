@@ -95,7 +95,6 @@ class NetsensePolicy(Policy):
         self._worst_q = [worst_case_q(lv) for lv in ladder]  # each codec's own, not the ladder's figure
         self._bandwidth_seen = False  # the bandwidth (or a lower bound) was known at a decision
         self._blind = False  # the committed level was chosen before any window's figure (`choose`)
-        self._unpriced: int | None = None  # the committed level, held before its own step time priced it (`_release_priced`)
         self._evidence = 0  # window results that priced levels, up to the first full window's
         self._decided_on = 0  # `_evidence` in hand at the last decision
         self._full_window_seen = False
@@ -229,7 +228,7 @@ class NetsensePolicy(Policy):
             preds = self._under_bound(levels, request, preds, q, bound=bw, per_byte=per_byte)
         best = min(p / qi for p, qi in zip(preds, q))
         self._contenders = [i for i, p in enumerate(preds) if p <= (1 + s.eps) * best]
-        blind = self._release_blind() or self._release_priced(preds, q)
+        blind = self._release_blind()
         self._set_anchor()
         reason = self.hold.step(preds, q, bw) + (" (lower bound B)" if bound is not None else "") + blind
         self._blind = not self.progress.windows_seen
@@ -267,28 +266,6 @@ class NetsensePolicy(Policy):
             self.provisional()
             return " (a new window figure: no hold)"
         return ""
-
-    def _release_priced(self, preds: list[float], q: list[float]) -> str:
-        """Release the committed level on the first decision its own step time prices it
-        (`StepOverhead.own`: three steps sent at it) where that puts it beyond eps of the best
-        cost (`LevelHold.holds` on `preds`, which carry it): it was chosen at the common figure,
-        and the hysteresis guards a choice against the link's jitter, not against the first
-        evidence of what a step at it costs. Held, a level dearer than its model (a sparse level's
-        decode) was left only after k steps of headroom, and the other worker had joined it
-        meanwhile (`topk:0.01+fp16` for 7-8 steps at two sites); returns the note."""
-        level = self.hold.level
-        if level is None:
-            return ""
-        if self.overhead.own(level) is None:
-            self._unpriced = level
-            return ""
-        if level != self._unpriced:
-            return ""
-        self._unpriced = None
-        if self.hold.holds(level, preds, q):
-            return ""
-        self.provisional()
-        return " (its own step time: no hold)"
 
     def redecide(self, *, link: LinkState, sent: Decision, bytes_acked: int, elapsed_s: float) -> Decision | None:
         """The law again, mid-push, with the push so far as a bandwidth sample (its pipe is full:

@@ -918,7 +918,7 @@ def test_lower_bound_prefers_a_cheap_codec_that_loses_a_little_over_a_dear_lossl
             dataclasses.replace(_lv("powersgd:4", 0.06, 0.01, 0.002), progress=0.97),
         )
     )
-    p = make_policy("netsense", ladder, probe_interval=0, probe_interval_s=0, overhead_window=0)  # a fake clock
+    p = make_policy("netsense", ladder, probe_interval=0, probe_interval_s=0)
     assert isinstance(p, NetsensePolicy)
     assert bound_run(p, 10, compute_s=0.03)[1:] == [2] * 9
 
