@@ -202,7 +202,7 @@ class Prediction:
     per wire byte, 0 if unknown; share: `ChooseRequest.return_share`)."""
     step_s: float
     """P_l = Tc + T_l, or max(Tc, T_l) when communication overlaps compute, plus the request's
-    `overhead_s` and the level's measured `Level.extra_s`."""
+    `overhead_s`."""
 
 
 def byte_s(bandwidth_Bps: float, per_byte_s: float | None = 0.0) -> float:
@@ -227,13 +227,11 @@ def predict(
     """The step-time model for one level; `per_byte_s` is the transport's measured cost of a
     wire byte (`TransportCost`), which bounds the rate where the hosts, not the link, limit it;
     `wire_passes` sends of its bytes per step (`ChooseRequest.wire_passes`), those after the
-    first at `return_share` times a pushed byte's time; `overhead_s` the step's unmodelled time (and
-    `level.extra_s` the level's own part of it)."""
+    first at `return_share` times a pushed byte's time; `overhead_s` the step's unmodelled time."""
     sends = 1 + (wire_passes - 1) * return_share
     wire_s = sends * level.wire_bytes(payload_bytes) * byte_s(bandwidth_Bps, per_byte_s)
     comm = wire_s + min_rtt_s + level.codec_s(payload_bytes)
-    step = (max(compute_s, comm) if overlap else compute_s + comm) + overhead_s + level.extra_s
-    return Prediction(comm, max(0.0, step))
+    return Prediction(comm, (max(compute_s, comm) if overlap else compute_s + comm) + overhead_s)
 
 
 def predict_request(

@@ -67,9 +67,6 @@ class Level:
     progress: float = 1.0
     """Prior progress efficiency q in (0, 1]: optimisation progress of one step at this level
     relative to a lossless step (`Codec.nominal_progress`); policies refine it online."""
-    extra_s: float = 0.0
-    """Seconds a step at this level was measured to take beyond the model and the step's common
-    overhead (`StepOverhead.extra`; may be < 0); set at run time only, never saved."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.ratio) and self.ratio > 0):
@@ -80,8 +77,6 @@ class Level:
                 raise ConfigError(f"level {self.spec!r}: {name} must be >= 0 and finite, got {value!r}")
         if not (math.isfinite(self.progress) and 0 < self.progress <= 1):
             raise ConfigError(f"level {self.spec!r}: progress must be in (0, 1], got {self.progress!r}")
-        if not math.isfinite(self.extra_s):
-            raise ConfigError(f"level {self.spec!r}: extra_s must be finite, got {self.extra_s!r}")
 
     def wire_bytes(self, payload_bytes: int) -> float:
         """Predicted bytes on the wire for `payload_bytes` of dense fp32 gradient."""
@@ -223,7 +218,7 @@ class Ladder:
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the ladder (a calibration) as JSON, atomically: temp file, fsync, rename."""
         target = Path(path)
-        doc = {"format": _FILE_FORMAT, "version": _FILE_VERSION, "levels": [_record(lv) for lv in self.levels]}
+        doc = {"format": _FILE_FORMAT, "version": _FILE_VERSION, "levels": [asdict(lv) for lv in self.levels]}
         fd, tmp = tempfile.mkstemp(prefix=target.name, suffix=".tmp", dir=target.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -251,13 +246,6 @@ class Ladder:
         if not isinstance(levels, list):
             raise ConfigError(f"{str(path)!r}: 'levels' must be a list")
         return cls(tuple(_level_from_record(rec, path) for rec in levels))
-
-
-def _record(level: Level) -> dict[str, Any]:
-    """`level` as a calibration file keeps it: what was measured, not a run's `extra_s`."""
-    rec = asdict(level)
-    del rec["extra_s"]
-    return rec
 
 
 def _level_from_record(rec: Any, path: str | os.PathLike[str]) -> Level:

@@ -192,9 +192,7 @@ class NetsensePolicy(Policy):
         request = replace(request, wire_passes=self.passes, return_share=self.returns.value, overhead_s=self.overhead.value)
         decision = self._choose(request)
         predicted = decision.predicted_step_s
-        if predicted is not None:
-            predicted -= request.overhead_s + self.overhead.extra(decision.level)
-        self.overhead.decided(request.link.time_s, predicted, decision.level)
+        self.overhead.decided(request.link.time_s, None if predicted is None else predicted - request.overhead_s)
         return decision
 
     def _choose(self, request: ChooseRequest) -> Decision:
@@ -490,12 +488,10 @@ class NetsensePolicy(Policy):
         )
 
     def _levels_now(self) -> list[Level]:
-        """The ladder with measured codec costs where timed (the ladder's figures otherwise), wire
-        ratios measured on the run's shapes where known, and each level's own part of the step's
-        unmodelled time where it was sent lately (`StepOverhead.extra`)."""
+        """The ladder with measured codec costs where timed (the ladder's figures otherwise) and
+        wire ratios measured on the run's shapes where known."""
         levels = self.costs.levels() if self.settings.measured_costs else list(self.ladder)
-        levels = [replace(lv, ratio=self._ratios[i]) if i in self._ratios else lv for i, lv in enumerate(levels)]
-        return [replace(lv, extra_s=x) if (x := self.overhead.extra(i)) else lv for i, lv in enumerate(levels)]
+        return [replace(lv, ratio=self._ratios[i]) if i in self._ratios else lv for i, lv in enumerate(levels)]
 
     def _per_byte_s(self) -> float:
         """The transport's measured marginal seconds per wire byte (0 while unknown or off)."""

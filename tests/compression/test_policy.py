@@ -896,9 +896,8 @@ def test_lower_bound_picks_the_level_of_least_regret() -> None:
     unlimited bandwidth, where fp16 is 12.6 % over qsgd:8's at the bound); on a 0.5 Mbit/s path,
     where the bound is the rate, qsgd:4 (q 0.9: 11 % over at unlimited bandwidth; fp16 is 2.5x at
     the bound). Never a top-k level (q <= 0.5: 2x and more at unlimited bandwidth)."""
-    # The clock ticks a second a step whatever is sent: no step's length to learn from (`StepOverhead`).
-    assert bound_run(aware(probe_interval=0, probe_interval_s=0, overhead_window=0), 100) == [1] + [2] * 9
-    assert bound_run(aware(probe_interval=0, probe_interval_s=0, overhead_window=0), 0.5) == [1] + [3] * 9
+    assert bound_run(aware(probe_interval=0, probe_interval_s=0), 100) == [1] + [2] * 9
+    assert bound_run(aware(probe_interval=0, probe_interval_s=0), 0.5) == [1] + [3] * 9
     # The step-time law keeps §5's rule: no estimate, no move.
     q = netsense()
     q.observe(SendReport(step=0, level=0, bytes_sent=153_000, comm_s=0.05, app_limited=True))

@@ -290,10 +290,9 @@ def test_per_byte_cost_prefers_fewer_bytes_on_a_cpu_bound_path() -> None:
     """With bytes nearly free at 500 MB/s fp32 wins the tie, but once an fp16 send (an exploration,
     `probe_interval` steps in) shows the hosts move 30 MB/s, fp16 is 15% faster and stays; qsgd:8's
     codec stays too dear."""
-    # The clock ticks 20 ms a step whatever is sent: no step's length to learn from (`StepOverhead`).
-    off = measured(policy(transport_cost=False, overhead_window=0))
+    off = measured(policy(transport_cost=False))
     assert set(cpu_bound_run(off)) == {FP32}
-    on = measured(policy(overhead_window=0))
+    on = measured(policy())
     levels = cpu_bound_run(on)
     assert on.transport.goodput_Bps(0.8) == pytest.approx(30e6, rel=0.01)
     explored = levels.index(FP16)  # fp16 explored for three steps (a point), then kept

@@ -73,9 +73,8 @@ def test_a_windowed_q_replaces_one_step_figures_for_good() -> None:
 
 def test_a_window_can_make_the_law_pick_powersgd_over_qsgd() -> None:
     # 50 Mbit/s, wide-mlp: qsgd:4 sends 171 kB (27 ms), powersgd:2 ~23 kB (4 ms). With one step's
-    # figures (cold PowerSGD ~0.05) qsgd:4 wins; once windows price both, PowerSGD does. The clock
-    # ticks 50 ms a step whatever is sent: no step's length to learn from (`StepOverhead`).
-    p = priced(policy(overhead_window=0), 0.002, 0.0005)
+    # figures (cold PowerSGD ~0.05) qsgd:4 wins; once windows price both, PowerSGD does.
+    p = priced(policy(), 0.002, 0.0005)
     p.observe_progress(level=Q4, progress=0.9)
     before = [choose(p, 6.25e6, step, step * 0.05) for step in range(20)]
     assert before[-1] == Q4

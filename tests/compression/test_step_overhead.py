@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from netsense.compression.policy import ChooseRequest, make_policy
-from netsense.compression.policy.overhead import LEVEL_HORIZON, SKIP_DECISIONS, StepOverhead
+from netsense.compression.policy.overhead import SKIP_DECISIONS, StepOverhead
 from netsense.errors import ConfigError
 from tests.compression.test_policy import LADDER_Q, S, TC, aware, link
 from tests.compression.test_policy_join import _hold
@@ -94,50 +94,3 @@ def test_time_left_out_priced_a_lossier_level_too_low() -> None:
 def test_overhead_window_out_of_range_is_a_config_error(window: int) -> None:
     with pytest.raises(ConfigError, match="overhead_window"):
         make_policy("netsense", LADDER_Q, overhead_window=window)
-
-
-def _feed_levels(overhead: StepOverhead, steps: list[tuple[int, float]], t: float = 100.0, predicted: float = 0.010) -> float:
-    for level, length in steps:
-        overhead.decided(t, predicted, level)
-        t += length
-    return t
-
-
-def test_a_level_sent_lately_is_charged_its_own_median() -> None:
-    """Steps at level 2 run 5 ms past the prediction, then four at level 6 run 15 ms past it: level
-    6 is charged its own 15 ms once three of its steps ended, level 2 its own 5, a level never sent
-    the common median; after LEVEL_HORIZON windows of decisions without level 6 its figure ages out."""
-    o = StepOverhead(16)
-    t = _feed_levels(o, [(2, 1.0)] * SKIP_DECISIONS + [(2, 0.015)] * 12)
-    assert o.of_level(6) == o.value == pytest.approx(0.005)
-    t = _feed_levels(o, [(6, 0.025)] * 3, t)
-    assert o.of_level(6) == pytest.approx(0.005)  # two of its steps ended: not yet its own
-    t = _feed_levels(o, [(6, 0.025)], t)
-    t = _feed_levels(o, [(2, 0.015)], t)  # the fourth step at level 6 ends here
-    assert o.of_level(6) == pytest.approx(0.015) and o.extra(6) == pytest.approx(0.010)
-    assert o.of_level(2) == pytest.approx(0.005) and o.of_level(4) == o.value and o.extra(4) == 0.0
-    _feed_levels(o, [(2, 0.015)] * (LEVEL_HORIZON * 16), t)
-    assert o.of_level(6) == o.value == pytest.approx(0.005)
-
-
-def test_a_level_slower_than_its_model_is_left_for_good() -> None:
-    """At 10 Mbit/s the law moves from qsgd:4 to top-k 1 %, whose steps take 0.3 s longer than
-    predicted (qsgd:4's 5 ms). Charged its own figure, top-k 1 % is left after a few steps and not
-    taken again; with one figure for every level (the code before) the common median followed
-    whichever level was sent, and the policy went back and forth."""
-    for per_level in (True, False):
-        p = aware()
-        if not per_level:
-            p.overhead.extra = lambda level: 0.0  # type: ignore[method-assign]
-        t, levels = 0.0, []
-        for step in range(90):
-            d = p.choose(ChooseRequest(link=link(100 if step < 30 else 10, t=t), payload_bytes=S, compute_s=TC, step=step))
-            levels.append(d.level)
-            base = (d.predicted_step_s or 0.0) - d.overhead_s - p.overhead.extra(d.level)
-            t += base + (0.3 if d.level == 5 else 0.005)
-        assert levels[:30] == [3] * 30 and 5 in levels[30:40]
-        if per_level:
-            assert levels[50:] == [3] * 40
-            assert p.overhead.extra(5) == pytest.approx(0.295, abs=0.01)  # its own 0.3 s, beyond qsgd:4's 5 ms
-        else:
-            assert levels[50:].count(5) > 10
