@@ -46,13 +46,19 @@ def factors_pay(rows: int, cols: int, rank: int) -> bool:
     return min(rows, cols) > rank and (rows + cols) * rank < rows * cols
 
 
+def factor_dims(shape: tuple[int, ...], rank: int) -> tuple[int, int] | None:
+    """(rows, cols) of the matrix a tensor of `shape` travels as at rank `rank`, None where it
+    travels dense (a vector, a matrix too small for factors to pay): the one rule the encoder,
+    the decoder and the wire-size planning share."""
+    dims = matrix_dims(shape)
+    return dims if dims is not None and factors_pay(*dims, rank) else None
+
+
 def wire_elems(shape: tuple[int, ...], rank: int) -> int:
     """Elements a rank-`rank` level sends of a tensor of `shape`: its factors, rank x (rows +
-    columns), where they pay, else all of it (a vector, a matrix too small for factors)."""
-    dims = matrix_dims(shape)
-    if dims is not None and factors_pay(*dims, rank):
-        return rank * (dims[0] + dims[1])
-    return math.prod(shape)
+    columns), where they pay, else all of it (`factor_dims`)."""
+    dims = factor_dims(shape, rank)
+    return math.prod(shape) if dims is None else rank * (dims[0] + dims[1])
 
 
 class PowerSGD(Codec):
@@ -90,8 +96,8 @@ class PowerSGD(Codec):
     def _factors(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """P [rows, r] and Q [cols, r] in the wire dtype, contiguous (one power iteration from the
         warm start, which it updates); None where the tensor travels dense."""
-        dims = matrix_dims(tuple(tensor.shape))
-        if dims is None or not factors_pay(*dims, self.rank):
+        dims = factor_dims(tuple(tensor.shape), self.rank)
+        if dims is None:
             return None
         rows, cols = dims
         m = tensor.detach().reshape(rows, cols).float()
@@ -121,8 +127,8 @@ class PowerSGD(Codec):
         if mode == DENSE:
             expect_bytes(payload.parts[0], n * dtype.itemsize, f"{self.spec} dense values")
             return bytes_to_tensor(payload.parts[0], dtype, n, device).reshape(payload.shape)
-        dims = matrix_dims(payload.shape)
-        if dims is None or not factors_pay(*dims, self.rank):
+        dims = factor_dims(payload.shape, self.rank)
+        if dims is None:
             raise CompressionError(f"{self.spec}: shape {payload.shape!r} does not take rank-{self.rank} factors")
         rows, cols = dims
         size = self.factor_dtype.itemsize * self.rank
