@@ -368,6 +368,7 @@ class NetSenseOptimizer(torch.optim.Optimizer):
                 wire_s=stats.wire_s,
                 version=self.version,
                 returned=result.delivered,
+                update_decode_s=decode_s if self._replica.step_spec in (None, stats.codec) else None,
             )
         self.uplink.mark_end()
         if self._auto_duplex and early is not None:

@@ -183,6 +183,7 @@ class UplinkController:
         codec_s: float | None = None,
         pad_bytes: int = 0,
         returned: tuple[int, float] | None = None,
+        update_decode_s: float | None = None,
         **fields: Any,
     ) -> dict[str, Any] | None:
         """Feedback after the push of the pending decision; writes its log line (returned).
@@ -192,7 +193,9 @@ class UplinkController:
         `codec_s`, the seconds the step's keys took to encode on `codec_clock` (the encoder's
         `take_codec_s`), is the level's measured encode cost, timed as the candidate rounds time
         the levels not sent (the step's wall-clock ``encode_s`` also holds the choice, a round and
-        the GIL waits the network thread imposes)."""
+        the GIL waits the network thread imposes). `update_decode_s`, the seconds this step's
+        update took to decode where it came back at the level sent (None: not, or not known), is
+        that level's update decode against a gradient-domain PS (`Level.return_s`)."""
         if self._pending is None:
             return None
         decision, link = self._pending
@@ -207,6 +210,8 @@ class UplinkController:
         if self._step >= STARTUP_STEPS:
             if decision.level is not None and codec_s is not None:
                 self.loop.observe_encode(decision.level, self.payload_bytes, codec_s)
+            if decision.level is not None and update_decode_s is not None and self.policy.passes > 1:
+                self.loop.observe_return(decision.level, self.payload_bytes, update_decode_s)
             self.loop.observe(decision, bytes_sent=bytes_sent, comm_s=comm_s, pad_bytes=pad_bytes, returned=returned)
         if returned is not None:
             fields["returned_bytes"], fields["returned_s"] = returned

@@ -136,6 +136,10 @@ class Policy(ABC):
         """A timing of ladder level `level`: `encode_s` / `decode_s` seconds for `dense_bytes` of
         fp32 input (either may be None). Default: ignored (the ladder's figures stand)."""
 
+    def observe_return(self, *, level: int, dense_bytes: int, decode_s: float) -> None:
+        """The worker's decode of an update that came back at ladder level `level`: `decode_s`
+        seconds for `dense_bytes` of fp32. Default: ignored."""
+
     def level_of(self, spec: str, payload_bytes: int) -> tuple[int | None, Level]:
         """Ladder index and level for `spec`; an off-ladder spec gets nominal, uncalibrated figures."""
         index = self.ladder.find(spec)

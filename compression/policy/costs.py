@@ -14,7 +14,13 @@ Two figures the step-time model needs and the ladder can only guess:
   facts"), so bytes cost time even where no link limits, and the bandwidth estimate (delivery
   rate, or only a lower bound while app-limited) can overstate how fast a payload really goes.
 
-Both are pure: callers hand in durations they timed.
+- The update's decode (`CodecCosts.observe_return`): against a gradient-domain PS the update
+  comes back at the level pushed and the worker decodes it before its next step, outside Tc and
+  the push. On two sites' digits-cnn it took 2.8 ms a step at top-k 1 % and 2.1 at qsgd:4 against
+  0.7 at `powersgd:1` (the PS forwards both pushes: two decodes, at fp32 values), which a common
+  overhead figure charged to every level alike (docs/POLICIES.md, "The update's decode").
+
+All are pure: callers hand in durations they timed.
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ DEFAULT_TRANSPORT_MIN_SAMPLES = 3
 """Sends a level needs before its point counts (the median of three drops one outlier)."""
 MIN_SIZE_SPREAD = 1.5
 """The per-byte fit needs points whose largest send is at least this many times the smallest."""
+RETURN_RATIO_BOUNDS = (0.5, 4.0)
+"""An unsent level's update decode is its decode figure times the sent levels' median ratio of
+the two, clamped to this range (a forwarded update is two decodes; Python's per-key work)."""
 
 
 def _valid(seconds: float | None) -> bool:
@@ -56,6 +65,7 @@ class CodecCosts:
         self.ladder = ladder
         self._encode: list[deque[float]] = [deque(maxlen=window) for _ in ladder]
         self._decode: list[deque[float]] = [deque(maxlen=window) for _ in ladder]
+        self._return: list[deque[float]] = [deque(maxlen=window) for _ in ladder]
         # The policy asks for every level on every decision; timings arrive a few times per step at
         # most, so each level's medians are taken once per new timing (None: to be recomputed).
         self._levels: list[Level | None] = [None] * len(ladder)
@@ -75,6 +85,25 @@ class CodecCosts:
             self._decode[level].append(decode_s / mb)  # type: ignore[operator]
             self._levels[level] = None
 
+    def observe_return(self, level: int, *, dense_bytes: int, decode_s: float) -> None:
+        """One timing of the worker's decode of an update that came back at `level`, for
+        `dense_bytes` of fp32 (a real step's, not a candidate round's). Invalid ones are ignored."""
+        if not 0 <= level < len(self.ladder) or dense_bytes <= 0 or not _valid(decode_s):
+            return
+        self._return[level].append(decode_s / (dense_bytes / MB))
+        self._levels = [None] * len(self.ladder)  # the ratio unsent levels borrow moves with it
+
+    def _return_ratio(self) -> float:
+        """Median over the levels with update timings of their figure over their decode figure
+        (1 until one is timed), within `RETURN_RATIO_BOUNDS`."""
+        ratios = []
+        for i, timings in enumerate(self._return):
+            dec = statistics.median(self._decode[i]) if self._decode[i] else self.ladder[i].decode_s_per_mb
+            if timings and dec > 0:
+                ratios.append(statistics.median(timings) / dec)
+        lo, hi = RETURN_RATIO_BOUNDS
+        return min(hi, max(lo, statistics.median(ratios))) if ratios else 1.0
+
     def measured(self, level: int) -> tuple[bool, bool]:
         """Whether `level`'s encode and decode costs come from timings (not the ladder)."""
         return bool(self._encode[level]), bool(self._decode[level])
@@ -88,17 +117,22 @@ class CodecCosts:
         return self.level(level).decode_s_per_mb
 
     def level(self, index: int) -> Level:
-        """Ladder level `index` with its current costs (the ladder's when nothing was measured)."""
+        """Ladder level `index` with its current costs (the ladder's when nothing was measured);
+        its update decode is its own timings' median, else its decode figure times the ratio the
+        timed levels show (`_return_ratio`), else None (the decode figure)."""
         cached = self._levels[index]
         if cached is None:
-            base, enc, dec = self.ladder[index], self._encode[index], self._decode[index]
+            base, enc, dec, ret = self.ladder[index], self._encode[index], self._decode[index], self._return[index]
+            decode = statistics.median(dec) if dec else base.decode_s_per_mb
+            timed = any(self._return)
             cached = self._levels[index] = (
                 replace(
                     base,
                     encode_s_per_mb=statistics.median(enc) if enc else base.encode_s_per_mb,
-                    decode_s_per_mb=statistics.median(dec) if dec else base.decode_s_per_mb,
+                    decode_s_per_mb=decode,
+                    return_decode_s_per_mb=statistics.median(ret) if ret else decode * self._return_ratio() if timed else None,
                 )
-                if enc or dec
+                if enc or dec or timed
                 else base
             )
         return cached

@@ -201,8 +201,9 @@ class Prediction:
     """T_l = r_l * S * max(1 / B, c) * (1 + (passes - 1) * share) + min_rtt + e_l (c: measured seconds
     per wire byte, 0 if unknown; share: `ChooseRequest.return_share`)."""
     step_s: float
-    """P_l = Tc + T_l, or max(Tc, T_l) when communication overlaps compute, plus the request's
-    `overhead_s`."""
+    """P_l = Tc + T_l, or max(Tc, T_l) when communication overlaps compute, plus the worker's
+    decode of an update that comes back at the level (`wire_passes` > 1: `Level.return_s`) and
+    the request's `overhead_s`."""
 
 
 def byte_s(bandwidth_Bps: float, per_byte_s: float | None = 0.0) -> float:
@@ -227,11 +228,13 @@ def predict(
     """The step-time model for one level; `per_byte_s` is the transport's measured cost of a
     wire byte (`TransportCost`), which bounds the rate where the hosts, not the link, limit it;
     `wire_passes` sends of its bytes per step (`ChooseRequest.wire_passes`), those after the
-    first at `return_share` times a pushed byte's time; `overhead_s` the step's unmodelled time."""
+    first at `return_share` times a pushed byte's time, the update then decoded at the level
+    after the wait (outside Tc and T_l); `overhead_s` the step's unmodelled time."""
     sends = 1 + (wire_passes - 1) * return_share
     wire_s = sends * level.wire_bytes(payload_bytes) * byte_s(bandwidth_Bps, per_byte_s)
     comm = wire_s + min_rtt_s + level.codec_s(payload_bytes)
-    return Prediction(comm, (max(compute_s, comm) if overlap else compute_s + comm) + overhead_s)
+    back_s = level.return_s(payload_bytes) if wire_passes > 1 else 0.0
+    return Prediction(comm, (max(compute_s, comm) if overlap else compute_s + comm) + back_s + overhead_s)
 
 
 def predict_request(

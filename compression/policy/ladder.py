@@ -67,12 +67,18 @@ class Level:
     progress: float = 1.0
     """Prior progress efficiency q in (0, 1]: optimisation progress of one step at this level
     relative to a lossless step (`Codec.nominal_progress`); policies refine it online."""
+    return_decode_s_per_mb: float | None = None
+    """Seconds per MB the worker takes to decode an update that comes back at this level (a
+    gradient-domain PS: `return_s`), measured on the run's steps (`CodecCosts.observe_return`);
+    None: `decode_s_per_mb`."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.ratio) and self.ratio > 0):
             raise ConfigError(f"level {self.spec!r}: ratio must be a positive finite number, got {self.ratio!r}")
-        for name in ("encode_s_per_mb", "decode_s_per_mb"):
+        for name in ("encode_s_per_mb", "decode_s_per_mb", "return_decode_s_per_mb"):
             value = getattr(self, name)
+            if name == "return_decode_s_per_mb" and value is None:
+                continue
             if not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"level {self.spec!r}: {name} must be >= 0 and finite, got {value!r}")
         if not (math.isfinite(self.progress) and 0 < self.progress <= 1):
@@ -86,6 +92,13 @@ class Level:
         """Predicted encode + decode seconds (e_l of the step-time model, docs/POLICIES.md) for
         `payload_bytes` of fp32."""
         return (self.encode_s_per_mb + self.decode_s_per_mb) * payload_bytes / MB
+
+    def return_s(self, payload_bytes: int) -> float:
+        """Predicted seconds for the worker to decode an update of `payload_bytes` that comes back
+        at this level: the measured figure, else the decode's (docs/POLICIES.md, "The update's
+        decode")."""
+        per_mb = self.decode_s_per_mb if self.return_decode_s_per_mb is None else self.return_decode_s_per_mb
+        return per_mb * payload_bytes / MB
 
 
 def level_for(spec: str, *, numel: int = NOMINAL_NUMEL) -> Level:
@@ -261,6 +274,7 @@ def _level_from_record(rec: Any, path: str | os.PathLike[str]) -> Level:
             lossless=bool(rec["lossless"]),
             calibrated=bool(rec.get("calibrated", False)),
             progress=float(rec["progress"]) if "progress" in rec else level_for(rec["spec"]).progress,
+            return_decode_s_per_mb=None if rec.get("return_decode_s_per_mb") is None else float(rec["return_decode_s_per_mb"]),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"{str(path)!r}: level record {rec!r} is missing or has a bad field: {exc}") from exc

@@ -89,6 +89,7 @@ class PolicyLoop:
         their state and the sends' codecs must not see the samples."""
         self.log = DecisionLog(decision_log, direction=direction, extra=log_fields) if decision_log else None
         self._warm: set[int] = set()  # levels encoded once: their first encode paid lazy set-up
+        self._warm_return: set[int] = set()  # levels decoded once as an update (as `_warm`)
         self.window: WindowProbe | None = None
         """The progress window under way, None between windows."""
         self._cumulative = direction == "down"  # the downlink feeds parameters, not gradients
@@ -124,6 +125,14 @@ class PolicyLoop:
             self._warm.add(level)
             return
         self.policy.observe_costs(level=level, dense_bytes=dense_bytes, encode_s=encode_s)
+
+    def observe_return(self, level: int, dense_bytes: int, decode_s: float) -> None:
+        """The timed decode of an update that came back at ladder level `level`; the first at each
+        level is skipped, as for `observe_encode` (the codec's lazy set-up)."""
+        if level not in self._warm_return:
+            self._warm_return.add(level)
+            return
+        self.policy.observe_return(level=level, dense_bytes=dense_bytes, decode_s=decode_s)
 
     def observe(
         self,

@@ -353,6 +353,10 @@ class NetsensePolicy(Policy):
         """Folds a timing of `level` into its measured costs (median of the last `cost_window`)."""
         self.costs.observe(level, dense_bytes=dense_bytes, encode_s=encode_s, decode_s=decode_s)
 
+    def observe_return(self, *, level: int, dense_bytes: int, decode_s: float) -> None:
+        """Folds a timing of the update's decode at `level` into its measured figure (`CodecCosts`)."""
+        self.costs.observe_return(level, dense_bytes=dense_bytes, decode_s=decode_s)
+
     def observe_progress(self, *, level: int, progress: float, interim: bool = False) -> None:
         """Folds a measured q of `level` into its EWMA (the first measurement replaces the prior);
         an `interim` one only replaces the prior, and the next replaces it in turn."""
