@@ -119,7 +119,7 @@ class CodecCosts:
     def level(self, index: int) -> Level:
         """Ladder level `index` with its current costs (the ladder's when nothing was measured);
         its update decode is its own timings' median, else its decode figure times the ratio the
-        timed levels show (`_return_ratio`), else None (the decode figure)."""
+        timed levels show (`_return_ratio`), else None (no update timed: priced 0)."""
         cached = self._levels[index]
         if cached is None:
             base, enc, dec, ret = self.ladder[index], self._encode[index], self._decode[index], self._return[index]

@@ -70,7 +70,7 @@ class Level:
     return_decode_s_per_mb: float | None = None
     """Seconds per MB the worker takes to decode an update that comes back at this level (a
     gradient-domain PS: `return_s`), measured on the run's steps (`CodecCosts.observe_return`);
-    None: `decode_s_per_mb`."""
+    None: the sender timed no update (priced 0, as before the figure existed)."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.ratio) and self.ratio > 0):
@@ -95,10 +95,9 @@ class Level:
 
     def return_s(self, payload_bytes: int) -> float:
         """Predicted seconds for the worker to decode an update of `payload_bytes` that comes back
-        at this level: the measured figure, else the decode's (docs/POLICIES.md, "The update's
-        decode")."""
-        per_mb = self.decode_s_per_mb if self.return_decode_s_per_mb is None else self.return_decode_s_per_mb
-        return per_mb * payload_bytes / MB
+        at this level, 0 where none was timed: a sender that does not time it (a relay) may hold
+        that decode in its Tc already (docs/POLICIES.md, "The update's decode")."""
+        return (self.return_decode_s_per_mb or 0.0) * payload_bytes / MB
 
 
 def level_for(spec: str, *, numel: int = NOMINAL_NUMEL) -> Level:

@@ -24,8 +24,8 @@ TK, P1, Q4 = (LADDER.find(s) for s in ("topk:0.01+fp16", "powersgd:1", "qsgd:4")
 
 def test_a_levels_update_decode_is_the_median_of_its_timings_and_unsent_levels_borrow_the_ratio() -> None:
     costs = CodecCosts(LADDER, window=3)
-    assert costs.level(TK).return_decode_s_per_mb is None  # nothing timed: the decode's figure
-    assert costs.level(TK).return_s(S) == pytest.approx(LADDER[TK].decode_s_per_mb * S / MB)
+    assert costs.level(TK).return_decode_s_per_mb is None  # no update timed: not priced (a relay)
+    assert costs.level(TK).return_s(S) == 0.0
     costs.observe(P1, dense_bytes=S, decode_s=0.0004)
     for seconds in (0.0007, 0.05, 0.0008):  # a stall among three: the median ignores it
         costs.observe_return(P1, dense_bytes=S, decode_s=seconds)
