@@ -176,8 +176,8 @@ class NetsensePolicySettings:
     """Timings per level whose median is its measured cost."""
     overhead_window: int = 16
     """Steps whose median length beyond the law's prediction for the level sent is added to every
-    level's predicted step (`StepOverhead`: the update's decode and apply, thread hops, a return
-    slower than priced; 0: off). The progress-aware law divides the step by q, so time left out of
+    level's predicted step (`StepOverhead`: the update's apply, thread hops, a return slower than
+    priced, and its decode where the sender times none: `Level.return_s`; 0: off). The progress-aware law divides the step by q, so time left out of
     it prices lossy levels too low."""
     transport_cost: bool = True
     """Charge wire bytes at least the transport's measured marginal cost per byte (`TransportCost`,
