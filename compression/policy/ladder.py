@@ -77,9 +77,7 @@ class Level:
             raise ConfigError(f"level {self.spec!r}: ratio must be a positive finite number, got {self.ratio!r}")
         for name in ("encode_s_per_mb", "decode_s_per_mb", "return_decode_s_per_mb"):
             value = getattr(self, name)
-            if name == "return_decode_s_per_mb" and value is None:
-                continue
-            if not (math.isfinite(value) and value >= 0):
+            if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"level {self.spec!r}: {name} must be >= 0 and finite, got {value!r}")
         if not (math.isfinite(self.progress) and 0 < self.progress <= 1):
             raise ConfigError(f"level {self.spec!r}: progress must be in (0, 1], got {self.progress!r}")

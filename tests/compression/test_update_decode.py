@@ -5,6 +5,7 @@ update's decode"). Figures shaped like two sites' digits-cnn (153 kB of fp32 per
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -14,6 +15,7 @@ from netsense.compression.policy.costs import RETURN_RATIO_BOUNDS, CodecCosts
 from netsense.compression.policy.decision import predict
 from netsense.compression.policy.ladder import DEFAULT_LADDER, Ladder
 from netsense.compression.policy.link import LinkState
+from netsense.config import ConfigError
 from netsense.worker.uplink import STARTUP_STEPS, UplinkController
 
 S = 153_128
@@ -116,3 +118,13 @@ def test_the_uplink_feeds_a_steps_update_decode_to_its_level_from_the_second() -
     up.choose(link, started=9.0)
     up.observe(bytes_sent=S, comm_s=0.003)  # not known (another worker's level came back): nothing
     assert policy.costs.level(1).return_s(S) == pytest.approx(0.0005)
+
+
+def test_a_levels_update_decode_is_checked_and_survives_a_calibration_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    for bad in (-0.1, math.nan, math.inf):
+        with pytest.raises(ConfigError, match="return_decode_s_per_mb"):
+            replace(LADDER[TK], return_decode_s_per_mb=bad)
+    timed = Ladder((replace(LADDER[TK], return_decode_s_per_mb=0.02), LADDER[P1]))
+    timed.save(tmp_path / "ladder.json")
+    back = Ladder.load(tmp_path / "ladder.json")
+    assert back[0].return_decode_s_per_mb == 0.02 and back[1].return_decode_s_per_mb is None
