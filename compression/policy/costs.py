@@ -125,12 +125,17 @@ class CodecCosts:
             base, enc, dec, ret = self.ladder[index], self._encode[index], self._decode[index], self._return[index]
             decode = statistics.median(dec) if dec else base.decode_s_per_mb
             timed = any(self._return)
+            back = None
+            if ret:
+                back = statistics.median(ret)
+            elif timed:
+                back = decode * self._return_ratio()
             cached = self._levels[index] = (
                 replace(
                     base,
                     encode_s_per_mb=statistics.median(enc) if enc else base.encode_s_per_mb,
                     decode_s_per_mb=decode,
-                    return_decode_s_per_mb=statistics.median(ret) if ret else decode * self._return_ratio() if timed else None,
+                    return_decode_s_per_mb=back,
                 )
                 if enc or dec or timed
                 else base

@@ -258,6 +258,10 @@ class Ladder:
         return cls(tuple(_level_from_record(rec, path) for rec in levels))
 
 
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
 def _level_from_record(rec: Any, path: str | os.PathLike[str]) -> Level:
     if not isinstance(rec, dict) or not isinstance(rec.get("spec"), str):
         raise ConfigError(f"{str(path)!r}: malformed level record {rec!r}")
@@ -271,7 +275,7 @@ def _level_from_record(rec: Any, path: str | os.PathLike[str]) -> Level:
             lossless=bool(rec["lossless"]),
             calibrated=bool(rec.get("calibrated", False)),
             progress=float(rec["progress"]) if "progress" in rec else level_for(rec["spec"]).progress,
-            return_decode_s_per_mb=None if rec.get("return_decode_s_per_mb") is None else float(rec["return_decode_s_per_mb"]),
+            return_decode_s_per_mb=_optional_float(rec.get("return_decode_s_per_mb")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"{str(path)!r}: level record {rec!r} is missing or has a bad field: {exc}") from exc

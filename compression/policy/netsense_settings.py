@@ -177,8 +177,8 @@ class NetsensePolicySettings:
     overhead_window: int = 16
     """Steps whose median length beyond the law's prediction for the level sent is added to every
     level's predicted step (`StepOverhead`: the update's apply, thread hops, a return slower than
-    priced, and its decode where the sender times none: `Level.return_s`; 0: off). The progress-aware law divides the step by q, so time left out of
-    it prices lossy levels too low."""
+    priced, and its decode where the sender times none: `Level.return_s`; 0: off). The
+    progress-aware law divides the step by q, so time left out of it prices lossy levels too low."""
     transport_cost: bool = True
     """Charge wire bytes at least the transport's measured marginal cost per byte (`TransportCost`,
     fitted over the sends of different levels), not only 1 / B: on CPU-bound paths (loopback QUIC)

@@ -1,12 +1,13 @@
 """`StepOverhead`: the step's time that the step-time model leaves out, measured between decisions.
 
-P_l = Tc + T_l prices what a level changes: the compute (with the wait for the last update) and
-the level's encode and sends (and, against a gradient-domain PS, the update's decode where the
-sender timed it: `Level.return_s`). A step also spends time the model does not see: the
-replica's optimizer step, thread hops and the GIL's waits, a return slower than priced. Nearly the same whichever level is sent, it does not move the step-time law, but the
-progress-aware law divides P_l by q_l, so left out it prices a lossier level's progress too low:
-across two sites digits-cnn's steps were 5.4 ms (41 %) longer than predicted at every level, and
-`powersgd:1` against `:2` was a near-tie where the fixed runs have rank 2 ahead
+P_l = Tc + T_l prices what a level changes: the compute (with the wait for the last update) and the
+level's encode and sends (and, against a gradient-domain PS, the update's decode where the sender
+timed it: `Level.return_s`). A step also spends time the model does not see: the replica's
+optimizer step, thread hops and the GIL's waits, a return slower than priced. Nearly the same
+whichever level is sent, it does not move the step-time law, but the progress-aware law divides P_l
+by q_l, so left out it prices a lossier level's progress too low: across two sites digits-cnn's
+steps were 5.4 ms (41 %) longer than predicted at every level, and `powersgd:1` against `:2` was a
+near-tie where the fixed runs have rank 2 ahead
 (docs/POLICIES.md, "The step's unmodelled time").
 """
 
