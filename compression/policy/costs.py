@@ -69,6 +69,7 @@ class CodecCosts:
         # The policy asks for every level on every decision; timings arrive a few times per step at
         # most, so each level's medians are taken once per new timing (None: to be recomputed).
         self._levels: list[Level | None] = [None] * len(ladder)
+        self._ratio: float | None = None  # `_return_ratio`, None: to be recomputed
 
     def observe(
         self, level: int, *, dense_bytes: int, encode_s: float | None = None, decode_s: float | None = None
@@ -84,6 +85,8 @@ class CodecCosts:
         if _valid(decode_s):
             self._decode[level].append(decode_s / mb)  # type: ignore[operator]
             self._levels[level] = None
+            if self._return[level]:  # the ratio the unsent levels borrow is over this figure too
+                self._forget()
 
     def observe_return(self, level: int, *, dense_bytes: int, decode_s: float) -> None:
         """One timing of the worker's decode of an update that came back at `level`, for
@@ -91,18 +94,28 @@ class CodecCosts:
         if not 0 <= level < len(self.ladder) or dense_bytes <= 0 or not _valid(decode_s):
             return
         self._return[level].append(decode_s / (dense_bytes / MB))
-        self._levels = [None] * len(self.ladder)  # the ratio unsent levels borrow moves with it
+        self._forget()  # the ratio unsent levels borrow moves with it
+
+    def _forget(self) -> None:
+        self._levels = [None] * len(self.ladder)
+        self._ratio = None
+
+    def _decode_s_per_mb(self, index: int) -> float:
+        dec = self._decode[index]
+        return statistics.median(dec) if dec else self.ladder[index].decode_s_per_mb
 
     def _return_ratio(self) -> float:
         """Median over the levels with update timings of their figure over their decode figure
-        (1 until one is timed), within `RETURN_RATIO_BOUNDS`."""
-        ratios = []
-        for i, timings in enumerate(self._return):
-            dec = statistics.median(self._decode[i]) if self._decode[i] else self.ladder[i].decode_s_per_mb
-            if timings and dec > 0:
-                ratios.append(statistics.median(timings) / dec)
-        lo, hi = RETURN_RATIO_BOUNDS
-        return min(hi, max(lo, statistics.median(ratios))) if ratios else 1.0
+        (1 until one is timed), within `RETURN_RATIO_BOUNDS`; taken once per new timing."""
+        if self._ratio is None:
+            ratios = [
+                statistics.median(timings) / dec
+                for i, timings in enumerate(self._return)
+                if timings and (dec := self._decode_s_per_mb(i)) > 0
+            ]
+            lo, hi = RETURN_RATIO_BOUNDS
+            self._ratio = min(hi, max(lo, statistics.median(ratios))) if ratios else 1.0
+        return self._ratio
 
     def measured(self, level: int) -> tuple[bool, bool]:
         """Whether `level`'s encode and decode costs come from timings (not the ladder)."""
@@ -123,7 +136,7 @@ class CodecCosts:
         cached = self._levels[index]
         if cached is None:
             base, enc, dec, ret = self.ladder[index], self._encode[index], self._decode[index], self._return[index]
-            decode = statistics.median(dec) if dec else base.decode_s_per_mb
+            decode = self._decode_s_per_mb(index)
             timed = any(self._return)
             back = None
             if ret:

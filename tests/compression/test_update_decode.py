@@ -128,3 +128,14 @@ def test_a_levels_update_decode_is_checked_and_survives_a_calibration_file(tmp_p
     timed.save(tmp_path / "ladder.json")
     back = Ladder.load(tmp_path / "ladder.json")
     assert back[0].return_decode_s_per_mb == 0.02 and back[1].return_decode_s_per_mb is None
+
+
+def test_a_new_decode_figure_of_a_timed_level_moves_the_ratio_the_others_borrow() -> None:
+    costs = CodecCosts(LADDER)
+    costs.observe(P1, dense_bytes=S, decode_s=0.0004)
+    costs.observe_return(P1, dense_bytes=S, decode_s=0.0008)
+    costs.observe(TK, dense_bytes=S, decode_s=0.0006)
+    assert costs.level(TK).return_s(S) == pytest.approx(0.0012)  # ratio 2, read and cached
+    for seconds in (0.0004, 0.0008, 0.0008):  # powersgd:1's decode median 0.0004 -> 0.0006: ratio 4/3
+        costs.observe(P1, dense_bytes=S, decode_s=seconds)
+    assert costs.level(TK).return_s(S) == pytest.approx(0.0006 * 0.0008 / 0.0006)
