@@ -99,6 +99,12 @@ class Codec(ABC):
         "Window steps without the wire format"), and must return exactly the same values."""
         return self.decode(self.encode(tensor), device=tensor.device)
 
+    def follow(self, previous: Codec) -> None:
+        """Take over what `previous` knows of this key, where this codec can use it: `previous` is
+        the codec the same key last went out with, at another level (`KeyCodecs`). A stateful codec
+        resumed after others ran would otherwise start from its own stale state. Default: nothing
+        to take."""
+
     def nominal_ratio(self, numel: int) -> float:
         """Expected wire size relative to fp32 dense, for planning before anything is measured."""
         return 1.0

@@ -145,6 +145,29 @@ class PowerSGD(Codec):
         """Forget the warm-start basis (e.g. after the key's tensor was reinitialized)."""
         self._q = None
 
+    def follow(self, previous: Codec) -> None:
+        """Warm-start from `previous`'s basis when it is PowerSGD of another rank on the same matrix:
+        one power iteration per step refines the columns in order (the first alone is a power
+        iteration, each next one deflated by those before), so the first r columns of a rank-r'
+        basis are the top-r subspace found so far. Rank r <= r' takes them; r > r' takes all r'
+        and keeps its own last columns r'..r (a random start before it has any). Without it, a
+        level resumed after 20 steps of another restarted from its own basis of 20 steps ago:
+        rank 1 after rank 2 lost 0.05-0.13 more of the gradient's energy on that step
+        (docs/POLICIES.md, "Switching levels")."""
+        if not isinstance(previous, PowerSGD) or previous is self or previous._q is None:
+            return
+        basis = previous._q
+        cols, had = basis.shape
+        if had >= self.rank:
+            self._q = basis[:, : self.rank].clone()
+            return
+        own = self._q
+        if own is not None and own.shape == (cols, self.rank) and own.device == basis.device:
+            rest = own[:, had:]
+        else:
+            rest = torch.randn(cols, self.rank - had, generator=self.generator).to(basis.device)
+        self._q = torch.cat([basis, rest], dim=1)
+
     def nominal_ratio(self, numel: int) -> float:
         # Planning without a shape: assume a square matrix.
         side = math.isqrt(max(numel, 1))

@@ -12,6 +12,7 @@ local gradients").
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 
@@ -19,6 +20,7 @@ import torch
 
 from netsense.compression import Codec, Payload, make_codec
 from netsense.compression.feedback import ErrorFeedback, NonFiniteGradient
+from netsense.compression.keycodecs import KeyCodecs
 from netsense.compression.limits import all_finite
 from netsense.compression.progress import codec_clock
 from netsense.compression.sentwindow import SentWindow
@@ -47,18 +49,16 @@ class GradientEncoder:
         """Residuals of lossy steps; None until the first one."""
         self.nonfinite = 0
         """Keys pushed as zero because their local gradient held NaN or inf, since the start."""
-        self._codecs: dict[str, Codec] = {}
+        self._codecs = KeyCodecs()
         self._taken = (0, 0)  # (nonfinite, clamped) at the last `take_counts`
         self._codec_s = 0.0  # seconds inside `encode` (on `codec_clock`) since `take_codec_s`
         self.sent_window = sent_window
         """q_W of the level sent, from this error feedback's own sums (`sent_window_for`)."""
 
     def codec_for(self, key: str, spec: str) -> Codec:
-        """Per-key encoder instances: stateful codecs (warm starts) keep state per key."""
-        codec = self._codecs.get(f"{key}|{spec}")
-        if codec is None:
-            codec = self._codecs[f"{key}|{spec}"] = make_codec(spec)
-        return codec
+        """The encoder of `key` at `spec`, per key: stateful codecs (warm starts) keep state per
+        key, and one resumed after another level takes over that level's (`KeyCodecs`)."""
+        return self._codecs.get(key, spec)
 
     def encode(self, key: str, grad: torch.Tensor, spec: str) -> tuple[Payload, torch.Tensor]:
         """The payload of `key` and what it stands for: encoding that tensor again (at another
@@ -173,7 +173,7 @@ class GradientEncoder:
         window, feedback = self.sent_window, self.feedback
         if window is None:
             return
-        if level is None or feedback is None or self.codec_for("", spec).lossless:
+        if level is None or feedback is None or _kind(spec).lossless:
             window.end_step(None, feedback.residual if feedback is not None else lambda key: None)  # restarts
             return
         q = window.end_step(level, feedback.residual)
@@ -182,9 +182,15 @@ class GradientEncoder:
 
     def observe_progress(self, level: int | None, spec: str) -> None:
         """The q of the level just sent, from error feedback's sums (lossy levels only)."""
-        codec = self.codec_for("", spec)  # only its kind is read: lossless, unbiased
+        codec = _kind(spec)
         if self.feedback is not None and not codec.lossless:
             self.uplink.observe_progress(level, self.feedback.pop_progress(unbiased=codec.unbiased))
+
+
+@functools.lru_cache(maxsize=64)
+def _kind(spec: str) -> Codec:
+    """A codec of `spec` whose kind alone is read (lossless, unbiased): never used to encode."""
+    return make_codec(spec)
 
 
 def sent_window_for(total_numel: int, uplink: UplinkController) -> SentWindow | None:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from netsense.compression import Codec, Payload, make_codec
+from netsense.compression.keycodecs import KeyCodecs
 from netsense.compression.progress import codec_clock
 from netsense.transport.wire import Params, Sum
 
@@ -48,8 +49,7 @@ class UpdateEncoder:
         clock its candidate rounds are timed on."""
         self._chosen: str | None = None  # a downlink policy's choice, overrides `spec`
         self._deferred: Chooser | None = None  # a choice waiting for the update (`defer_choice`)
-        self._codecs: dict[str, Codec] = {}  # key -> encoder instance (stateful codecs keep per-key state)
-        self._chosen_codecs: dict[tuple[str, str], Codec] = {}  # (key, spec) -> encoder
+        self._codecs = KeyCodecs()  # (key, spec) -> encoder (stateful codecs keep per-key state)
         self._fp32 = make_codec("fp32")
         self.state: dict[str, torch.Tensor] = {}
         """The store's state keys (the same dict as `StoreCore.state`)."""
@@ -62,10 +62,11 @@ class UpdateEncoder:
     def reset(self, params: dict[str, torch.Tensor]) -> None:
         """Replicas start as the initial parameters; stateful encoders start empty."""
         self.shadow = {k: v.clone() for k, v in params.items()}
-        self.restart_codecs(params)
+        self.restart_codecs()
 
-    def restart_codecs(self, keys: Iterable[str]) -> None:
-        self._codecs = {k: make_codec(self.spec) for k in keys}
+    def restart_codecs(self) -> None:
+        """Stateful encoders start empty."""
+        self._codecs.clear()
 
     @property
     def current_spec(self) -> str:
@@ -164,12 +165,7 @@ class UpdateEncoder:
         return payload, self.shadow[key] + codec.decode(payload).to(param.dtype)
 
     def _codec(self, key: str, spec: str) -> Codec:
-        if spec == self.spec:
-            return self._codecs[key]
-        codec = self._chosen_codecs.get((key, spec))  # a policy-chosen spec: own per-key state
-        if codec is None:
-            codec = self._chosen_codecs[(key, spec)] = make_codec(spec)
-        return codec
+        return self._codecs.get(key, spec)
 
     # --- what a pull gets -----------------------------------------------------------------
 

@@ -34,7 +34,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from netsense.compression import Codec, Payload, make_codec
+from netsense.compression import Payload, make_codec
+from netsense.compression.keycodecs import KeyCodecs
 from netsense.compression.sparse import SparseCodec
 from netsense.compression.topkscan import largest_indices
 from netsense.transport.wire import Sum
@@ -54,7 +55,7 @@ class GradientDownlink:
     def __init__(self) -> None:
         self.residual: dict[str, torch.Tensor] = {}
         """Key -> what the downlink has not sent yet of the aggregated gradients (e)."""
-        self._codecs: dict[tuple[str, str], Codec] = {}  # (key, spec) -> encoder (PowerSGD keeps its Q)
+        self._codecs = KeyCodecs()  # (key, spec) -> encoder (PowerSGD keeps its Q, and hands it on)
         self._fp32 = make_codec("fp32")
         self._nonzeros = make_codec(EXACT_SPARSE)
         self._rng = np.random.default_rng()  # the top-k scan's sample: steers only its speed
@@ -77,11 +78,9 @@ class GradientDownlink:
             m = grad + old if old is not None else grad.clone()
             self._pending[key] = (self._fp32.encode(m), None)
             return m
-        codec = self._codecs.get((key, spec))
-        if codec is None:
-            if len(self._codecs) > 8 * max(1, len(self.residual) + 1):
-                self._codecs.clear()  # bound: a job whose specs keep changing keeps no stale encoders
-            codec = self._codecs[(key, spec)] = make_codec(spec)
+        if (key, spec) not in self._codecs and len(self._codecs) > 8 * max(1, len(self.residual) + 1):
+            self._codecs.clear()  # bound: a job whose specs keep changing keeps no stale encoders
+        codec = self._codecs.get(key, spec)
         if isinstance(codec, SparseCodec):
             exact = self._sparse_exact(key, grad, old, codec, pushes)
             if exact is not None:

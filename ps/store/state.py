@@ -73,7 +73,7 @@ def restore(core: StoreCore, encoder: UpdateEncoder, state: dict[str, object]) -
     core.state = {str(k): v.clone() for k, v in dict(state.get("state", {})).items()}  # type: ignore[call-overload]
     core.model = {str(k): info_from_dict(dict(v)) for k, v in dict(state.get("model", {})).items()}  # type: ignore[call-overload]
     core.job_id = str(state.get("job_id", ""))
-    encoder.restart_codecs(params)
+    encoder.restart_codecs()
     core.pending.clear()
     encoder.last_update = None
 
