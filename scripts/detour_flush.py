@@ -22,14 +22,19 @@ from netsense.models import load_task
 from netsense.ps.optim import OptimizerSettings
 
 
-def run(task, schedule: list[str], workers: int, every: int, seed: int) -> list[float]:  # type: ignore[no-untyped-def]
+def run(task, schedule: list[str], workers: int, every: int, seed: int, drain: float = 0.0, forget: bool = False) -> list[float]:  # type: ignore[no-untyped-def]
+    """Test accuracy every `every` steps; `drain` > 0: at a change of level each key's residual
+    becomes a backlog that is released at most `drain` x the key's gradient norm a step; `forget`:
+    it is dropped instead (experiments: error feedback itself flushes it whole)."""
     torch.manual_seed(seed)
     model = task.build_model()
     opt = OptimizerSettings.from_dict(dict(task.optimizer)).build(list(model.parameters()))
     gen = torch.Generator().manual_seed(seed + 1)
     feedback, codecs = [ErrorFeedback() for _ in range(workers)], [KeyCodecs() for _ in range(workers)]
     accuracy = []
+    backlog: list[dict[str, torch.Tensor]] = [{} for _ in range(workers)]
     for step, spec in enumerate(schedule):
+        switched = step > 0 and spec != schedule[step - 1]
         total = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
         for w in range(workers):
             idx = torch.randint(0, len(task.train_inputs), (task.batch_size,), generator=gen)
@@ -37,7 +42,17 @@ def run(task, schedule: list[str], workers: int, every: int, seed: int) -> list[
             task.loss(model(task.train_inputs[idx]), task.train_targets[idx]).backward()
             for n, p in model.named_parameters():
                 codec = codecs[w].get(n, spec)
-                payload, _ = feedback[w].compress(n, p.grad.detach().clone(), codec)
+                grad = p.grad.detach().clone()
+                if drain > 0 or forget:
+                    if switched and feedback[w].residual(n) is not None:
+                        owed = feedback[w]._residual.pop(n)  # noqa: SLF001 - the experiment moves it aside
+                        backlog[w][n] = backlog[w][n] + owed if n in backlog[w] else owed
+                    held = backlog[w].get(n)
+                    if held is not None:
+                        share = 0.0 if forget else min(1.0, drain * float(grad.norm()) / max(float(held.norm()), 1e-30))
+                        grad += share * held
+                        backlog[w][n] = held * (1 - share)
+                payload, _ = feedback[w].compress(n, grad, codec)
                 total[n] += codec.decode(payload).view_as(p) / workers
         for n, p in model.named_parameters():
             p.grad = total[n]
@@ -62,6 +77,8 @@ def main() -> None:
     p.add_argument("--every", type=int, default=10)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--drain", type=float, default=0.0, help="also run each detour with the owed residual released at most this x the gradient's norm a step")
+    p.add_argument("--forget", action="store_true", help="also run each detour with the residual dropped at each change of level")
     args = p.parse_args()
     torch.set_num_threads(1)
     task = load_task(args.model)
@@ -73,6 +90,14 @@ def main() -> None:
     print(f"{args.model} ({task.optimizer.get('name', 'sgd')}): test accuracy every {args.every} steps")
     for name, schedule in rows:
         print(f"  {name:48s} " + " ".join(f"{a:.2f}" for a in run(task, schedule, args.workers, args.every, args.seed)))
+        if name == args.base:
+            continue
+        if args.drain > 0:
+            drained = run(task, schedule, args.workers, args.every, args.seed, drain=args.drain)
+            print(f"  {'  drained at ' + str(args.drain) + 'x |g|':48s} " + " ".join(f"{a:.2f}" for a in drained))
+        if args.forget:
+            forgot = run(task, schedule, args.workers, args.every, args.seed, forget=True)
+            print(f"  {'  residual dropped at each change':48s} " + " ".join(f"{a:.2f}" for a in forgot))
 
 
 if __name__ == "__main__":
