@@ -11,7 +11,7 @@ update, full or delta (the worker writes them, never adds them). Not to be confu
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import torch
