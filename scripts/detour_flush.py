@@ -44,8 +44,9 @@ def run(task, schedule: list[str], workers: int, every: int, seed: int, drain: f
                 codec = codecs[w].get(n, spec)
                 grad = p.grad.detach().clone()
                 if drain > 0 or forget:
-                    if switched and feedback[w].residual(n) is not None:
-                        owed = feedback[w]._residual.pop(n)  # noqa: SLF001 - the experiment moves it aside
+                    owed = feedback[w].residual(n) if switched else None
+                    if owed is not None:  # moved aside: error feedback starts the new level from zero
+                        feedback[w].reset(n)
                         backlog[w][n] = backlog[w][n] + owed if n in backlog[w] else owed
                     held = backlog[w].get(n)
                     if held is not None:
