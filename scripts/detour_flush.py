@@ -81,8 +81,12 @@ def main() -> None:
     p.add_argument("--drain", type=float, default=0.0, help="also run each detour with the owed residual released at most this x the gradient's norm a step")
     p.add_argument("--forget", action="store_true", help="also run each detour with the residual dropped at each change of level")
     args = p.parse_args()
+    if min(args.at, args.length, args.every, args.workers) < 1 or args.at + args.length > args.steps:
+        p.error("--at, --length, --every and --workers must be >= 1, and --at + --length <= --steps")
     torch.set_num_threads(1)
     task = load_task(args.model)
+    if task.train_inputs is None or task.test_inputs is None:
+        p.error(f"{args.model} holds its data as a Dataset; this script indexes tensor-form tasks (train_inputs, test_inputs)")
     rows = [(args.base, [args.base] * args.steps)]
     for detour in args.detour.split(","):
         tail = args.steps - args.at - args.length
